@@ -1,0 +1,204 @@
+"""The trace message one nats-server publishes for one traced message, as typed data.
+
+Mirrors `MsgTraceEvent` of nats-server `server/msgtrace.go` (ADR-41), validated with
+pydantic. Timestamps are integer nanoseconds since the epoch: the servers report
+nanoseconds and `datetime` would drop them. Events of a type this version does not know
+are kept aside, raw, so the rest of the message can still be mapped.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from .timestamps import parse_rfc3339_ns
+
+__all__ = [
+    "FORWARDING_KINDS",
+    "ConnectionKind",
+    "Egress",
+    "Ingress",
+    "JetStreamEvent",
+    "ServerInfo",
+    "ServiceImport",
+    "StreamExport",
+    "SubjectMapping",
+    "TraceEvent",
+    "TraceMessage",
+]
+
+
+class ConnectionKind(enum.IntEnum):
+    """The `kind` numbers of nats-server connections (server/client.go)."""
+
+    CLIENT = 0
+    ROUTER = 1
+    GATEWAY = 2
+    SYSTEM = 3
+    LEAF = 4
+    JETSTREAM = 5
+    ACCOUNT = 6
+
+    @classmethod
+    def label(cls, kind: int) -> str:
+        """Lower-case name of a kind, or `kind-<n>` for a number this version does not know."""
+        try:
+            return cls(kind).name.lower()
+        except ValueError:
+            return f"kind-{kind}"
+
+
+# Egress kinds that hand the message to another server, which then reports its own trace
+# message carrying the egress hop id in its `Nats-Trace-Hop` header.
+FORWARDING_KINDS = frozenset({ConnectionKind.ROUTER, ConnectionKind.GATEWAY, ConnectionKind.LEAF})
+
+
+def _timestamp(value: Any) -> int:
+    if isinstance(value, str):
+        return parse_rfc3339_ns(value)
+    raise ValueError("timestamp must be an RFC 3339 string")
+
+
+Timestamp = Annotated[int, BeforeValidator(_timestamp)]
+# Go's uint64 connection ids and sizes: reject what no server can send.
+UInt64 = Annotated[int, Field(ge=0, lt=2**64)]
+
+
+class _Wire(BaseModel):
+    # Extra keys are ignored (servers add fields over time); no coercion of types.
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True, populate_by_name=True)
+
+
+class ServerInfo(_Wire):
+    """The `server` block: which server published this trace message."""
+
+    name: str
+    id: str
+    host: str = ""
+    cluster: str = ""
+    domain: str = ""
+    version: str = Field("", alias="ver")
+    tags: list[str] = Field(default_factory=list)
+    jetstream: bool = False
+    seq: UInt64 = 0
+    time_ns: Timestamp | None = Field(None, alias="time")
+
+
+class Ingress(_Wire):
+    """`in`: how the message entered this server. Always the first event."""
+
+    ts_ns: Timestamp = Field(alias="ts")
+    kind: int
+    cid: UInt64 = 0
+    name: str = ""
+    account: str = Field("", alias="acc")
+    subject: str = Field("", alias="subj")
+    error: str = ""
+
+
+class SubjectMapping(_Wire):
+    """`sm`: the subject was rewritten by an account mapping."""
+
+    ts_ns: Timestamp = Field(alias="ts")
+    to: str = ""
+
+
+class StreamExport(_Wire):
+    """`se`: the message crossed into another account through a stream export."""
+
+    ts_ns: Timestamp = Field(alias="ts")
+    account: str = Field("", alias="acc")
+    to: str = ""
+
+
+class ServiceImport(_Wire):
+    """`si`: the message crossed into another account through a service import."""
+
+    ts_ns: Timestamp = Field(alias="ts")
+    account: str = Field("", alias="acc")
+    from_subject: str = Field("", alias="from")
+    to: str = ""
+
+
+class JetStreamEvent(_Wire):
+    """`js`: the message was offered to a stream."""
+
+    ts_ns: Timestamp = Field(alias="ts")
+    stream: str = ""
+    subject: str = ""
+    no_interest: bool = Field(False, alias="nointerest")
+    error: str = ""
+
+
+class Egress(_Wire):
+    """`eg`: the message left this server, to a client or to another server (with a hop id)."""
+
+    ts_ns: Timestamp = Field(alias="ts")
+    kind: int
+    cid: UInt64 = 0
+    name: str = ""
+    hop: str = ""
+    account: str = Field("", alias="acc")
+    subscription: str = Field("", alias="sub")
+    queue: str = ""
+    error: str = ""
+
+    @property
+    def forwards(self) -> bool:
+        """True when the egress hands the message to another server that traces it too."""
+        return bool(self.hop) and self.kind in FORWARDING_KINDS
+
+
+TraceEvent = SubjectMapping | StreamExport | ServiceImport | JetStreamEvent | Egress
+
+# Event type tag on the wire -> model. `in` is handled apart: it must come first.
+EVENT_MODELS: dict[str, type[_Wire]] = {
+    "sm": SubjectMapping,
+    "se": StreamExport,
+    "si": ServiceImport,
+    "js": JetStreamEvent,
+    "eg": Egress,
+}
+
+
+class TraceMessage(BaseModel):
+    """One server's report about one traced message.
+
+    `headers` are the traced message's headers as the server saw them (name case kept);
+    `events` the events after the ingress, in the server's order; `unknown_events` raw
+    events of types this version does not map.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    server: ServerInfo
+    headers: dict[str, list[str]]
+    msg_size: int
+    hops: int
+    ingress: Ingress
+    events: tuple[TraceEvent, ...] = ()
+    unknown_events: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def end_ns(self) -> int:
+        """The latest event timestamp: when this server was done with the message."""
+        latest = self.ingress.ts_ns
+        for event in self.events:
+            if event.ts_ns > latest:
+                latest = event.ts_ns
+        return latest
+
+    def header(self, name: str) -> str | None:
+        """First value of a header, looked up case-insensitively (servers keep the case)."""
+        lowered = name.lower()
+        for key, values in self.headers.items():
+            if key.lower() == lowered and values:
+                return values[0]
+        return None
+
+    @property
+    def hop(self) -> str:
+        """The hop id this server was reached by (`Nats-Trace-Hop`); empty on the origin."""
+        return self.header("Nats-Trace-Hop") or ""

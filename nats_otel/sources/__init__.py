@@ -1,0 +1,1 @@
+"""Where trace messages come from: archive files, NATS core subscriptions, JetStream."""

@@ -1,0 +1,41 @@
+"""RFC 3339 timestamps with nanoseconds, as nats-server writes them (Go's RFC3339Nano).
+
+`datetime` keeps microseconds only; the servers report nanoseconds with 0 to 9 fractional
+digits (trailing zeros trimmed), so timestamps are parsed to integer nanoseconds here.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+
+__all__ = ["format_rfc3339_ns", "parse_rfc3339_ns"]
+
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z"
+)
+
+
+def parse_rfc3339_ns(text: str) -> int:
+    """Nanoseconds since the Unix epoch; `ValueError` naming the text if it is not RFC 3339."""
+    match = _RFC3339.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"not an RFC 3339 timestamp: {text!r:.80}")
+    year, month, day, hour, minute, second = (int(g) for g in match.group(1, 2, 3, 4, 5, 6))
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
+        raise ValueError(f"timestamp out of range: {text!r:.80}")
+    seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
+    if match.group(9):
+        offset = int(match.group(10)) * 3600 + int(match.group(11)) * 60
+        seconds -= offset if match.group(9) == "+" else -offset
+    fraction = match.group(7) or ""
+    return seconds * 1_000_000_000 + int(fraction.ljust(9, "0") or 0)
+
+
+def format_rfc3339_ns(ns: int) -> str:
+    """UTC RFC 3339 with all nine fractional digits (for display and archives)."""
+    seconds, nanos = divmod(ns, 1_000_000_000)
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"

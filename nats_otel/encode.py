@@ -18,9 +18,19 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourcePro
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from .mapping import SCOPE_NAME, SCOPE_VERSION
+from .otlp_wire import encode_export_request, encode_scope
 from .records import Attributes, AttrValue, Resource, SpanRecord
 
-__all__ = ["group_by_resource", "split_by_trace", "to_otlp_json", "to_otlp_json_line", "to_protobuf"]
+__all__ = [
+    "group_by_resource",
+    "split_by_trace",
+    "to_otlp_json",
+    "to_otlp_json_line",
+    "to_protobuf",
+    "to_protobuf_bytes",
+]
+
+_SCOPE = encode_scope(SCOPE_NAME, SCOPE_VERSION)
 
 
 def group_by_resource(spans: Iterable[SpanRecord]) -> list[tuple[Resource, list[SpanRecord]]]:
@@ -34,8 +44,13 @@ def group_by_resource(spans: Iterable[SpanRecord]) -> list[tuple[Resource, list[
 # --- protobuf ----------------------------------------------------------------------------
 
 
+def to_protobuf_bytes(spans: Sequence[SpanRecord]) -> bytes:
+    """The serialized OTLP export request holding the spans: what exporters send (fast path)."""
+    return encode_export_request(group_by_resource(spans), _SCOPE)
+
+
 def to_protobuf(spans: Sequence[SpanRecord]) -> ExportTraceServiceRequest:
-    """One OTLP export request holding the spans."""
+    """One OTLP export request holding the spans, as generated protobuf classes."""
     request = ExportTraceServiceRequest()
     for resource, group in group_by_resource(spans):
         resource_spans = ResourceSpans(resource=ResourceProto(attributes=_pb_attributes(resource.attributes)))

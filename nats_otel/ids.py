@@ -139,10 +139,9 @@ def _span_id(role: bytes, ctx: TraceContext, *fields: str) -> bytes:
 
 def _hash(role: bytes, *fields: str) -> bytes:
     # Length-prefixed fields: ("1", "23") and ("12", "3") can never hash alike.
-    hasher = hashlib.blake2b(digest_size=16)
-    hasher.update(ID_SCHEME)
-    hasher.update(len(role).to_bytes(4, "big") + role)
+    parts = [ID_SCHEME, len(role).to_bytes(4, "big"), role]
     for field_text in fields:
         data = field_text.encode("utf-8", "surrogatepass")
-        hasher.update(len(data).to_bytes(4, "big") + data)
-    return hasher.digest()
+        parts.append(len(data).to_bytes(4, "big"))
+        parts.append(data)
+    return hashlib.blake2b(b"".join(parts), digest_size=16).digest()

@@ -152,8 +152,22 @@ def map_message(
     return MappingResult([server_span, *children], issues)
 
 
+_resources: dict[tuple, Resource] = {}
+
+
 def server_resource(server: ServerInfo, service_name: str) -> Resource:
-    """The OTel resource of a server: who produced the spans."""
+    """The OTel resource of a server: who produced the spans (memoised: a pure function)."""
+    key = (service_name, server.id, server.name, server.version, server.host, server.cluster,
+           server.domain, tuple(server.tags), server.jetstream)
+    resource = _resources.get(key)
+    if resource is None:
+        if len(_resources) > 4096:
+            _resources.clear()
+        resource = _resources[key] = _build_resource(server, service_name)
+    return resource
+
+
+def _build_resource(server: ServerInfo, service_name: str) -> Resource:
     attributes: list[tuple[str, AttrValue]] = [
         ("service.name", service_name),
         ("service.instance.id", server.id),

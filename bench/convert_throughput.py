@@ -1,0 +1,123 @@
+"""Benchmark: this project's convert path against the naive OTel SDK path, in one run.
+
+    python bench/convert_throughput.py [--messages 200000] [--rounds 3]
+
+Both paths start from the same raw trace messages (the real corpus replicated with fresh
+trace ids), decode and map them with the same core, and end with serialized OTLP protobuf
+export requests of 512 spans:
+- ours:  SpanRecord -> opentelemetry-proto messages built directly -> SerializeToString
+- naive: SpanRecord -> SDK ReadableSpan -> the SDK exporter's encode_spans -> SerializeToString
+Rounds alternate between the two so machine noise hits both; the best round counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus_replay import replicate  # noqa: E402
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
+from opentelemetry.sdk.resources import Resource as SdkResource  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags  # noqa: E402
+
+from nats_otel.encode import to_protobuf_bytes  # noqa: E402
+from nats_otel.pipeline import Converted, Converter  # noqa: E402
+
+BATCH = 512
+_KINDS = {1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT, 4: SpanKind.PRODUCER, 5: SpanKind.CONSUMER}
+_SCOPE = InstrumentationScope("nats-otel", "0.1.0")
+
+
+def ours(raws) -> tuple[int, int]:
+    converter = Converter()
+    batch, spans_total, bytes_total = [], 0, 0
+    for raw in raws:
+        result = converter.convert(raw)
+        if isinstance(result, Converted):
+            batch.extend(result.spans)
+            if len(batch) >= BATCH:
+                bytes_total += len(to_protobuf_bytes(batch))
+                spans_total += len(batch)
+                batch = []
+    if batch:
+        bytes_total += len(to_protobuf_bytes(batch))
+        spans_total += len(batch)
+    return spans_total, bytes_total
+
+
+def _readable(span, resources) -> ReadableSpan:
+    resource = resources.get(span.resource)
+    if resource is None:
+        resource = resources[span.resource] = SdkResource(dict(span.resource.attributes))
+    context = SpanContext(int.from_bytes(span.trace_id, "big"), int.from_bytes(span.span_id, "big"), True, TraceFlags(1))
+    parent = (
+        SpanContext(int.from_bytes(span.trace_id, "big"), int.from_bytes(span.parent_span_id, "big"), True, TraceFlags(1))
+        if span.parent_span_id
+        else None
+    )
+    status = Status(StatusCode.ERROR, span.status_message) if span.status_code == 2 else Status(StatusCode.UNSET)
+    return ReadableSpan(
+        name=span.name,
+        context=context,
+        parent=parent,
+        resource=resource,
+        attributes=dict(span.attributes),
+        kind=_KINDS[span.kind],
+        status=status,
+        start_time=span.start_ns,
+        end_time=span.end_ns,
+        instrumentation_scope=_SCOPE,
+    )
+
+
+def naive(raws) -> tuple[int, int]:
+    converter = Converter()
+    resources: dict = {}
+    batch, spans_total, bytes_total = [], 0, 0
+    for raw in raws:
+        result = converter.convert(raw)
+        if isinstance(result, Converted):
+            batch.extend(_readable(span, resources) for span in result.spans)
+            if len(batch) >= BATCH:
+                bytes_total += len(encode_spans(batch).SerializeToString())
+                spans_total += len(batch)
+                batch = []
+    if batch:
+        bytes_total += len(encode_spans(batch).SerializeToString())
+        spans_total += len(batch)
+    return spans_total, bytes_total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(f"preparing {args.messages} trace messages (corpus replicated with fresh ids)...", flush=True)
+    raws = replicate(args.messages)
+    best = {"ours": 0.0, "naive": 0.0}
+    spans = {}
+    for round_number in range(1, args.rounds + 1):
+        for name, path in (("ours", ours), ("naive", naive)):
+            gc.collect()
+            started = time.perf_counter()
+            spans[name], size = path(raws)
+            elapsed = time.perf_counter() - started
+            rate = len(raws) / elapsed
+            best[name] = max(best[name], rate)
+            print(f"round {round_number} {name:5}: {rate:10,.0f} msgs/s  {spans[name] / elapsed:10,.0f} spans/s  ({size:,} bytes)", flush=True)
+    assert spans["ours"] == spans["naive"], "both paths must produce the same number of spans"
+    print(f"\nbest ours : {best['ours']:10,.0f} trace messages/s")
+    print(f"best naive: {best['naive']:10,.0f} trace messages/s")
+    print(f"ratio ours/naive: {best['ours'] / best['naive']:.2f}x  (target >= 3x)")
+
+
+if __name__ == "__main__":
+    main()

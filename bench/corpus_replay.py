@@ -1,0 +1,60 @@
+"""Replicate the shipped real corpus with fresh trace ids: load for the benchmarks.
+
+Each copy of a traced message gets a new trace id (the same for all servers of that
+message, so hop links stay intact); compressed messages stay compressed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from pathlib import Path
+
+import cramjam
+
+from nats_otel.decode import DecodeLimits, RawTraceMessage, decompress, parse_archive_line
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus"
+
+
+def corpus_raws() -> list[RawTraceMessage]:
+    return [
+        parse_archive_line(line)
+        for path in sorted(CORPUS.glob("*.jsonl"))
+        for line in path.read_bytes().splitlines()
+        if line.strip()
+    ]
+
+
+def _recompress(data: bytes, encoding: str | None) -> bytes:
+    if encoding == "gzip":
+        return gzip.compress(data, compresslevel=1)
+    if encoding == "snappy":
+        return bytes(cramjam.snappy.compress(data))
+    return data
+
+
+def replicate(count: int, seed: str = "bench") -> list[RawTraceMessage]:
+    """`count` trace messages: the corpus over and over, each copy with fresh trace ids."""
+    base = corpus_raws()
+    plain = []
+    for raw in base:
+        encoding = raw.header("Content-Encoding")
+        text = decompress(raw.payload, encoding, DecodeLimits())
+        plain.append((raw, encoding, text))
+    out: list[RawTraceMessage] = []
+    copy = 0
+    while len(out) < count:
+        for raw, encoding, text in plain:
+            if len(out) >= count:
+                break
+            # Trace ids are 32 hex chars after "00-"; swap each for a per-copy one.
+            payload = text
+            start = payload.find(b'"00-')
+            if start >= 0:
+                old = payload[start + 4 : start + 36]
+                new = hashlib.blake2b(old + f"{seed}{copy}".encode(), digest_size=16).hexdigest().encode()
+                payload = payload.replace(old, new)
+            out.append(RawTraceMessage(raw.subject, raw.headers, _recompress(payload, encoding)))
+        copy += 1
+    return out

@@ -1,0 +1,32 @@
+"""encode: the direct protobuf writer equals the generated classes; OTLP/JSON parses."""
+
+from __future__ import annotations
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from nats_otel.encode import to_otlp_json_line, to_protobuf, to_protobuf_bytes
+from nats_otel.pipeline import Converted, convert_batch
+from nats_otel.records import Resource, SpanRecord
+from tests.checks import flatten, parse_otlp_json_lines
+
+
+def test_fast_writer_is_byte_identical_to_generated_classes(corpus_raws):
+    spans = [s for r in convert_batch(corpus_raws) if isinstance(r, Converted) for s in r.spans]
+    for start in range(0, len(spans), 37):
+        batch = spans[start : start + 37]
+        assert to_protobuf_bytes(batch) == to_protobuf(batch).SerializeToString()
+
+
+def test_odd_values_encode_alike():
+    resource = Resource((("service.name", "x"), ("big", 2**62), ("neg", -5), ("f", 1.5), ("arr", ("a", "b"))))
+    span = SpanRecord(
+        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, parent_span_id=b"", name="é" * 200, kind=1,
+        start_ns=1, end_ns=2**63, resource=resource, attributes=(("ok", True), ("no", False), ("empty", "")),
+        status_code=2, status_message="m" * 300, trace_state="k=v",
+    )
+    data = to_protobuf_bytes([span])
+    assert data == to_protobuf([span]).SerializeToString()
+    parsed = flatten(ExportTraceServiceRequest.FromString(data))[0]
+    assert parsed.name == "é" * 200 and parsed.end_ns == 2**63 and parsed.resource["neg"] == -5
+    json_span = parse_otlp_json_lines(to_otlp_json_line([span]))[0]
+    assert json_span == parsed

@@ -1,0 +1,379 @@
+"""The live loop: source -> Converter -> batch -> export -> ack (DESIGN §2, §6).
+
+The event loop only receives and settles; decoding, mapping, encoding and exporting run in
+one worker thread (so the Converter's reuse state is touched by one thread only, and the
+NATS read path never waits on a backend). The error policy lives in `_policy` and nowhere
+else:
+
+* fatal: configuration (invalid settings, missing stream, unreadable certificates) - stop;
+* drop and count: bad input (a message that cannot decode: counted by reason, JetStream
+  `term`s it so it is never redelivered);
+* retry: a transient export failure (the exporter retries with backoff; then JetStream naks
+  the batch with a growing delay and pauses intake, core mode drops and counts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .decode import DecodeLimits, RawTraceMessage
+from .export.file import FileExporter
+from .export.otlp import make_otlp_exporter
+from .export.result import ExportResult
+from .mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
+from .pipeline import Converted, Converter, Rejected
+from .records import SpanRecord
+from .settings import BridgeSettings
+from .sources.archive import archive_record
+from .sources.jetstream import JetStreamSetupError, JetStreamSource
+from .sources.nats_core import CoreSource, Delivery
+from .telemetry import HealthServer, Metrics
+
+__all__ = ["BatchOutcome", "Bridge", "Processor", "run_bridge"]
+
+log = logging.getLogger("nats_otel.bridge")
+
+_IDLE_POLL_S = 0.25  # how often an idle loop looks at the stop flag
+_FETCH_TIMEOUT_S = 1.0
+
+
+class Exporter(Protocol):
+    name: str
+
+    def export(self, spans: Sequence[SpanRecord], deadline: float | None = None) -> ExportResult: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class BatchOutcome:
+    """What became of one batch: per message converted or rejected, and the export results."""
+
+    results: list[Converted | Rejected]
+    exports: dict[str, ExportResult] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
+    reused: int = 0
+
+    @property
+    def span_count(self) -> int:
+        return sum(len(r.spans) for r in self.results if isinstance(r, Converted))
+
+    @property
+    def exported(self) -> bool:
+        """True when every exporter took the spans (or there were none to send)."""
+        return all(r.ok for r in self.exports.values())
+
+
+class Processor:
+    """Runs in the worker thread: archive, convert, export one batch. Never raises for input."""
+
+    def __init__(self, settings: BridgeSettings, exporters: Sequence[Exporter]) -> None:
+        allow = DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in settings.allow_headers}
+        self.converter = Converter(MappingOptions(settings.service_name, allow), DecodeLimits(),
+                                   settings.reuse_capacity)
+        self.exporters = list(exporters)
+        self._archive = open(settings.archive, "ab") if settings.archive else None  # noqa: SIM115
+        self._reused_seen = 0
+
+    def process(self, raws: Sequence[RawTraceMessage], deadline: float | None) -> BatchOutcome:
+        if self._archive is not None:
+            self._archive.write(b"".join(archive_record(raw) for raw in raws))
+            self._archive.flush()
+        outcome = BatchOutcome([self.converter.convert(raw) for raw in raws])
+        reused = self.converter.reuse.reused
+        outcome.reused, self._reused_seen = reused - self._reused_seen, reused
+        spans = [s for r in outcome.results if isinstance(r, Converted) for s in r.spans]
+        if spans:
+            for exporter in self.exporters:
+                started = time.monotonic()
+                outcome.exports[exporter.name] = exporter.export(spans, deadline)
+                outcome.durations[exporter.name] = time.monotonic() - started
+        return outcome
+
+    def close(self) -> None:
+        for exporter in self.exporters:
+            exporter.close()
+        if self._archive is not None:
+            self._archive.close()
+
+
+def make_exporters(settings: BridgeSettings) -> list[Exporter]:
+    """The configured exporters (file and/or OTLP). Raises OSError/ValueError on bad files."""
+    exporters: list[Exporter] = []
+    if settings.output is not None:
+        exporters.append(FileExporter(settings.output))
+    if settings.export_otlp:
+        exporters.append(make_otlp_exporter(settings.otlp))
+    return exporters
+
+
+class Bridge:
+    """One running bridge. `await run()` until `request_stop()` (SIGTERM) or `max_runtime`."""
+
+    def __init__(self, settings: BridgeSettings, metrics: Metrics | None = None,
+                 exporters: Sequence[Exporter] | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._exporters = list(exporters) if exporters is not None else make_exporters(settings)
+        self.processor = Processor(settings, self._exporters)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
+        self.queue: asyncio.Queue[Delivery] = asyncio.Queue(maxsize=settings.batch.queue_size)
+        self.sources: list[CoreSource | JetStreamSource] = []
+        self.health: HealthServer | None = None
+        self._stopping: asyncio.Event | None = None
+        self._intake_done = False
+        self._started = False
+        self._export_ok = True
+        self._js_failures = 0
+        self._fatal: str | None = None
+
+    # -- health ----------------------------------------------------------------------------
+
+    def healthy(self) -> tuple[bool, str]:
+        if self._fatal:
+            return False, self._fatal
+        return True, "running"
+
+    def ready(self) -> tuple[bool, str]:
+        if not self._started:
+            return False, "starting"
+        if self._stopping is not None and self._stopping.is_set():
+            return False, "draining"
+        down = [s.source.name for s in self.sources if not s.connected]
+        if down:
+            return False, f"not connected to NATS: {', '.join(down)}"
+        if not self._export_ok:
+            return False, "last export failed"
+        return True, "ready"
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.health.port if self.health else None
+
+    def request_stop(self) -> None:
+        """Begin the drain (safe to call from a signal handler on the loop)."""
+        if self._stopping is not None and not self._stopping.is_set():
+            log.info("stop requested: draining")
+            self._stopping.set()
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until stopped; 0 after a clean drain, 1 if the drain timed out, 2 if fatal."""
+        s = self.settings
+        self._stopping = asyncio.Event()
+        if s.telemetry.metrics_port is not None:
+            self.health = HealthServer(self.metrics, s.telemetry.metrics_host, s.telemetry.metrics_port,
+                                       self.healthy, self.ready).start()
+            log.info("serving /metrics, /healthz, /readyz", extra={"fields": {"port": self.health.port}})
+        try:
+            return await self._run()
+        finally:
+            for source in self.sources:
+                await source.close()
+            await asyncio.get_running_loop().run_in_executor(self._pool, self.processor.close)
+            self._pool.shutdown(wait=True)
+            if self.health:
+                self.health.stop()
+
+    async def _run(self) -> int:
+        s = self.settings
+        assert self._stopping is not None
+        if s.mode == "core":
+            self.sources = [CoreSource(src, s.batch, self.queue, self.metrics) for src in s.sources]
+        else:
+            self.sources = [JetStreamSource(src, s.jetstream, self.metrics) for src in s.sources]
+        try:
+            started = await asyncio.gather(*(src.start(self._stopping) for src in self.sources))
+        except JetStreamSetupError as exc:
+            self._fatal = str(exc)
+            log.error("fatal: %s", exc)
+            return 2
+        if not all(started):
+            return 0  # stopped while connecting
+        self._started = True
+        log.info("bridge running", extra={"fields": {"mode": s.mode, "sources": [x.name for x in s.sources],
+                                                     "exporters": [e.name for e in self._exporters]}})
+        if s.mode == "core":
+            workers = [asyncio.create_task(self._core_loop())]
+        else:
+            workers = [asyncio.create_task(self._jetstream_loop(src)) for src in self.sources
+                       if isinstance(src, JetStreamSource)]
+        try:
+            await asyncio.wait_for(self._stopping.wait(), s.max_runtime)
+        except asyncio.TimeoutError:
+            log.info("max runtime reached: draining")
+            self._stopping.set()
+        return await self._drain(workers)
+
+    async def _drain(self, workers: list[asyncio.Task[None]]) -> int:
+        """Stop intake, flush what was received, settle it; bounded by `drain_timeout`."""
+        started = time.monotonic()
+        self._drain_deadline = started + self.settings.drain_timeout
+        for source in self.sources:
+            if isinstance(source, CoreSource):
+                await source.stop_intake()
+        self._intake_done = True
+        remaining = max(0.1, self._drain_deadline - time.monotonic())
+        done, pending = await asyncio.wait(workers, timeout=remaining)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if task.exception() is not None:
+                log.error("worker failed", exc_info=task.exception())
+        if pending:
+            log.error("drain timed out; unexported messages were dropped (JetStream redelivers them)",
+                      extra={"fields": {"queued": self.queue.qsize()}})
+            return 1
+        log.info("drained", extra={"fields": {"seconds": round(time.monotonic() - started, 3)}})
+        return 0
+
+    def _deadline(self) -> float | None:
+        return getattr(self, "_drain_deadline", None) if self._intake_done else None
+
+    async def _process(self, deliveries: Sequence[Delivery]) -> BatchOutcome:
+        loop = asyncio.get_running_loop()
+        raws = [d.raw for d in deliveries]
+        outcome = await loop.run_in_executor(self._pool, self.processor.process, raws, self._deadline())
+        self._account(outcome)
+        return outcome
+
+    # -- core mode -------------------------------------------------------------------------
+
+    async def _core_loop(self) -> None:
+        while True:
+            batch = await self._collect()
+            if batch:
+                outcome = await self._process(batch)
+                self._policy(batch, outcome)
+            elif self._intake_done and self.queue.empty():
+                return
+
+    async def _collect(self) -> list[Delivery]:
+        """Up to `max_messages` deliveries; waits at most `max_delay` after the first one."""
+        b = self.settings.batch
+        self.metrics.queue_depth.set(self.queue.qsize())
+        try:
+            first = await asyncio.wait_for(self.queue.get(), _IDLE_POLL_S)
+        except asyncio.TimeoutError:
+            return []
+        batch = [first]
+        flush_at = time.monotonic() + (0 if self._intake_done else b.max_delay)
+        while len(batch) < b.max_messages:
+            try:
+                batch.append(self.queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            left = flush_at - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self.queue.get(), left))
+            except asyncio.TimeoutError:
+                break
+        return batch
+
+    # -- JetStream mode --------------------------------------------------------------------
+
+    async def _jetstream_loop(self, source: JetStreamSource) -> None:
+        js = self.settings.jetstream
+        assert self._stopping is not None
+        while not self._intake_done:
+            deliveries = await source.fetch(_FETCH_TIMEOUT_S)
+            if not deliveries:
+                continue
+            outcome = await self._process(deliveries)
+            ack, nak, term = self._policy(deliveries, outcome)
+            delay = 0.0
+            if nak:
+                self._js_failures += 1
+                delay = min(js.nak_delay_initial * 2 ** (self._js_failures - 1), js.nak_delay_max)
+            else:
+                self._js_failures = 0
+            await source.settle(ack, nak, term, delay)
+            if nak and not self._intake_done:
+                # Backpressure: the backend is failing; fetching more would only nak more.
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+
+    # -- the error policy, in one place ------------------------------------------------------
+
+    def _policy(self, deliveries: Sequence[Delivery], outcome: BatchOutcome
+                ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
+        """Decide each delivery's fate: (ack, nak, term). Core mode only counts."""
+        ack: list[Delivery] = []
+        nak: list[Delivery] = []
+        term: list[Delivery] = []
+        for delivery, result in zip(deliveries, outcome.results):
+            if isinstance(result, Rejected):
+                term.append(delivery)  # bad input: never decodes, never redeliver
+            elif outcome.exported:
+                ack.append(delivery)
+            else:
+                nak.append(delivery)  # transient downstream failure: try again later
+        if nak and self.settings.mode == "core":
+            self.metrics.dropped.labels("export_failed").inc(len(nak))
+        return ack, nak, term
+
+    def _account(self, outcome: BatchOutcome) -> None:
+        m = self.metrics
+        decoded = 0
+        issues: Counter[str] = Counter()
+        for result in outcome.results:
+            if isinstance(result, Rejected):
+                m.rejected.labels(result.reason).inc()
+                log.warning("trace message rejected", extra={"fields": {
+                    "reason": result.reason, "subject": result.subject, "detail": result.detail[:300]}})
+            else:
+                decoded += 1
+                issues.update(i.split(":", 1)[0] for i in result.issues)
+        m.decoded.inc(decoded)
+        for kind, count in issues.items():
+            m.issues.labels(kind).inc(count)
+        if outcome.reused:
+            m.reused.inc(outcome.reused)
+        spans = outcome.span_count
+        for name, result in outcome.exports.items():
+            m.export_latency.labels(name).observe(outcome.durations.get(name, 0.0))
+            if result.ok:
+                m.spans_exported.labels(name).inc(spans - result.rejected_spans)
+                if result.rejected_spans:
+                    m.spans_rejected.labels(name).inc(result.rejected_spans)
+            else:
+                m.export_failures.labels(name).inc()
+                log.warning("export failed", extra={"fields": {
+                    "exporter": name, "error": result.error, "attempts": result.attempts, "spans": spans,
+                    "retryable": result.retryable}})
+        if outcome.exports:
+            was_ok, self._export_ok = self._export_ok, outcome.exported
+            if self._export_ok and not was_ok:
+                log.info("export recovered")
+
+
+async def run_bridge(settings: BridgeSettings, metrics: Metrics | None = None) -> int:
+    """Run a bridge with SIGTERM/SIGINT starting the drain. Returns the exit code."""
+    import signal
+
+    try:
+        bridge = Bridge(settings, metrics)
+    except (OSError, ValueError) as exc:
+        log.error("fatal: cannot set up exporters: %s", exc)
+        return 2
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, bridge.request_stop)
+    try:
+        return await bridge.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,108 @@
+"""`nats-otel bridge`: the sidecar. Flags cover the everyday settings; the rest is YAML."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+HELP = "subscribe to NATS trace destinations and export the spans over OTLP (the sidecar)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (see config/bridge.example.yaml)")
+    nats = parser.add_argument_group("NATS (one source; a config file may list several)")
+    nats.add_argument("--nats-url", action="append", metavar="URL", help="server URL (repeatable)")
+    nats.add_argument("--subject", action="append", metavar="SUBJ",
+                      help="trace subject: an account's msg_trace dest or an ad-hoc dest (repeatable)")
+    nats.add_argument("--queue", metavar="GROUP", help="queue group, so several bridges share the load (core)")
+    nats.add_argument("--creds", metavar="FILE", help="user credentials (JWT + nkey) file")
+    nats.add_argument("--nkey-seed", metavar="FILE", help="nkey seed file")
+    nats.add_argument("--user", help="user name (with --password)")
+    nats.add_argument("--password", help="password (with --user)")
+    nats.add_argument("--token", help="authentication token")
+    nats.add_argument("--tls-ca", metavar="FILE", help="CA bundle to verify the servers")
+    nats.add_argument("--tls-cert", metavar="FILE", help="client certificate (with --tls-key)")
+    nats.add_argument("--tls-key", metavar="FILE", help="client key (with --tls-cert)")
+    mode = parser.add_argument_group("intake")
+    mode.add_argument("--mode", choices=["core", "jetstream"], help="core: at most once (default); "
+                      "jetstream: at least once through a durable consumer")
+    mode.add_argument("--stream", metavar="NAME", help="JetStream stream of the trace subjects")
+    mode.add_argument("--durable", metavar="NAME", help="durable consumer name")
+    mode.add_argument("--create-stream", action="store_true", default=None,
+                      help="create the stream on the trace subjects if it does not exist")
+    out = parser.add_argument_group("export")
+    out.add_argument("--otlp-endpoint", metavar="URL", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_* "
+                     "or localhost:4317 for grpc, :4318/v1/traces for http/protobuf)")
+    out.add_argument("--otlp-protocol", choices=["grpc", "http/protobuf"], help="OTLP transport (default grpc)")
+    out.add_argument("--output", metavar="FILE", help="append OTLP/JSON lines to FILE (instead of OTLP, "
+                     "unless an OTLP endpoint is also given)")
+    out.add_argument("--archive", metavar="FILE", help="also append every received raw trace message to FILE "
+                     "as archive JSON Lines (input of `convert` and the backfill)")
+    out.add_argument("--service-name", metavar="NAME", help="service.name of the server spans")
+    ops = parser.add_argument_group("operations")
+    ops.add_argument("--metrics-port", type=int, metavar="N", help="serve /metrics, /healthz, /readyz on N "
+                     "(0: a free port, logged)")
+    ops.add_argument("--log-format", choices=["json", "text"], help="log lines as JSON (default) or text")
+    ops.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    ops.add_argument("--max-runtime", type=float, metavar="SECONDS", help="drain and exit after SECONDS")
+    ops.add_argument("--check-config", action="store_true", help="validate the configuration, print it, exit")
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags as a nested settings dict (only what was given)."""
+    source: dict[str, Any] = {}
+    for flag, key in (("nats_url", "urls"), ("subject", "subjects"), ("queue", "queue"), ("creds", "creds"),
+                      ("nkey_seed", "nkey_seed"), ("user", "user"), ("password", "password"),
+                      ("token", "token")):
+        value = getattr(args, flag)
+        if value is not None:
+            source[key] = value
+    tls = {k: getattr(args, f"tls_{k}") for k in ("ca", "cert", "key") if getattr(args, f"tls_{k}") is not None}
+    if tls:
+        source["tls"] = tls
+    out: dict[str, Any] = {}
+    if source:
+        # Flags describe one source; with a config file listing several, they apply to all.
+        out["_source_flags"] = source
+    js = {k: getattr(args, k) for k in ("stream", "durable", "create_stream") if getattr(args, k) is not None}
+    if js:
+        out["jetstream"] = js
+    otlp = {}
+    if args.otlp_endpoint is not None:
+        otlp["endpoint"] = args.otlp_endpoint
+    if args.otlp_protocol is not None:
+        otlp["protocol"] = args.otlp_protocol
+    if otlp:
+        out["otlp"] = otlp
+    if args.output is not None:
+        out["output"] = args.output
+        if args.otlp_endpoint is None:
+            out["export_otlp"] = False
+    for flag in ("mode", "archive", "service_name", "max_runtime"):
+        if getattr(args, flag) is not None:
+            out[flag] = getattr(args, flag)
+    if args.metrics_port is not None:
+        out["telemetry"] = {"metrics_port": args.metrics_port}
+    log = {k: v for k, v in (("format", args.log_format), ("level", args.log_level)) if v is not None}
+    if log:
+        out["log"] = log
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bridge import run_bridge
+    from ..settings import SettingsError, load_settings
+    from ..telemetry import configure_logging
+
+    try:
+        settings = load_settings(args.config, overrides_from(args))
+    except SettingsError as exc:
+        print(f"nats-otel bridge: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(settings.model_dump_json(indent=2, exclude={"sources": {"__all__": {"password", "token"}}}))
+        return 0
+    configure_logging(settings.log.level, settings.log.format)
+    return asyncio.run(run_bridge(settings))

@@ -1,0 +1,23 @@
+"""The outcome of one export: failures are results, not exceptions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ExportResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """`ok`: the backend took the batch. Otherwise `retryable` says whether trying the same
+    batch later may work (backend down, overloaded) or never will (bad request)."""
+
+    ok: bool
+    attempts: int = 1
+    error: str = ""
+    retryable: bool = False
+    rejected_spans: int = 0  # OTLP partial success: spans the backend refused
+
+    @classmethod
+    def success(cls, attempts: int = 1, rejected_spans: int = 0) -> ExportResult:
+        return cls(True, attempts, "", False, rejected_spans)

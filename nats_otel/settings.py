@@ -1,0 +1,381 @@
+"""The bridge's configuration: one pydantic model, loaded once at start-up.
+
+Sources, lowest precedence first (each overrides the one before, field by field):
+
+1. the defaults below (the only place defaults live);
+2. the standard `OTEL_EXPORTER_OTLP_*` variables (OpenTelemetry's exporter spec);
+3. the YAML file (`--config`);
+4. `NATS_OTEL_<SECTION>__<FIELD>` variables (e.g. `NATS_OTEL_OTLP__ENDPOINT`);
+5. command-line flags.
+
+A validation error is a `SettingsError` whose message names where the bad value came from
+(file, variable or flag), the field's dotted path, and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "BatchSettings",
+    "BridgeSettings",
+    "JetStreamSettings",
+    "LogSettings",
+    "NatsSource",
+    "OtlpSettings",
+    "SettingsError",
+    "TelemetrySettings",
+    "TlsFiles",
+    "load_settings",
+]
+
+ENV_PREFIX = "NATS_OTEL_"
+OTLP_GRPC_DEFAULT = "http://localhost:4317"
+OTLP_HTTP_DEFAULT = "http://localhost:4318/v1/traces"
+
+
+class SettingsError(ValueError):
+    """Configuration that cannot work: fatal, the message says where and what."""
+
+
+class _Model(BaseModel):
+    # A misspelt key must be an error, not a silently ignored setting.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsFiles(_Model):
+    """Client TLS: CA bundle to trust, and an optional client certificate and key."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsFiles:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key must be given together")
+        for name in ("ca", "cert", "key"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: no such file: {path}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return any((self.ca, self.cert, self.key))
+
+
+class NatsSource(_Model):
+    """One NATS connection (one account) and the trace subjects it subscribes to."""
+
+    name: str = "default"
+    urls: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
+    subjects: list[str] = Field(default_factory=list)
+    queue: str | None = None
+    creds: Path | None = None
+    nkey_seed: Path | None = None
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    tls: TlsFiles = TlsFiles()
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if urlsplit(url if "://" in url else f"nats://{url}").scheme not in {"nats", "tls", "ws", "wss"}:
+                raise ValueError(f"not a NATS URL: {url!r}")
+        return urls
+
+    @field_validator("creds", "nkey_seed")
+    @classmethod
+    def _exists(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"no such file: {path}")
+        return path
+
+    @model_validator(mode="after")
+    def _auth(self) -> NatsSource:
+        if (self.user is None) != (self.password is None):
+            raise ValueError("user and password must be given together")
+        methods = [m for m in ("creds", "nkey_seed", "user", "token") if getattr(self, m) is not None]
+        if len(methods) > 1:
+            raise ValueError(f"choose one authentication method, not {' and '.join(methods)}")
+        return self
+
+
+class JetStreamSettings(_Model):
+    """At-least-once intake: a durable pull consumer on a stream of the trace subjects."""
+
+    stream: str = "NATS_TRACES"
+    durable: str = "nats-otel"
+    create_stream: bool = False
+    stream_max_age: float = Field(24 * 3600.0, gt=0, description="seconds kept, when created")
+    max_ack_pending: int = Field(1000, ge=1)
+    ack_wait: float = Field(30.0, gt=0, description="seconds before an unacked message is redelivered")
+    fetch_batch: int = Field(256, ge=1)
+    nak_delay_initial: float = Field(0.5, gt=0)
+    nak_delay_max: float = Field(15.0, gt=0)
+
+    @field_validator("stream", "durable")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not name or any(c in name for c in " .*>\t"):
+            raise ValueError(f"{name!r} is not a valid JetStream name (no spaces, '.', '*' or '>')")
+        return name
+
+
+class OtlpSettings(_Model):
+    """OTLP exporter; `None` endpoint means the protocol's default (localhost)."""
+
+    endpoint: str | None = None
+    protocol: Literal["grpc", "http/protobuf"] = "grpc"
+    headers: dict[str, str] = Field(default_factory=dict)
+    compression: Literal["none", "gzip"] = "none"
+    timeout: float = Field(10.0, gt=0, description="seconds per export attempt")
+    insecure: bool | None = None
+    certificate: Path | None = None
+    client_key: Path | None = None
+    client_certificate: Path | None = None
+    retry_max_elapsed: float = Field(10.0, ge=0, description="seconds of retries before giving up a batch")
+    retry_initial_backoff: float = Field(0.2, gt=0)
+    retry_max_backoff: float = Field(5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _tls(self) -> OtlpSettings:
+        if (self.client_key is None) != (self.client_certificate is None):
+            raise ValueError("client_key and client_certificate must be given together")
+        for name in ("certificate", "client_key", "client_certificate"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: no such file: {path}")
+        if self.endpoint is not None:
+            url = self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}"
+            parts = urlsplit(url)
+            if parts.scheme not in {"http", "https"} or not parts.hostname:
+                raise ValueError(f"endpoint: not an http(s) URL or host:port: {self.endpoint!r}")
+        return self
+
+    @property
+    def resolved_endpoint(self) -> str:
+        """The URL exported to: gRPC `scheme://host:port`, HTTP the full `/v1/traces` URL."""
+        if self.endpoint is None:
+            return OTLP_GRPC_DEFAULT if self.protocol == "grpc" else OTLP_HTTP_DEFAULT
+        url = self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}"
+        if self.protocol == "http/protobuf" and urlsplit(url).path in ("", "/"):
+            url = url.rstrip("/") + "/v1/traces"
+        return url
+
+
+class BatchSettings(_Model):
+    """Batching and the bounded intake queue (core mode)."""
+
+    max_messages: int = Field(512, ge=1, description="trace messages per export batch")
+    max_delay: float = Field(0.2, gt=0, description="seconds a message may wait for its batch")
+    queue_size: int = Field(20_000, ge=1, description="core mode: received messages waiting (then dropped)")
+    pending_msgs_limit: int = Field(65_536, ge=1, description="core mode: nats-py per-subscription limit")
+
+
+class TelemetrySettings(_Model):
+    """`/metrics`, `/healthz`, `/readyz` on one port; `None` disables, 0 picks a free port."""
+
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+
+
+class LogSettings(_Model):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "text"] = "json"
+
+
+class BridgeSettings(_Model):
+    """Everything `nats-otel bridge` needs; resolved once, passed down explicitly."""
+
+    mode: Literal["core", "jetstream"] = "core"
+    sources: list[NatsSource] = Field(default_factory=lambda: [NatsSource()], min_length=1)
+    jetstream: JetStreamSettings = JetStreamSettings()
+    otlp: OtlpSettings = OtlpSettings()
+    export_otlp: bool = Field(True, description="False: only --output (set when --output is given alone)")
+    output: Path | None = None
+    archive: Path | None = None
+    batch: BatchSettings = BatchSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    log: LogSettings = LogSettings()
+    service_name: str = "nats-server"
+    allow_headers: list[str] = Field(default_factory=list)
+    reuse_capacity: int = Field(100_000, ge=1)
+    drain_timeout: float = Field(10.0, gt=0)
+    max_runtime: float | None = Field(None, gt=0, description="drain and exit after this many seconds")
+
+    @model_validator(mode="after")
+    def _check(self) -> BridgeSettings:
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sources: source names must be unique, got {names}")
+        for i, source in enumerate(self.sources):
+            if not source.subjects:
+                raise ValueError(f"sources.{i}.subjects: at least one trace subject is needed")
+            if self.mode == "jetstream" and source.queue:
+                raise ValueError(f"sources.{i}.queue: queue groups are for core mode; "
+                                 "JetStream bridges share one durable consumer instead")
+        if self.mode == "jetstream" and self.otlp.retry_max_elapsed + self.otlp.timeout >= self.jetstream.ack_wait:
+            raise ValueError("jetstream.ack_wait: must exceed otlp.retry_max_elapsed + otlp.timeout, "
+                             "or batches are redelivered while still being exported")
+        if not self.export_otlp and self.output is None:
+            raise ValueError("export_otlp: nothing to export to (no output file either)")
+        return self
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def _otel_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The standard OTLP exporter variables, traces-specific first (OTel spec)."""
+
+    def get(name: str) -> str | None:
+        return env.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or env.get(f"OTEL_EXPORTER_OTLP_{name}")
+
+    otlp: dict[str, Any] = {}
+    protocol = get("PROTOCOL")
+    if protocol:
+        otlp["protocol"] = protocol
+    # The generic endpoint is a base URL; `resolved_endpoint` appends `/v1/traces` for HTTP
+    # when it has no path. The traces-specific one is used as is.
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if endpoint:
+        otlp["endpoint"] = endpoint
+    if get("HEADERS"):
+        otlp["headers"] = _parse_headers(get("HEADERS") or "")
+    for name, key in (("COMPRESSION", "compression"), ("CERTIFICATE", "certificate"),
+                      ("CLIENT_KEY", "client_key"), ("CLIENT_CERTIFICATE", "client_certificate")):
+        if get(name):
+            otlp[key] = get(name)
+    if get("TIMEOUT"):
+        try:
+            otlp["timeout"] = float(get("TIMEOUT") or 0) / 1000.0  # the spec says milliseconds
+        except ValueError:
+            otlp["timeout"] = get("TIMEOUT")
+    if get("INSECURE"):
+        otlp["insecure"] = (get("INSECURE") or "").strip().lower() == "true"
+    return {"otlp": otlp} if otlp else {}
+
+
+def _parse_headers(text: str) -> dict[str, str]:
+    from urllib.parse import unquote
+
+    headers = {}
+    for item in text.split(","):
+        if "=" in item:
+            key, value = item.split("=", 1)
+            headers[unquote(key.strip()).lower()] = unquote(value.strip())
+    return headers
+
+
+def _prefixed_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """`NATS_OTEL_OTLP__ENDPOINT=x` -> {"otlp": {"endpoint": "x"}}; lists as YAML flow text."""
+    tree: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        # YAML parsing gives `true`, numbers and `[a, b]` their types; plain text stays text.
+        try:
+            node[path[-1]] = yaml.safe_load(value) if value else value
+        except yaml.YAMLError:
+            node[path[-1]] = value
+    return tree
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any], origin: dict[str, str], label: str,
+           prefix: str = "") -> None:
+    """Deep-merge `top` into `base`, noting for each leaf which source set it."""
+    for key, value in top.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict) and key != "headers":
+            _merge(base[key], value, origin, label, f"{path}.")
+        else:
+            base[key] = value.copy() if isinstance(value, dict) else value
+            for known in [k for k in origin if k.startswith(f"{path}.")]:
+                del origin[known]
+            origin[path] = label
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SettingsError(f"config file {path}: cannot read it: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"config file {path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path}: the top level must be a mapping, not {type(data).__name__}")
+    return data
+
+
+def _where(loc: tuple[Any, ...], origin: dict[str, str]) -> str:
+    parts = [str(p) for p in loc]
+    for n in range(len(parts), 0, -1):
+        label = origin.get(".".join(parts[:n]))
+        if label:
+            return label
+    return "defaults"
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> BridgeSettings:
+    """Settings from defaults, OTel variables, the YAML file, `NATS_OTEL_*` and `overrides`.
+
+    `overrides` is a nested dict (the command line's flags); its `_source_flags` entry holds
+    NATS source fields that apply to every source (or make the only one when none is
+    configured). `env` defaults to `os.environ`.
+    Raises `SettingsError` naming the source, the field and the problem.
+    """
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    otel = _otel_env(env)
+    _merge(data, otel, origin, "OTEL_EXPORTER_OTLP_* environment")
+    if config_file is not None:
+        path = Path(config_file)
+        _merge(data, _read_yaml(path), origin, f"config file {path}")
+    _merge(data, _prefixed_env(env), origin, f"{ENV_PREFIX}* environment")
+    if overrides:
+        overrides = dict(overrides)
+        source_flags = overrides.pop("_source_flags", None)
+        _merge(data, overrides, origin, "command line")
+        if source_flags:
+            sources = data.get("sources")
+            if not isinstance(sources, list) or not sources:
+                data["sources"] = sources = [{}]
+            for i, source in enumerate(sources):
+                if isinstance(source, dict):
+                    _merge(source, source_flags, origin, "command line", f"sources.{i}.")
+    try:
+        return BridgeSettings.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            message = err["msg"].removeprefix("Value error, ")
+            head, sep, rest = message.partition(": ")
+            if not loc and sep and " " not in head:
+                # A cross-field check names its field at the start of its message.
+                loc, message = tuple(head.split(".")), rest
+            field = ".".join(str(p) for p in loc) or "(top level)"
+            problems.append(f"{_where(loc, origin)}: field '{field}': {message}")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -1,0 +1,142 @@
+"""JetStream intake (at least once): a durable pull consumer on a stream of trace subjects.
+
+The bridge settles every delivery after export: `ack` when exported, `nak(delay)` on a
+transient export failure, `term` for a message that can never decode. `max_ack_pending`
+bounds what is in flight, so a dead backend stops intake instead of filling memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+
+from ..settings import JetStreamSettings, NatsSource
+from ..telemetry import Metrics
+from .connection import connect_source, raw_from_msg
+from .nats_core import Delivery
+
+__all__ = ["JetStreamSetupError", "JetStreamSource"]
+
+log = logging.getLogger("nats_otel.jetstream")
+
+
+class JetStreamSetupError(RuntimeError):
+    """The stream or consumer cannot be used as configured: fatal."""
+
+
+class JetStreamSource:
+    """Fetches batches from the durable consumer of one source's account and settles them."""
+
+    def __init__(self, source: NatsSource, settings: JetStreamSettings, metrics: Metrics) -> None:
+        self.source = source
+        self.settings = settings
+        self.metrics = metrics
+        self.nc: Client | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._received = metrics.received.labels(source.name)
+        self._pending = metrics.js_pending.labels(source.name)
+
+    @property
+    def connected(self) -> bool:
+        return self.nc is not None and self.nc.is_connected and self._sub is not None
+
+    async def start(self, stopping: asyncio.Event) -> bool:
+        """Connect, ensure stream (if asked) and durable consumer, bind. Raises
+        `JetStreamSetupError` when the stream is missing and may not be created."""
+        self.nc = await connect_source(self.source, self.metrics, stopping)
+        if self.nc is None:
+            return False
+        try:
+            await self._ensure(self.nc.jetstream())
+        except nats.js.errors.APIError as exc:
+            raise JetStreamSetupError(
+                f"source {self.source.name!r}: cannot set up stream {self.settings.stream!r} / durable "
+                f"{self.settings.durable!r}: {exc.description or exc}") from None
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            raise JetStreamSetupError(
+                f"source {self.source.name!r}: JetStream does not answer in this account "
+                "(not enabled for it?)") from None
+        s = self.settings
+        js = self.nc.jetstream()
+        self._sub = await js.pull_subscribe_bind(durable=s.durable, stream=s.stream)
+        log.info("consuming", extra={"fields": {"source": self.source.name, "stream": s.stream, "durable": s.durable}})
+        return True
+
+    async def _ensure(self, js: JetStreamContext) -> None:
+        """The stream (created if allowed) and the durable consumer."""
+        s = self.settings
+        try:
+            await js.stream_info(s.stream)
+        except nats.js.errors.NotFoundError:
+            if not s.create_stream:
+                raise JetStreamSetupError(
+                    f"stream {s.stream!r} not found in source {self.source.name!r}'s account; "
+                    "create it or pass --create-stream") from None
+            await js.add_stream(StreamConfig(
+                name=s.stream, subjects=list(self.source.subjects), storage=StorageType.FILE,
+                max_age=s.stream_max_age,
+            ))
+            log.info("stream created", extra={"fields": {"stream": s.stream, "subjects": self.source.subjects}})
+        config = ConsumerConfig(
+            durable_name=s.durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+            ack_wait=s.ack_wait, max_ack_pending=s.max_ack_pending, max_deliver=-1,
+        )
+        try:
+            await js.add_consumer(s.stream, config)
+        except nats.js.errors.BadRequestError as exc:
+            # An existing durable with another config: use it as it is, but say so.
+            log.warning("durable consumer exists with a different config; using it",
+                        extra={"fields": {"durable": s.durable, "error": str(exc)}})
+
+    async def fetch(self, timeout: float) -> list[Delivery]:
+        """Up to `fetch_batch` messages; [] when none came within `timeout` or not connected."""
+        if self._sub is None or self.nc is None or not self.nc.is_connected:
+            await asyncio.sleep(min(timeout, 0.5))
+            return []
+        try:
+            msgs = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout=timeout)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        except nats.errors.Error as exc:  # reconnecting, consumer hiccup: nothing fetched
+            log.warning("fetch failed", extra={"fields": {"source": self.source.name, "error": str(exc)}})
+            await asyncio.sleep(min(timeout, 0.5))
+            return []
+        self._received.inc(len(msgs))
+        if msgs:
+            self._pending.set(msgs[-1].metadata.num_pending)
+        return [Delivery(raw_from_msg(m), self.source.name, m) for m in msgs]
+
+    async def settle(self, ack: Sequence[Delivery], nak: Sequence[Delivery], term: Sequence[Delivery],
+                     nak_delay: float) -> None:
+        """Acknowledge a processed batch. A lost ack only means a redelivery (at least once)."""
+        for kind, group in (("ack", ack), ("nak", nak), ("term", term)):
+            for d in group:
+                try:
+                    if kind == "ack":
+                        await d.msg.ack()
+                    elif kind == "nak":
+                        await d.msg.nak(delay=nak_delay)
+                    else:
+                        await d.msg.term()
+                except nats.errors.Error as exc:
+                    log.warning("settling failed; the message will be redelivered",
+                                extra={"fields": {"kind": kind, "error": str(exc)}})
+                    continue
+            if group:
+                self.metrics.js_acks.labels(kind).inc(len(group))
+        if self.nc is not None and self.nc.is_connected and (ack or nak or term):
+            try:
+                await self.nc.flush(timeout=5)
+            except Exception as exc:  # noqa: BLE001 - unflushed acks are redelivered later
+                log.warning("flush after settling failed", extra={"fields": {"error": str(exc)}})
+
+    async def close(self) -> None:
+        if self.nc is not None and not self.nc.is_closed:
+            await self.nc.close()

@@ -1,0 +1,132 @@
+"""The bridge's own observability: Prometheus metrics, `/healthz`, `/readyz`, JSON logs.
+
+Metrics live on their own `CollectorRegistry` (no globals: two bridges in one test process
+do not share counters). One small WSGI server in a daemon thread answers all three paths.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+__all__ = ["HealthServer", "JsonFormatter", "Metrics", "configure_logging"]
+
+
+class Metrics:
+    """Every metric the bridge exports, on one registry. Names are `nats_otel_*`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.received = Counter("nats_otel_messages_received", "Trace messages received", ["source"], registry=r)
+        self.decoded = Counter("nats_otel_messages_decoded", "Trace messages decoded into spans", registry=r)
+        self.rejected = Counter("nats_otel_messages_rejected", "Trace messages that gave no spans, by reason",
+                                ["reason"], registry=r)
+        self.dropped = Counter("nats_otel_messages_dropped",
+                               "Trace messages lost before export, by reason (core mode: at most once)",
+                               ["reason"], registry=r)
+        self.issues = Counter("nats_otel_mapping_issues", "Oddities met while mapping (span kept), by kind",
+                              ["kind"], registry=r)
+        self.reused = Counter("nats_otel_reused_traceparents", "Trace messages whose traceparent was reused",
+                              registry=r)
+        self.spans_exported = Counter("nats_otel_spans_exported", "Spans accepted by an exporter",
+                                      ["exporter"], registry=r)
+        self.spans_rejected = Counter("nats_otel_spans_rejected_by_backend",
+                                      "Spans the backend refused (OTLP partial success)", ["exporter"], registry=r)
+        self.export_failures = Counter("nats_otel_export_failures", "Export batches that failed after retries",
+                                       ["exporter"], registry=r)
+        self.export_latency = Histogram(
+            "nats_otel_export_duration_seconds", "Time to export one batch, retries included", ["exporter"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r,
+        )
+        self.queue_depth = Gauge("nats_otel_queue_depth", "Trace messages waiting in the intake queue", registry=r)
+        self.js_pending = Gauge("nats_otel_jetstream_pending", "Messages the durable consumer has not yet delivered",
+                                ["source"], registry=r)
+        self.js_acks = Counter("nats_otel_jetstream_acks", "JetStream acknowledgements sent, by kind",
+                               ["kind"], registry=r)
+        self.connected = Gauge("nats_otel_nats_connected", "1 while the source's connection is up",
+                               ["source"], registry=r)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Current value of a sample (tests and logs); 0.0 if it was never set."""
+        return self.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+
+class HealthServer:
+    """`/metrics`, `/healthz` (the loop is alive) and `/readyz` (connected and exporting)."""
+
+    def __init__(self, metrics: Metrics, host: str, port: int,
+                 healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]]) -> None:
+        self._metrics_app = make_wsgi_app(metrics.registry)
+        self._healthy = healthy
+        self._ready = ready
+        self._server = make_server(host, port, self._app, server_class=_Server, handler_class=_QuietHandler)
+        self.port: int = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, name="nats-otel-http", daemon=True)
+
+    def start(self) -> HealthServer:
+        self._thread.start()
+        return self
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/readyz"):
+            ok, why = (self._healthy if path == "/healthz" else self._ready)()
+            body = json.dumps({"status": "ok" if ok else "unavailable", "detail": why}).encode()
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        if path in ("/metrics", "/"):
+            return self._metrics_app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: try /metrics, /healthz or /readyz\n"]
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and the record's `fields`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            doc.update(fields)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
+    """Logs of the `nats_otel` loggers to stderr, as JSON lines or plain text."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("nats_otel")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level)
+    logger.propagate = False

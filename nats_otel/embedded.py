@@ -350,7 +350,8 @@ def _render_account(a: AccountSpec) -> str:
     for u in a.users:
         perms = ""
         if u.deny_publish:
-            perms = f", permissions: {{ publish: {{ deny: [{', '.join(map(_q, u.deny_publish))}] }} }}"
+            deny = ", ".join(map(_q, u.deny_publish))
+            perms = f", permissions: {{ publish: {{ deny: [{deny}] }} }}"
         users.append(f"      {{ user: {_q(u.name)}, password: {_q(u.password)}{perms} }}")
     lines = [f"  {a.name}: {{", "    users: [", *users, "    ]"]
     if a.jetstream:
@@ -489,7 +490,8 @@ class TopologyError(RuntimeError):
 
     def __init__(self, message: str, *, server: str | None = None, log_tail: str = "",
                  pids: tuple[int, ...] = ()) -> None:
-        super().__init__(message + (f"\n--- tail of {server}'s log ---\n{log_tail}" if log_tail else ""))
+        tail = f"\n--- tail of {server}'s log ---\n{log_tail}" if log_tail else ""
+        super().__init__(message + tail)
         self.server = server
         self.log_tail = log_tail
         self.pids = pids
@@ -518,7 +520,11 @@ def _get_json(url: str, timeout: float = 1.0) -> tuple[int, Any]:
 
 @dataclass(slots=True)
 class RunningServer:
-    """One started server: its spec, ports, files and process."""
+    """One started server: its spec, ports, files and process.
+
+    ``wanted`` is False after :meth:`RunningTopology.kill`: readiness checks then leave
+    this server (and links to it) out until :meth:`RunningTopology.restart`.
+    """
 
     spec: ServerSpec
     ports: Ports
@@ -698,7 +704,8 @@ class RunningTopology:
             self.servers[n]._start(self.binary)
         _LIVE.add(self)
 
-    def _wait(self, checks: Callable[[], list[tuple[str, str]]], deadline: float, what: str) -> None:
+    def _wait(self, checks: Callable[[], list[tuple[str, str]]], deadline: float,
+              what: str) -> None:
         """Poll ``checks`` (-> unmet (server, why) pairs) until none are left."""
         unmet: list[tuple[str, str]] = []
         while True:

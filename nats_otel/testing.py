@@ -171,11 +171,14 @@ class _TraceService(TraceServiceServicer):
     def __init__(self, recorder: _Recorder) -> None:
         self._recorder = recorder
 
-    def Export(self, request: ExportTraceServiceRequest, context: grpc.ServicerContext) -> Any:  # noqa: N802 - gRPC method name
+    def Export(  # noqa: N802 - the gRPC method name
+        self, request: ExportTraceServiceRequest, context: grpc.ServicerContext
+    ) -> ExportTraceServiceResponse:
+        rec = self._recorder
         headers = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
-        if not self._recorder._accept(request, headers):
-            if self._recorder.retry_after is not None:
-                context.set_trailing_metadata([(_RETRY_INFO_KEY, _retry_info(self._recorder.retry_after))])
+        if not rec._accept(request, headers):
+            if rec.retry_after is not None:
+                context.set_trailing_metadata([(_RETRY_INFO_KEY, _retry_info(rec.retry_after))])
             context.abort(grpc.StatusCode.UNAVAILABLE, "simulated outage (OTLPGrpcReceiver)")
         return ExportTraceServiceResponse()
 

@@ -76,7 +76,8 @@ class Processor:
 
     def __init__(self, settings: BridgeSettings, exporters: Sequence[Exporter]) -> None:
         allow = DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in settings.allow_headers}
-        self.converter = Converter(MappingOptions(settings.service_name, allow), DecodeLimits(),
+        limits = DecodeLimits(**settings.limits.model_dump())
+        self.converter = Converter(MappingOptions(settings.service_name, allow), limits,
                                    settings.reuse_capacity)
         self.exporters = list(exporters)
         self._archive = open(settings.archive, "ab") if settings.archive else None  # noqa: SIM115

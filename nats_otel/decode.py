@@ -213,7 +213,9 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
     events = []
     unknown = []
     for position, event_doc in enumerate(events_doc[1:], start=1):
-        model = EVENT_MODELS.get(event_doc.get("type")) if isinstance(event_doc, dict) else None
+        kind = event_doc.get("type") if isinstance(event_doc, dict) else None
+        # Only a string can name a type: a list or object here must not reach the dict lookup.
+        model = EVENT_MODELS.get(kind) if isinstance(kind, str) else None
         if model is None:
             # Unknown types (newer servers) and malformed entries are kept aside, raw, with
             # their position; mapping reports them as issues and maps the rest.

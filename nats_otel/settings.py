@@ -27,6 +27,7 @@ __all__ = [
     "BatchSettings",
     "BridgeSettings",
     "JetStreamSettings",
+    "LimitsSettings",
     "LogSettings",
     "NatsSource",
     "OtlpSettings",
@@ -183,6 +184,14 @@ class BatchSettings(_Model):
     pending_msgs_limit: int = Field(65_536, ge=1, description="core mode: nats-py per-subscription limit")
 
 
+class LimitsSettings(_Model):
+    """Bounds on one trace message (the core's `DecodeLimits`): bigger ones are rejected `too_large`."""
+
+    max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1, description="payload as received")
+    max_decompressed_bytes: int = Field(16 * 1024 * 1024, ge=1, description="after gzip/snappy")
+    max_events: int = Field(10_000, ge=1, description="events in one trace message")
+
+
 class TelemetrySettings(_Model):
     """`/metrics`, `/healthz`, `/readyz` on one port; `None` disables, 0 picks a free port."""
 
@@ -206,6 +215,7 @@ class BridgeSettings(_Model):
     output: Path | None = None
     archive: Path | None = None
     batch: BatchSettings = BatchSettings()
+    limits: LimitsSettings = LimitsSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     log: LogSettings = LogSettings()
     service_name: str = "nats-server"

@@ -190,20 +190,23 @@ class OTLPGrpcReceiver(_Recorder):
     an exporter configured once sees the same endpoint come back after :meth:`stop`.
     """
 
-    __slots__ = ("host", "port", "max_workers", "_server")
+    __slots__ = ("host", "port", "max_workers", "tls", "_server")
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, max_workers: int = 4,
-                 keep_requests: bool = True) -> None:
+                 keep_requests: bool = True, tls: tuple[bytes, bytes, bytes | None] | None = None) -> None:
         super().__init__(keep_requests)
         self.host = host
         self.port = port
         self.max_workers = max_workers
+        #: ``(certificate PEM, key PEM, client CA PEM or None)``: serve TLS; with a client
+        #: CA, clients must present a certificate it signed (mutual TLS).
+        self.tls = tls
         self._server: grpc.Server | None = None
 
     @property
     def endpoint(self) -> str:
-        """``http://host:port``: what ``OTLPSpanExporter(endpoint=..., insecure=True)`` takes."""
-        return f"http://{self.host}:{self.port}"
+        """``http://host:port`` (``https://`` with ``tls``): what ``OTLPSpanExporter(endpoint=...)`` takes."""
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -222,7 +225,13 @@ class OTLPGrpcReceiver(_Recorder):
         )
         add_TraceServiceServicer_to_server(_TraceService(self), server)
         try:
-            bound = server.add_insecure_port(f"{self.host}:{self.port}")
+            if self.tls:
+                cert, key, client_ca = self.tls
+                credentials = grpc.ssl_server_credentials(
+                    [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None)
+                bound = server.add_secure_port(f"{self.host}:{self.port}", credentials)
+            else:
+                bound = server.add_insecure_port(f"{self.host}:{self.port}")
         except RuntimeError as e:  # newer grpcio raises instead of returning 0
             raise OSError(f"cannot bind OTLP/gRPC receiver to {self.host}:{self.port}: {e}") from e
         if bound == 0:

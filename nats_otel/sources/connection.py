@@ -87,8 +87,19 @@ async def connect_source(
         options["token"] = source.token
     backoff = 0.5
     while not stopping.is_set():
+        # nats-py retries a refused first connect (e.g. an authorization violation) inside
+        # `connect` itself, forever with max_reconnect_attempts=-1: race it against the stop
+        # flag, or SIGTERM could never end a bridge that cannot get in.
+        attempt = asyncio.ensure_future(nats.connect(**options))
+        stop_wait = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait({attempt, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if not attempt.done():
+            attempt.cancel()
+            await asyncio.gather(attempt, return_exceptions=True)
+            return None
         try:
-            nc = await nats.connect(**options)
+            nc = attempt.result()
         except Exception as exc:  # noqa: BLE001 - any connect failure: retry with backoff
             log.warning("NATS connect failed, retrying",
                         extra={"fields": {"source": label, "error": f"{type(exc).__name__}: {exc}", "retry_in": backoff}})

@@ -10,13 +10,23 @@ import base64
 import binascii
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Union
 
 import cramjam
 import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
-from .model import EVENT_MODELS, Ingress, ServerInfo, TraceMessage
+from .model import (
+    EVENT_MODELS,
+    Egress,
+    Ingress,
+    JetStreamEvent,
+    ServerInfo,
+    ServiceImport,
+    StreamExport,
+    SubjectMapping,
+    TraceMessage,
+)
 
 __all__ = [
     "DecodeError",
@@ -175,6 +185,9 @@ def _gunzip(payload: bytes, limit: int) -> bytes:
 def decode(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> TraceMessage:
     """Decode a received trace message into a `TraceMessage`, or raise `DecodeError`."""
     data = decompress(raw.payload, raw.header("Content-Encoding"), limits)
+    fast = _decode_fast(data, limits)
+    if fast is not None:
+        return fast
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -225,7 +238,7 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
             events.append(model.model_validate(event_doc))
         except ValidationError as exc:
             unknown.append({"position": position, "event": event_doc, "problem": _describe(exc)})
-    return TraceMessage.model_construct(
+    return TraceMessage(
         server=server,
         headers=headers,
         msg_size=msg_size,
@@ -234,6 +247,82 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
         events=tuple(events),
         unknown_events=tuple(unknown),
     )
+
+
+# --- fast path ------------------------------------------------------------------------
+# One pydantic call validates the whole document from bytes. It accepts exactly what
+# `from_document` accepts when all is well; anything unusual (a malformed event, an ingress
+# out of place, headers given as strings) returns None and the slow path, which isolates
+# bad events and words the errors, decides.
+
+
+def _event_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if isinstance(kind, str) and (kind in EVENT_MODELS or kind == "in"):
+        return kind
+    return "unknown"
+
+
+_AnyEvent = Annotated[
+    Union[  # noqa: UP007 - a tagged union needs the explicit form
+        Annotated[Ingress, Tag("in")],
+        Annotated[SubjectMapping, Tag("sm")],
+        Annotated[StreamExport, Tag("se")],
+        Annotated[ServiceImport, Tag("si")],
+        Annotated[JetStreamEvent, Tag("js")],
+        Annotated[Egress, Tag("eg")],
+        Annotated[Any, Tag("unknown")],
+    ],
+    Discriminator(_event_tag),
+]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    header: dict[str, list[str]] = {}
+    msgsize: Annotated[int, Field(ge=0, lt=2**64)] = 0
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    server: ServerInfo
+    request: _Request = _Request()
+    hops: Annotated[int, Field(ge=0, lt=2**64)] = 0
+    events: list[_AnyEvent]
+
+
+_DOCUMENT = TypeAdapter(_Document)
+
+
+def _decode_fast(data: bytes, limits: DecodeLimits) -> TraceMessage | None:
+    try:
+        doc = _DOCUMENT.validate_json(data)
+    except ValidationError:
+        return None
+    events = doc.events
+    if not events or len(events) > limits.max_events or not isinstance(events[0], Ingress):
+        return None
+    known = []
+    unknown = []
+    for position, event in enumerate(events[1:], start=1):
+        if isinstance(event, Ingress):
+            return None
+        if isinstance(event, _KNOWN_EVENTS):
+            known.append(event)
+        else:
+            unknown.append({"position": position, "event": event, "problem": "unknown type"})
+    return TraceMessage(
+        server=doc.server,
+        headers=doc.request.header,
+        msg_size=doc.request.msgsize,
+        hops=doc.hops,
+        ingress=events[0],
+        events=tuple(known),
+        unknown_events=tuple(unknown),
+    )
+
+
+_KNOWN_EVENTS = (SubjectMapping, StreamExport, ServiceImport, JetStreamEvent, Egress)
 
 
 def _is_int(value: Any) -> bool:

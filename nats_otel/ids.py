@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .decode import DecodeError
 from .model import FORWARDING_KINDS, TraceMessage
@@ -54,6 +54,11 @@ class TraceContext:
     trace_state: str = ""
     sampled: bool = True
     adhoc_key: str | None = None
+    # The encoded (trace id, parent) fields every span id of this context hashes.
+    id_fields: bytes = field(default=b"", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id_fields", _fields(self.trace_id.hex(), self.parent_span_id.hex()))
 
 
 def parse_traceparent(value: str) -> tuple[bytes, bytes, int]:
@@ -132,16 +137,29 @@ def event_span_id(ctx: TraceContext, server_id: str, hop: str, position: int, oc
 
 
 def _span_id(role: bytes, ctx: TraceContext, *fields: str) -> bytes:
-    digest = _hash(role, ctx.trace_id.hex(), ctx.parent_span_id.hex(), *fields)[:8]
+    # Same bytes as _hash(role, trace hex, parent hex, *fields), with the prefix reused.
+    data = _ROLE_PREFIX[role] + ctx.id_fields + _fields(*fields)
+    digest = hashlib.blake2b(data, digest_size=16).digest()[:8]
     # An all-zero span id is invalid in OTLP; astronomically unlikely, but never emit one.
     return digest if any(digest) else b"\x00" * 7 + b"\x01"
 
 
-def _hash(role: bytes, *fields: str) -> bytes:
+def _fields(*fields: str) -> bytes:
     # Length-prefixed fields: ("1", "23") and ("12", "3") can never hash alike.
-    parts = [ID_SCHEME, len(role).to_bytes(4, "big"), role]
+    parts = []
     for field_text in fields:
         data = field_text.encode("utf-8", "surrogatepass")
         parts.append(len(data).to_bytes(4, "big"))
         parts.append(data)
-    return hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+    return b"".join(parts)
+
+
+def _role(role: bytes) -> bytes:
+    return ID_SCHEME + len(role).to_bytes(4, "big") + role
+
+
+_ROLE_PREFIX = {role: _role(role) for role in (b"server", b"hop", b"event")}
+
+
+def _hash(role: bytes, *fields: str) -> bytes:
+    return hashlib.blake2b(_role(role) + _fields(*fields), digest_size=16).digest()

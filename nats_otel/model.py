@@ -9,6 +9,7 @@ are kept aside, raw, so the rest of the message can still be mapped.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -44,11 +45,11 @@ class ConnectionKind(enum.IntEnum):
     @classmethod
     def label(cls, kind: int) -> str:
         """Lower-case name of a kind, or `kind-<n>` for a number this version does not know."""
-        try:
-            return cls(kind).name.lower()
-        except ValueError:
-            return f"kind-{kind}"
+        label = _KIND_LABELS.get(kind)
+        return label if label is not None else f"kind-{kind}"
 
+
+_KIND_LABELS = {kind.value: kind.name.lower() for kind in ConnectionKind}
 
 # Egress kinds that hand the message to another server, which then reports its own trace
 # message carrying the egress hop id in its `Nats-Trace-Hop` header.
@@ -56,9 +57,13 @@ FORWARDING_KINDS = frozenset({ConnectionKind.ROUTER, ConnectionKind.GATEWAY, Con
 
 
 def _timestamp(value: Any) -> int:
-    if isinstance(value, str):
-        return parse_rfc3339_ns(value)
-    raise ValueError("timestamp must be an RFC 3339 string")
+    if not isinstance(value, str):
+        raise ValueError("timestamp must be an RFC 3339 string")
+    ns = parse_rfc3339_ns(value)
+    # OTLP times are unsigned 64-bit nanoseconds: 1970 to 2554.
+    if not 0 <= ns < 2**64:
+        raise ValueError(f"timestamp {value!r:.40} outside what OTLP can carry (1970 to 2554)")
+    return ns
 
 
 Timestamp = Annotated[int, BeforeValidator(_timestamp)]
@@ -163,15 +168,14 @@ EVENT_MODELS: dict[str, type[_Wire]] = {
 }
 
 
-class TraceMessage(BaseModel):
+@dataclass(frozen=True, slots=True)
+class TraceMessage:
     """One server's report about one traced message.
 
     `headers` are the traced message's headers as the server saw them (name case kept);
     `events` the events after the ingress, in the server's order; `unknown_events` raw
-    events of types this version does not map.
+    events of types this version does not map. Built by `decode` from validated parts.
     """
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     server: ServerInfo
     headers: dict[str, list[str]]
@@ -180,6 +184,15 @@ class TraceMessage(BaseModel):
     ingress: Ingress
     events: tuple[TraceEvent, ...] = ()
     unknown_events: tuple[dict[str, Any], ...] = ()
+    # lower-cased header name -> first value, for case-insensitive look-ups
+    _first_values: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        first: dict[str, str] = {}
+        for key, values in self.headers.items():
+            if values:
+                first.setdefault(key.lower(), values[0])
+        object.__setattr__(self, "_first_values", first)
 
     @property
     def end_ns(self) -> int:
@@ -192,11 +205,7 @@ class TraceMessage(BaseModel):
 
     def header(self, name: str) -> str | None:
         """First value of a header, looked up case-insensitively (servers keep the case)."""
-        lowered = name.lower()
-        for key, values in self.headers.items():
-            if key.lower() == lowered and values:
-                return values[0]
-        return None
+        return self._first_values.get(name.lower())
 
     @property
     def hop(self) -> str:

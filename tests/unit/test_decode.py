@@ -167,3 +167,11 @@ def test_bad_archive_lines(line, fragment):
 def test_bare_trace_message_line_is_accepted():
     parsed = parse_archive_line(PLAIN)
     assert parsed.subject is None and decode(parsed).ingress.subject == "orders.new"
+
+
+@pytest.mark.parametrize("stamp", ["1969-12-31T23:59:59.999Z", "9999-12-31T23:59:59Z", "2600-01-01T00:00:00Z"])
+def test_timestamps_otlp_cannot_carry_are_schema_errors(stamp):
+    # found by the fuzz test: such a time crashed the protobuf encoder
+    with pytest.raises(SchemaError) as info:
+        decode(raw(message(ingress() | {"ts": stamp})))
+    assert "1970 to 2554" in str(info.value)

@@ -7,7 +7,7 @@ import sys
 
 from ..pipeline import Converted
 from ..render import render_traces
-from .convert import convert_inputs, options_from, report_rejects, summary
+from .convert import convert_inputs, report_rejects, summary
 
 HELP = "draw the traces of archived trace messages as trees (servers, hops, latency, errors)"
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from nats_otel.bridge import Bridge
 from nats_otel.encode import to_protobuf
 from nats_otel.pipeline import Converted, convert_batch
 from nats_otel.sources.archive import read_archive
@@ -135,3 +136,18 @@ def archived(path: Path) -> list[tuple[str | None, str | None]]:
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             out.append((None, None))
     return out
+
+
+async def start_bridge(settings, timeout: float = 20) -> tuple[Bridge, asyncio.Task]:
+    """Run a Bridge in this event loop; returns once it is ready (or fails the test)."""
+    bridge = Bridge(settings)
+    task = asyncio.create_task(bridge.run())
+    await wait_until(lambda: bridge.ready()[0] or task.done(), timeout, "bridge ready")
+    assert not task.done(), task.result()
+    return bridge, task
+
+
+async def stop_bridge(bridge: Bridge, task: asyncio.Task, timeout: float = 20) -> int:
+    """Drain the bridge as SIGTERM would; returns its exit code."""
+    bridge.request_stop()
+    return await asyncio.wait_for(task, timeout)

@@ -26,6 +26,8 @@ from .bridge_helpers import (
     scrape,
     span_values,
     spans_by_trace,
+    start_bridge,
+    stop_bridge,
     traceparent,
     wait_until,
 )
@@ -54,18 +56,6 @@ def bridge_settings(topo, tmp_path: Path, endpoint: str, protocol: str = "grpc",
     }
     return load_settings(overrides=config, env={})
 
-
-async def start_bridge(settings) -> tuple[Bridge, asyncio.Task]:
-    bridge = Bridge(settings)
-    task = asyncio.create_task(bridge.run())
-    await wait_until(lambda: bridge.ready()[0] or task.done(), 15, "bridge ready")
-    assert not task.done(), task.result()
-    return bridge, task
-
-
-async def stop_bridge(bridge: Bridge, task: asyncio.Task) -> int:
-    bridge.request_stop()
-    return await asyncio.wait_for(task, 15)
 
 
 async def publish_scenarios(topo, bridge: Bridge) -> dict[str, tuple[str, str, int]]:

@@ -21,7 +21,6 @@ from pathlib import Path
 import nats
 import pytest
 
-from nats_otel.bridge import Bridge
 from nats_otel.decode import RawTraceMessage
 from nats_otel.embedded import Topology, cluster, single_server, start_topology, wait_for_interest
 from nats_otel.encode import to_protobuf
@@ -30,24 +29,12 @@ from nats_otel.records import SpanKind
 from nats_otel.settings import load_settings
 from nats_otel.testing import OTLPGrpcReceiver
 
-from .bridge_helpers import span_values, spans_by_trace, traceparent, wait_until
+from .bridge_helpers import span_values, spans_by_trace, start_bridge, stop_bridge, traceparent, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 FAST_RETRY = {"timeout": 2.0, "retry_max_elapsed": 0.5, "retry_initial_backoff": 0.05, "retry_max_backoff": 0.2}
 
-
-async def start_bridge(settings) -> tuple[Bridge, asyncio.Task]:
-    bridge = Bridge(settings)
-    task = asyncio.create_task(bridge.run())
-    await wait_until(lambda: bridge.ready()[0] or task.done(), 20, "bridge ready")
-    assert not task.done(), task.result()
-    return bridge, task
-
-
-async def stop_bridge(bridge: Bridge, task: asyncio.Task) -> int:
-    bridge.request_stop()
-    return await asyncio.wait_for(task, 20)
 
 
 async def traffic(url: str, stop: asyncio.Event, sent: list[str], rate: float = 100.0,

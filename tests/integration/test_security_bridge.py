@@ -25,14 +25,13 @@ import nats
 import nkeys
 import pytest
 
-from nats_otel.bridge import Bridge
 from nats_otel.embedded import find_nats_server, free_ports
 from nats_otel.export.otlp import GrpcExporter
 from nats_otel.mapping import map_message  # noqa: F401 - the header allow-list lives there
 from nats_otel.settings import OtlpSettings, load_settings
 from nats_otel.testing import OTLPGrpcReceiver
 
-from .bridge_helpers import metric, scrape, traceparent, wait_until
+from .bridge_helpers import metric, scrape, start_bridge, stop_bridge, traceparent, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -127,18 +126,6 @@ system_account: SYS
             proc.wait(5)
         log.close()
 
-
-async def start_bridge(settings) -> tuple[Bridge, asyncio.Task]:
-    bridge = Bridge(settings)
-    task = asyncio.create_task(bridge.run())
-    await wait_until(lambda: bridge.ready()[0] or task.done(), 20, "bridge ready")
-    assert not task.done(), task.result()
-    return bridge, task
-
-
-async def stop_bridge(bridge: Bridge, task: asyncio.Task) -> int:
-    bridge.request_stop()
-    return await asyncio.wait_for(task, 20)
 
 
 async def publish_traced(url: str, count: int, headers: dict[str, str] | None = None, **connect) -> list[str]:

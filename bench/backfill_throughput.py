@@ -1,0 +1,217 @@
+"""Backfill throughput: local[1] vs local[2], driver memory as input grows, vs one process.
+
+Not a test. Generates --messages trace messages by replicating the corpus with fresh trace
+ids (and fresh ad-hoc subjects), then runs, each in its own process so memory figures
+are its own:
+
+- `spark_backfill` convert -> OTLP/JSON at local[2] on 1/4, 1/2 and all of the input
+  (driver RSS as input grows), and at local[1] on all of it (the local[2]/local[1] ratio);
+- `convert_batch` + OTLP/JSON lines in one process (what `nats-otel convert` does).
+
+Times exclude JVM and Python-worker start-up (a warm-up run on the corpus comes first).
+
+    python bench/backfill_throughput.py                  # 1M messages (~25 min on 2 cores)
+    python bench/backfill_throughput.py --messages 20000 # quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import glob
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "data" / "corpus"
+
+
+# --- input generation --------------------------------------------------------------------
+
+
+def _templates() -> list[tuple[str, str, str]]:
+    """(subject template, payload JSON template, original trace id) per corpus record.
+
+    In the templates {T} is the trace id and {R} the replica number.
+    """
+    from nats_otel.decode import DecodeLimits, RawTraceMessage, decompress, parse_archive_line
+    from nats_otel.ids import trace_context
+    from nats_otel.decode import decode
+
+    out = []
+    for path in sorted(glob.glob(str(CORPUS / "*.jsonl"))):
+        for line in open(path, "rb"):
+            raw = parse_archive_line(line)
+            text = decompress(raw.payload, raw.header("Content-Encoding"), DecodeLimits()).decode()
+            ctx = trace_context(decode(raw), raw.subject)
+            subject = raw.subject or ""
+            if ctx.adhoc_key is None:
+                text = text.replace(ctx.trace_id.hex(), "{T}")
+            else:
+                text = text.replace(ctx.adhoc_key, ctx.adhoc_key + ".r{R}")
+                subject = subject.replace(ctx.adhoc_key, ctx.adhoc_key + ".r{R}")
+            text = text.replace("{", "{{").replace("}", "}}").replace("{{T}}", "{T}").replace("{{R}}", "{R}")
+            out.append((subject, text, ctx.trace_id.hex()))
+    return out
+
+
+def generate(folder: Path, messages: int, files: int = 16) -> int:
+    """Write `messages` archive lines into `files` JSONL files; returns bytes written."""
+    templates = _templates()
+    folder.mkdir(parents=True, exist_ok=True)
+    outs = [open(folder / f"part-{i:03d}.jsonl", "wb") for i in range(files)]
+    written = replica = count = 0
+    while count < messages:
+        fresh: dict[str, str] = {}
+        for subject, template, original in templates:
+            if count >= messages:
+                break
+            # A fresh trace id per corpus trace and replica: same trace structure, new traces.
+            trace = fresh.setdefault(original, os.urandom(16).hex())
+            payload = template.format(T=trace, R=replica).encode()
+            line = orjson.dumps({"subject": subject.format(R=replica) if "{R}" in subject else subject,
+                                 "headers": {}, "payload_b64": base64.b64encode(payload).decode()}) + b"\n"
+            outs[count % files].write(line)
+            written += len(line)
+            count += 1
+        replica += 1
+    for f in outs:
+        f.close()
+    return written
+
+
+# --- one measured run (a child process) --------------------------------------------------
+
+
+def _rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in KiB."""
+    values = {}
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                values[line.split(":")[0]] = int(line.split()[1])
+    except OSError:
+        return 0, 0
+    return values.get("VmRSS", 0), values.get("VmHWM", 0)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = open(stat).read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.split("/")[2]))
+    return kids
+
+
+def _java_pids() -> list[int]:
+    todo, found = [os.getpid()], []
+    while todo:
+        pid = todo.pop()
+        for kid in _children(pid):
+            todo.append(kid)
+            try:
+                if "java" in open(f"/proc/{kid}/comm").read():
+                    found.append(kid)
+            except OSError:
+                pass
+    return found
+
+
+def child_spark(folder: str, master: str, out: str) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from spark_backfill.__main__ import run
+    from spark_backfill.session import build_session
+
+    spark = build_session(master, shuffle_partitions=int(master[6:-1]) * 2, extra_conf={"spark.ui.enabled": "false"})
+    # Warm-up on the corpus: Python workers start and import their modules once (~20s).
+    run(spark, ["convert", "--input", *sorted(glob.glob(str(CORPUS / "*.jsonl"))), "--otlp-json-out", out + "-warmup",
+                "--overwrite"])
+    start = time.monotonic()
+    status = run(spark, ["convert", "--input", folder, "--otlp-json-out", out, "--overwrite"])
+    elapsed = time.monotonic() - start
+    jvm = [_rss_kib(p) for p in _java_pids()]
+    spark.stop()
+    return {"status": status, "seconds": elapsed, "driver_py_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "driver_jvm_rss_mib": sum(r for r, _ in jvm) / 1024, "driver_jvm_hwm_mib": sum(h for _, h in jvm) / 1024}
+
+
+def child_single(folder: str, out: str) -> dict:
+    from nats_otel.encode import split_by_trace, to_otlp_json_line
+    from nats_otel.pipeline import Converted, convert_batch
+    from nats_otel.sources.archive import expand_inputs, read_archive
+
+    start = time.monotonic()
+    results = convert_batch(read_archive(expand_inputs([folder])))
+    spans = [s for r in results if isinstance(r, Converted) for s in r.spans]
+    with open(out, "wb") as f:
+        for trace in split_by_trace(spans):
+            f.write(to_otlp_json_line(trace))
+    return {"status": 0, "seconds": time.monotonic() - start,
+            "driver_py_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def measure(kind: str, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", kind, *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind} {args} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--workdir", help="keep generated input and outputs here (default: a temp dir)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        result = child_spark(*rest) if kind == "spark" else child_single(*rest)
+        print(json.dumps(result))
+        return
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="backfill-bench-"))
+    n = args.messages
+    sizes = sorted({max(1, n // 4), max(1, n // 2), n})
+    inputs = {}
+    for size in sizes:
+        start = time.monotonic()
+        written = generate(work / f"in-{size}", size)
+        inputs[size] = str(work / f"in-{size}")
+        print(f"generated {size} messages ({written / 1e6:.0f} MB) in {time.monotonic() - start:.1f}s", flush=True)
+    rows = []
+    for label, kind, size, extra in (
+        *[("spark local[2]", "spark", s, ["local[2]"]) for s in sizes],
+        ("spark local[1]", "spark", n, ["local[1]"]),
+        ("convert_batch, 1 process", "single", n, []),
+    ):
+        out = str(work / f"out-{label.split()[-1].strip('[],')}-{size}")
+        result = measure(kind, inputs[size], *extra, out + (".jsonl" if kind == "single" else ""))
+        result.update(label=label, messages=size, rate=size / result["seconds"])
+        rows.append(result)
+        print(f"{label:26} {size:>9} msgs {result['seconds']:8.1f}s {result['rate']:9.0f} msg/s  "
+              f"driver py maxrss {result['driver_py_maxrss_mib']:7.0f} MiB  "
+              f"jvm rss {result.get('driver_jvm_rss_mib', 0):7.0f} MiB", flush=True)
+    one = next(r for r in rows if r["label"] == "spark local[1]")
+    two = next(r for r in rows if r["label"] == "spark local[2]" and r["messages"] == n)
+    print(f"local[2]/local[1] throughput ratio: {two['rate'] / one['rate']:.2f}")
+    growth = [r for r in rows if r["label"] == "spark local[2]"]
+    print("driver python maxrss by input size (local[2]): "
+          + ", ".join(f"{r['messages']}: {r['driver_py_maxrss_mib']:.0f} MiB" for r in growth))
+    (work / "results.json").write_text(json.dumps(rows, indent=2))
+    print(f"results in {work / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Completeness: traces where a server forwarded the message but the next server's trace
+message never arrived (trace messages are at most once, DESIGN §1).
+
+A forwarding egress span's id is, by construction (`nats_otel.ids.link_span_id`), the parent
+id of the downstream server span. So a forwarding egress (role `egress` with a hop id)
+whose span id is nobody's parent in its trace is a missing hop. With the flag, such
+egress spans get `nats.trace.downstream_missing = true`, every span of such a trace gets
+`trace_incomplete = true` in the table, and optionally a placeholder server span for the
+missing server is added under the egress, so the tree still reads right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from nats_otel.pipeline import Converted
+from nats_otel.records import Resource, SpanKind, SpanRecord
+
+from .transform import SPAN_COLUMNS, frame, row_to_span, span_rows
+
+__all__ = ["MISSING_ATTRIBUTE", "mark_incomplete", "placeholder_span"]
+
+MISSING_ATTRIBUTE = "nats.trace.downstream_missing"
+_ID_SCHEME = b"nats-otel-backfill-placeholder-v1"
+
+
+def placeholder_span(egress: SpanRecord) -> SpanRecord:
+    """A stand-in server span for the server `egress` forwarded to, which never reported.
+
+    Its id hashes (versioned, length-prefixed) the egress span it hangs under, so re-runs
+    agree. Zero duration at the moment the message left the upstream server.
+    """
+    hasher = hashlib.blake2b(digest_size=8)
+    hasher.update(_ID_SCHEME)
+    for part in (egress.trace_id, egress.span_id):
+        hasher.update(len(part).to_bytes(4, "big") + part)
+    span_id = hasher.digest() if any(hasher.digest()) else b"\x00" * 7 + b"\x01"
+    peer = str(egress.attribute("nats.peer.server.name") or egress.attribute("nats.connection.name") or "")
+    service = egress.resource.get("service.name") or "nats-server"
+    subject = egress.attribute("messaging.destination.name")
+    attributes = [
+        ("messaging.system", "nats"),
+        ("nats.trace.placeholder", True),
+        ("nats.trace.hop", str(egress.attribute("nats.trace.hop") or "")),
+        ("nats.connection.kind", str(egress.attribute("nats.connection.kind") or "")),
+    ]
+    if subject:
+        attributes.append(("messaging.destination.name", str(subject)))
+    return SpanRecord(
+        trace_id=egress.trace_id,
+        span_id=span_id,
+        parent_span_id=egress.span_id,
+        name=f"receive {subject} (no trace message)" if subject else "receive (no trace message)",
+        kind=SpanKind.CONSUMER,
+        start_ns=egress.end_ns,
+        end_ns=egress.end_ns,
+        resource=Resource((("service.name", service), ("nats.server.name", peer))),
+        attributes=tuple(attributes),
+        trace_state=egress.trace_state,
+    )
+
+
+def _placeholder_batches(batches: Iterator[Any]) -> Iterator[Any]:
+    for pdf in batches:
+        rows = []
+        for record in pdf.to_dict("records"):
+            span = placeholder_span(row_to_span(record))
+            (row,) = span_rows(Converted([span]), record["source"])
+            row["role"] = "placeholder"
+            row["account"], row["subject"] = record["account"], record["subject"]
+            row["trace_incomplete"] = True
+            rows.append(row)
+        yield frame(rows, [*SPAN_COLUMNS, "trace_incomplete"])
+
+
+def mark_incomplete(spans: Any, placeholders: bool = False) -> tuple[Any, Any]:
+    """(spans with `trace_incomplete` and the missing-hop attribute, the missing egress rows)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    parents = spans.select("trace_id", F.col("parent_span_id").alias("span_id")).distinct()
+    forwards = spans.filter((F.col("role") == "egress") & (F.col("hop") != ""))
+    missing = forwards.join(parents, ["trace_id", "span_id"], "left_anti")
+    flagged = missing.select("trace_id", "span_id", F.lit(True).alias("_missing"))
+    incomplete = missing.select("trace_id").distinct().withColumn("trace_incomplete", F.lit(True))
+    marked = (
+        spans.join(flagged, ["trace_id", "span_id"], "left")
+        .join(incomplete, ["trace_id"], "left")
+        .withColumn("trace_incomplete", F.coalesce("trace_incomplete", F.lit(False)))
+        .withColumn(
+            "attributes_json",
+            F.when(
+                F.col("_missing"),
+                # The attribute list is a JSON array and never empty for an egress span.
+                F.concat(
+                    F.expr("substring(attributes_json, 1, length(attributes_json) - 1)"),
+                    F.lit("," + orjson.dumps([MISSING_ATTRIBUTE, True]).decode() + "]"),
+                ),
+            ).otherwise(F.col("attributes_json")),
+        )
+        .withColumn(
+            "attributes",
+            F.when(
+                F.col("_missing"), F.map_concat("attributes", F.create_map(F.lit(MISSING_ATTRIBUTE), F.lit("true")))
+            ).otherwise(F.col("attributes")),
+        )
+        .select(*SPAN_COLUMNS, "trace_incomplete")
+    )
+    if placeholders:
+        schema = StructType([*spans.schema.fields]).add("trace_incomplete", "boolean")
+        extra = missing.select(*SPAN_COLUMNS).mapInPandas(_placeholder_batches, schema)
+        marked = marked.unionByName(extra)
+    return marked, missing

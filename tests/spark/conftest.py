@@ -1,0 +1,83 @@
+"""One local SparkSession for the whole test session, and the corpus converted once."""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
+
+# Lines no archive reader can use, each for a different reason.
+GARBAGE_LINES = [
+    b"this is not json",
+    b"[1, 2, 3]",
+    b'{"subject": "trace.a", "headers": {}, "payload_b64": "!!!not-base64!!!"}',
+    b'{"subject": "trace.a", "headers": {}, "payload_b64": "bm90IGpzb24="}',
+    b'{"subject": "trace.a", "headers": {}, "payload_b64": "eyJzZXJ2ZXIiOiB7fX0="}',
+    b'{"subject": "trace.a", "headers": {"Content-Encoding": ["gzip"]}, "payload_b64": "bm90IGd6aXA="}',
+]
+
+
+def corpus_files() -> list[str]:
+    return sorted(glob.glob(str(CORPUS / "*.jsonl")))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    pytest.importorskip("pyspark")
+    from spark_backfill.session import build_session
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = build_session(
+        "local[2]",
+        app_name="nats-otel-tests",
+        shuffle_partitions=2,
+        extra_conf={"spark.ui.enabled": "false", "spark.default.parallelism": "2"},
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("spark-backfill")
+
+
+@pytest.fixture(scope="session")
+def garbage_file(workdir) -> str:
+    path = workdir / "garbage.jsonl"
+    path.write_bytes(b"\n".join(GARBAGE_LINES) + b"\n")
+    return str(path)
+
+
+def nats_otel_convert(inputs: list[str], out: Path) -> bytes:
+    """What `nats-otel convert INPUT... -o OUT` writes (the reference output)."""
+    from nats_otel.cli import main
+
+    assert main(["convert", *inputs, "-o", str(out), "--quiet"]) == 0
+    return out.read_bytes()
+
+
+def read_parts(folder: Path) -> bytes:
+    """The part files of a Spark text output, in order (range-partitioned by trace id)."""
+    return b"".join(p.read_bytes() for p in sorted(folder.glob("part-*")))
+
+
+@pytest.fixture(scope="session")
+def corpus_run(spark, workdir, garbage_file):
+    """The corpus plus garbage lines through `python -m spark_backfill convert`, all outputs."""
+    from spark_backfill.__main__ import run
+
+    out = workdir / "corpus"
+    inputs = [*corpus_files(), garbage_file]
+    status = run(
+        spark,
+        ["convert", "--input", *inputs, "--otlp-json-out", str(out / "otlp"), "--parquet-out", str(out / "spans"),
+         "--rejects-out", str(out / "rejects"), "--otlp-json-partitions", "3"],
+    )
+    assert status == 0
+    return {"inputs": inputs, "out": out}

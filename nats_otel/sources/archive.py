@@ -16,7 +16,9 @@ from ..pipeline import Rejected
 
 __all__ = ["archive_record", "expand_inputs", "read_archive"]
 
-_SUFFIXES = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz")
+# Folders are expanded to JSON Lines files only: a manifest.json beside them is not an
+# archive. A file named explicitly is read whatever its name.
+_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
 
 
 def expand_inputs(inputs: Iterable[str]) -> list[str]:

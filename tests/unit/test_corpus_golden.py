@@ -124,7 +124,7 @@ def test_cli_convert_twice_and_shuffled(tmp_path):
             text=True,
             check=True,
         )
-        assert "268 trace messages converted" in done.stderr
+        assert "268 trace messages converted" in done.stderr and "0 rejected" in done.stderr
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
     assert outputs[0] == convert_to_bytes([r for p in corpus_files() for r in read_raws(p)])

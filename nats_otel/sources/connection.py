@@ -59,7 +59,9 @@ async def connect_source(
 
     async def disconnected_cb() -> None:
         metrics.connected.labels(label).set(0)
-        log.warning("NATS disconnected", extra={"fields": {"source": label}})
+        # Our own drain/close disconnects too: that is not worth a warning.
+        level = logging.INFO if stopping.is_set() else logging.WARNING
+        log.log(level, "NATS disconnected", extra={"fields": {"source": label}})
 
     async def reconnected_cb() -> None:
         metrics.connected.labels(label).set(1)

@@ -121,7 +121,7 @@ def map_message(
     }
     if hop:
         attributes["nats.trace.hop"] = hop
-    if (msg.header("Nats-Trace-Only") or "").lower() in ("1", "true", "on"):
+    if _trace_only(msg):
         attributes["nats.trace.only"] = True
     if ctx.adhoc_key is not None:
         attributes["nats.trace.adhoc_subject"] = ctx.adhoc_key
@@ -185,6 +185,17 @@ def _build_resource(server: ServerInfo, service_name: str) -> Resource:
         attributes.append(("nats.server.tags", tuple(server.tags)))
     attributes.append(("nats.server.jetstream", server.jetstream))
     return Resource(tuple(attributes))
+
+
+def _trace_only(msg: TraceMessage) -> bool:
+    """Whether the server traced without delivering.
+
+    Servers honour `Nats-Trace-Only` only on ad-hoc traces (with `Nats-Trace-Dest`); a
+    message traced for its traceparent alone is delivered whatever that header says.
+    """
+    if not msg.header("Nats-Trace-Dest"):
+        return False
+    return (msg.header("Nats-Trace-Only") or "").lower() in ("1", "true", "on")
 
 
 def _status(error: str) -> tuple[int, str, str]:

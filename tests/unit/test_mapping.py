@@ -139,3 +139,18 @@ def test_link_id_depends_on_every_field():
     base = link_span_id(ctx, "1", "a", "b", 0)
     assert len({base, link_span_id(ctx, "2", "a", "b", 0), link_span_id(ctx, "1", "b", "a", 0),
                 link_span_id(ctx, "1", "a", "b", 1), link_span_id(ctx, "1a", "", "b", 0)}) == 5
+
+
+@pytest.mark.parametrize(
+    "headers, expected",
+    [
+        ({"Nats-Trace-Dest": ["t.x"], "Nats-Trace-Only": ["true"]}, True),
+        ({"Nats-Trace-Dest": ["t.x"], "Nats-Trace-Only": ["1"]}, True),
+        ({"Nats-Trace-Dest": ["t.x"]}, None),
+        # traced for its traceparent: the server ignores Nats-Trace-Only and delivers
+        ({"traceparent": [TRACEPARENT], "Nats-Trace-Only": ["true"]}, None),
+    ],
+)
+def test_trace_only_only_where_the_server_honours_it(headers, expected):
+    server = spans_of(message(ingress(), egress(), headers=headers))[0]
+    assert server.attribute("nats.trace.only") is expected

@@ -162,11 +162,27 @@ def child_single(folder: str, out: str) -> dict:
             "driver_py_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def _load() -> str:
+    """The 1-minute load average and the busiest processes not ours: this box is shared."""
+    load = open("/proc/loadavg").read().split()[0]
+    top = subprocess.run(["top", "-bn1", "-w", "200"], capture_output=True, text=True).stdout.splitlines()
+    mine = {os.getpid(), *(_children(os.getpid()))}
+    busy = []
+    for line in top[7:12]:
+        cols = line.split(None, 11)
+        if len(cols) == 12 and float(cols[8]) >= 20 and int(cols[0]) not in mine:
+            busy.append(f"{cols[11][:40]} {cols[8]}%")
+    return f"load {load}" + (f"; busy: {', '.join(busy)}" if busy else "")
+
+
 def measure(kind: str, *args: str) -> dict:
+    before = _load()
     proc = subprocess.run([sys.executable, __file__, "--child", kind, *args], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{kind} {args} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["load_before"], result["load_after"] = before, _load()
+    return result
 
 
 def main() -> None:
@@ -198,17 +214,21 @@ def main() -> None:
     ):
         out = str(work / f"out-{label.split()[-1].strip('[],')}-{size}")
         result = measure(kind, inputs[size], *extra, out + (".jsonl" if kind == "single" else ""))
-        result.update(label=label, messages=size, rate=size / result["seconds"])
+        result.update(label=label, kind=kind, messages=size, rate=size / result["seconds"])
         rows.append(result)
         print(f"{label:26} {size:>9} msgs {result['seconds']:8.1f}s {result['rate']:9.0f} msg/s  "
               f"driver py maxrss {result['driver_py_maxrss_mib']:7.0f} MiB  "
-              f"jvm rss {result.get('driver_jvm_rss_mib', 0):7.0f} MiB", flush=True)
+              f"jvm rss {result.get('driver_jvm_rss_mib', 0):6.0f} MiB (hwm {result.get('driver_jvm_hwm_mib', 0):.0f})"
+              f"  [{result['load_before']} | after: {result['load_after']}]", flush=True)
     one = next(r for r in rows if r["label"] == "spark local[1]")
     two = next(r for r in rows if r["label"] == "spark local[2]" and r["messages"] == n)
     print(f"local[2]/local[1] throughput ratio: {two['rate'] / one['rate']:.2f}")
+    single = next(r for r in rows if r["kind"] == "single")
+    print(f"local[2]/convert_batch throughput ratio: {two['rate'] / single['rate']:.2f}")
     growth = [r for r in rows if r["label"] == "spark local[2]"]
-    print("driver python maxrss by input size (local[2]): "
-          + ", ".join(f"{r['messages']}: {r['driver_py_maxrss_mib']:.0f} MiB" for r in growth))
+    print("driver memory by input size (local[2]): "
+          + ", ".join(f"{r['messages']}: python {r['driver_py_maxrss_mib']:.0f} MiB, jvm {r['driver_jvm_hwm_mib']:.0f} MiB"
+                      for r in growth))
     (work / "results.json").write_text(json.dumps(rows, indent=2))
     print(f"results in {work / 'results.json'}")
 

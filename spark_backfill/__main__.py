@@ -84,7 +84,7 @@ def _convert(spark, args: argparse.Namespace) -> int:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from spark_backfill import completeness, sinks, sources, transform
+    from spark_backfill import sources, transform
 
     started = time.monotonic()
     frames = []
@@ -105,18 +105,37 @@ def _convert(spark, args: argparse.Namespace) -> int:
         service_name=args.service_name,
         header_allowlist=DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in args.allow_header},
     )
-    rows, reused = transform.convert(lines, transform.ConvertSettings(options=options))
-    rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-    messages = rows.filter((F.col("row_type") == "span") & (F.col("role") == "server")).count()
-    counts = {r["row_type"]: r["n"] for r in rows.groupBy("row_type").agg(F.count("*").alias("n")).collect()}
-    rejects = {r["reject_reason"]: r["n"] for r in
-               rows.filter(F.col("row_type") == "reject").groupBy("reject_reason").agg(F.count("*").alias("n")).collect()}
-    issues = {r["issue"]: r["n"] for r in
-              rows.select(F.explode("issues").alias("i")).select(F.split("i", ":")[0].alias("issue"))
-              .groupBy("issue").agg(F.count("*").alias("n")).collect()}
+    rows, reused, persisted = transform.convert(lines, transform.ConvertSettings(options=options))
+    try:
+        return _load(spark, args, rows, reused, started)
+    finally:
+        persisted.unpersist()
+
+
+def _load(spark, args: argparse.Namespace, rows, reused: int, started: float) -> int:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from spark_backfill import completeness, sinks
+
+    # One job for every count: row kind, server span or not, reject reason, issues (few distinct).
+    messages = spans_total = 0
+    rejects: dict[str, int] = {}
+    issues: dict[str, int] = {}
+    for r in rows.groupBy("row_type", (F.col("role") == "server").alias("server"), "reject_reason", "issues").agg(
+        F.count("*").alias("n")
+    ).collect():
+        if r["row_type"] == "reject":
+            rejects[r["reject_reason"]] = rejects.get(r["reject_reason"], 0) + r["n"]
+            continue
+        spans_total += r["n"]
+        messages += r["n"] if r["server"] else 0
+        for issue in r["issues"] or []:
+            name = issue.split(":")[0]
+            issues[name] = issues.get(name, 0) + r["n"]
     log.info(
         "converted %d trace messages to %d spans; %d rejected %s; %d reused-traceparent occurrences; issues %s (%.1fs)",
-        messages, counts.get("span", 0), sum(rejects.values()), dict(sorted(rejects.items())), reused,
+        messages, spans_total, sum(rejects.values()), dict(sorted(rejects.items())), reused,
         dict(sorted(issues.items())), time.monotonic() - started,
     )
 

@@ -11,6 +11,7 @@ missing server is added under the egress, so the tree still reads right.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,7 @@ import orjson
 from nats_otel.pipeline import Converted
 from nats_otel.records import Resource, SpanKind, SpanRecord
 
-from .transform import SPAN_COLUMNS, frame, row_to_span, span_rows
+from .transform import ENCODED_COLUMNS, SPAN_COLUMNS, arrow_batch, ddl, row_to_span, span_rows
 
 __all__ = ["MISSING_ATTRIBUTE", "mark_incomplete", "placeholder_span"]
 
@@ -64,23 +65,22 @@ def placeholder_span(egress: SpanRecord) -> SpanRecord:
     )
 
 
-def _placeholder_batches(batches: Iterator[Any]) -> Iterator[Any]:
-    for pdf in batches:
+def _placeholder_batches(batches: Iterator[Any], schema: str) -> Iterator[Any]:
+    for batch in batches:
         rows = []
-        for record in pdf.to_dict("records"):
+        for record in batch.to_pylist():
             span = placeholder_span(row_to_span(record))
             (row,) = span_rows(Converted([span]), record["source"])
             row["role"] = "placeholder"
             row["account"], row["subject"] = record["account"], record["subject"]
             row["trace_incomplete"] = True
             rows.append(row)
-        yield frame(rows, [*SPAN_COLUMNS, "trace_incomplete"])
+        yield arrow_batch(rows, schema)
 
 
 def mark_incomplete(spans: Any, placeholders: bool = False) -> tuple[Any, Any]:
     """(spans with `trace_incomplete` and the missing-hop attribute, the missing egress rows)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
 
     parents = spans.select("trace_id", F.col("parent_span_id").alias("span_id")).distinct()
     forwards = spans.filter((F.col("role") == "egress") & (F.col("hop") != ""))
@@ -108,10 +108,13 @@ def mark_incomplete(spans: Any, placeholders: bool = False) -> tuple[Any, Any]:
                 F.col("_missing"), F.map_concat("attributes", F.create_map(F.lit(MISSING_ATTRIBUTE), F.lit("true")))
             ).otherwise(F.col("attributes")),
         )
-        .select(*SPAN_COLUMNS, "trace_incomplete")
+        # The encoded span no longer says what the row says: the OTLP/JSON sink re-encodes it.
+        .withColumn("otlp_span", F.when(F.col("_missing"), F.lit(None)).otherwise(F.col("otlp_span")))
+        .select(*SPAN_COLUMNS, *ENCODED_COLUMNS, "trace_incomplete")
     )
     if placeholders:
-        schema = StructType([*spans.schema.fields]).add("trace_incomplete", "boolean")
-        extra = missing.select(*SPAN_COLUMNS).mapInPandas(_placeholder_batches, schema)
+        schema = ddl([*SPAN_COLUMNS, *ENCODED_COLUMNS, "trace_incomplete boolean"])
+        fn = functools.partial(_placeholder_batches, schema=schema)
+        extra = missing.select(*SPAN_COLUMNS).mapInArrow(fn, schema)
         marked = marked.unionByName(extra)
     return marked, missing

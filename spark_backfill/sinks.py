@@ -1,8 +1,9 @@
 """Load: span rows -> OTLP/JSON lines files, a Parquet span table, an OTLP endpoint; rejects.
 
-The OTLP/JSON files are the Collector file-exporter format, one request per trace, made by
-the same `split_by_trace` + `to_otlp_json_line` as `nats-otel convert`: range-partitioned
-and sorted by trace id, so `cat part-*` is byte-identical to `convert`'s output file.
+The OTLP/JSON files are the Collector file-exporter format, one request per trace, the
+bytes of `nats-otel convert`'s `split_by_trace` + `to_otlp_json_line`, spliced from the
+spans the transform encoded (`fragments`): range-partitioned and sorted by trace id, so
+`cat part-*` is byte-identical to `convert`'s output file.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats_otel.encode import split_by_trace, to_otlp_json_line, to_protobuf
-from nats_otel.records import SpanRecord
+from nats_otel.encode import to_protobuf
+from nats_otel.records import Resource, SpanRecord
 
-from .transform import SPAN_COLUMNS, row_to_span
+from .fragments import TracePiece, span_pieces, trace_line
+from .transform import ENCODED_COLUMNS, SPAN_COLUMNS, resource_from_json, row_to_span
 
 __all__ = [
     "OtlpExportSettings",
@@ -45,49 +47,81 @@ _REJECT_COLUMNS = ["reject_reason", "reject_detail", "subject", "source", "recor
 
 
 def span_table(rows: Any) -> Any:
-    """The span rows only, with the span table's columns."""
-    return rows.filter(rows.row_type == "span").select(*SPAN_COLUMNS)
+    """The span rows only: the span table's columns and each span's OTLP/JSON."""
+    return rows.filter(rows.row_type == "span").select(*SPAN_COLUMNS, *ENCODED_COLUMNS)
 
 
-def _spans_of(pdf: Any) -> list[SpanRecord]:
-    return [row_to_span(row) for row in pdf.to_dict("records")]
+def _spans_of(batch: Any) -> list[SpanRecord]:
+    return [row_to_span(row) for row in batch.to_pylist()]
+
+
+def _batch(columns: dict[str, list[Any]], schema: str) -> Any:
+    from .transform import arrow_batch
+
+    names = list(columns)
+    return arrow_batch([dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)], schema)
 
 
 # --- OTLP/JSON files ---------------------------------------------------------------------
 
 
+# What the OTLP/JSON sink reads: the encoded span, and (only where that is null, i.e. a span
+# the completeness marking changed) what rebuilds the span to encode it again.
+_PIECE_COLUMNS = ["trace_id", "span_id", "start_ns", "end_ns", "resource_json", *ENCODED_COLUMNS]
+
+
+def _pieces(batch: Any) -> Iterator[tuple[str, TracePiece]]:
+    columns = batch.to_pydict()
+    rebuild = [c for c in _REBUILD_COLUMNS if c not in _PIECE_COLUMNS]
+    for i, (trace_id, span_id, start_ns, end_ns, resource_json, resource, span) in enumerate(
+        zip(*(columns[c] for c in _PIECE_COLUMNS), strict=True)
+    ):
+        if span is None:
+            row = {c: columns[c][i] for c in _PIECE_COLUMNS + rebuild}
+            ((resource, span),) = span_pieces([row_to_span(row)])
+        yield trace_id, (start_ns, end_ns, span_id, resource_json, resource, span)
+
+
 def otlp_json_lines(batches: Iterator[Any]) -> Iterator[Any]:
-    """One OTLP/JSON line per trace from batches sorted by trace id.
+    """One OTLP/JSON line per trace from Arrow batches sorted by trace id.
 
-    A trace may straddle two Arrow batches of the partition: its spans are held back until
-    a batch shows the next trace id (or the partition ends).
+    A trace may straddle two batches of the partition: its spans are held back until a
+    batch shows the next trace id (or the partition ends).
     """
-    import pandas as pd
+    import pyarrow as pa
 
-    pending: list[SpanRecord] = []
-    for pdf in batches:
+    # Spans group by `Resource` equality, as `group_by_resource` does: rebuilt once per text.
+    resources: dict[str, Resource] = {}
+
+    def resource_key(text: object) -> Resource:
+        resource = resources.get(text)  # type: ignore[call-overload]
+        if resource is None:
+            resource = resources[text] = resource_from_json(text)  # type: ignore[arg-type]
+        return resource
+
+    pending: list[TracePiece] = []
+    current = None
+    for batch in batches:
         lines: list[str] = []
-        for span in _spans_of(pdf):
-            if pending and pending[-1].trace_id != span.trace_id:
-                lines.extend(_trace_lines(pending))
+        for trace_id, piece in _pieces(batch):
+            if trace_id != current and pending:
+                lines.append(trace_line(pending, resource_key))
                 pending = []
-            pending.append(span)
-        yield pd.DataFrame({"value": pd.Series(lines, dtype=object)})
+            current = trace_id
+            pending.append(piece)
+        yield pa.RecordBatch.from_arrays([pa.array(lines, pa.string())], names=["value"])
     if pending:
-        yield pd.DataFrame({"value": pd.Series(_trace_lines(pending), dtype=object)})
-
-
-def _trace_lines(spans: list[SpanRecord]) -> list[str]:
-    return [to_otlp_json_line(trace).decode().rstrip("\n") for trace in split_by_trace(spans)]
+        yield pa.RecordBatch.from_arrays([pa.array([trace_line(pending, resource_key)], pa.string())], names=["value"])
 
 
 def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "errorifexists", compression: str = "none") -> None:
     """OTLP/JSON lines, `partitions` files range-partitioned by trace id, each sorted."""
     from pyspark.sql import functions as F
 
-    df = spans.select(*_REBUILD_COLUMNS)
+    rebuild = [F.when(F.col("otlp_span").isNull(), F.col(c)).alias(c) for c in _REBUILD_COLUMNS if c not in _PIECE_COLUMNS]
+    df = spans.select(*_PIECE_COLUMNS, *rebuild)
     df = df.repartitionByRange(partitions, F.col("trace_id")).sortWithinPartitions("trace_id")
-    lines = df.mapInPandas(otlp_json_lines, "value string")
+    lines = df.mapInArrow(otlp_json_lines, "value string")
     lines.write.mode(mode).option("compression", compression).text(out)
 
 
@@ -96,7 +130,7 @@ def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "errorife
 
 def write_parquet(spans: Any, out: str, mode: str = "errorifexists") -> None:
     """The Parquet span table: one row per span, flat columns, attributes as maps."""
-    spans.write.mode(mode).parquet(out)
+    spans.drop(*ENCODED_COLUMNS).write.mode(mode).parquet(out)
 
 
 def write_rejects(rows: Any, out: str, mode: str = "errorifexists") -> None:
@@ -127,6 +161,8 @@ class OtlpExportSettings:
         base = self.endpoint.rstrip("/")
         return base if base.endswith("/v1/traces") else base + "/v1/traces"
 
+
+_EXPORT_SCHEMA = "sent long, failed long, error string"
 
 # Answers worth another attempt (the OTLP/HTTP spec's retryable codes).
 _RETRYABLE = frozenset({429, 502, 503, 504})
@@ -173,8 +209,6 @@ class _Exporter:
 
 
 def _export_batches(batches: Iterator[Any], settings: OtlpExportSettings) -> Iterator[Any]:
-    import pandas as pd
-
     exporter = _Exporter(settings)  # built here, in the executor: nothing from the driver
     sent = failed = 0
     errors: list[str] = []
@@ -188,7 +222,7 @@ def _export_batches(batches: Iterator[Any], settings: OtlpExportSettings) -> Ite
             else:
                 failed += len(chunk)
                 errors.append(error)
-    yield pd.DataFrame({"sent": [sent], "failed": [failed], "error": [errors[-1] if errors else ""]})
+    yield _batch({"sent": [sent], "failed": [failed], "error": [errors[-1] if errors else ""]}, _EXPORT_SCHEMA)
 
 
 def export_otlp(spans: Any, settings: OtlpExportSettings, partitions: int) -> tuple[int, int, str]:
@@ -196,7 +230,7 @@ def export_otlp(spans: Any, settings: OtlpExportSettings, partitions: int) -> tu
     df = spans.select(*_REBUILD_COLUMNS).repartition(partitions, "trace_id")
     # The flag is a total: every concurrent task gets its share.
     per_task = dataclasses.replace(settings, spans_per_second=settings.spans_per_second / partitions)
-    stats = df.mapInPandas(functools.partial(_export_batches, settings=per_task), "sent long, failed long, error string")
+    stats = df.mapInArrow(functools.partial(_export_batches, settings=per_task), _EXPORT_SCHEMA)
     sent = failed = 0
     error = ""
     for row in stats.collect():

@@ -2,8 +2,9 @@
 
 The event loop only receives and settles; decoding, mapping, encoding and exporting run in
 one worker thread (so the Converter's reuse state is touched by one thread only, and the
-NATS read path never waits on a backend). The error policy lives in `_policy` and nowhere
-else:
+NATS read path never waits on a backend), or with `batch.workers` > 1 in that many worker
+processes (`workers.py`: batches sharded by trace id, several batches in flight). The error
+policy lives in `_policy` and nowhere else:
 
 * fatal: configuration (invalid settings, missing stream, unreadable certificates) - stop;
 * drop and count: bad input (a message that cannot decode: counted by reason, JetStream
@@ -35,6 +36,7 @@ from .sources.archive import archive_record
 from .sources.jetstream import JetStreamSetupError, JetStreamSource
 from .sources.nats_core import CoreSource, Delivery
 from .telemetry import HealthServer, Metrics
+from .workers import WorkerDied, WorkerPool
 
 __all__ = ["BatchOutcome", "Bridge", "Processor", "run_bridge"]
 
@@ -60,9 +62,12 @@ class BatchOutcome:
     exports: dict[str, ExportResult] = field(default_factory=dict)
     durations: dict[str, float] = field(default_factory=dict)
     reused: int = 0
+    spans: int = -1  # set when the results no longer carry their spans (worker processes)
 
     @property
     def span_count(self) -> int:
+        if self.spans >= 0:
+            return self.spans
         return sum(len(r.spans) for r in self.results if isinstance(r, Converted))
 
     @property
@@ -80,17 +85,18 @@ class Processor:
         self.converter = Converter(MappingOptions(settings.service_name, allow), limits,
                                    settings.reuse_capacity)
         self.exporters = list(exporters)
-        self._archive = open(settings.archive, "ab") if settings.archive else None  # noqa: SIM115
+        # Unbuffered, one write per batch: atomic with O_APPEND, so worker processes can share it.
+        self._archive = open(settings.archive, "ab", buffering=0) if settings.archive else None  # noqa: SIM115
         self._reused_seen = 0
 
     def process(self, raws: Sequence[RawTraceMessage], deadline: float | None) -> BatchOutcome:
         if self._archive is not None:
             self._archive.write(b"".join(archive_record(raw) for raw in raws))
-            self._archive.flush()
         outcome = BatchOutcome([self.converter.convert(raw) for raw in raws])
         reused = self.converter.reuse.reused
         outcome.reused, self._reused_seen = reused - self._reused_seen, reused
         spans = [s for r in outcome.results if isinstance(r, Converted) for s in r.spans]
+        outcome.spans = len(spans)
         if spans:
             for exporter in self.exporters:
                 started = time.monotonic()
@@ -123,6 +129,15 @@ class Bridge:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self._exporters = list(exporters) if exporters is not None else make_exporters(settings)
+        self.workers: WorkerPool | None = None
+        if settings.batch.workers > 1:
+            if exporters is not None:
+                raise ValueError("batch.workers > 1 builds its exporters in the workers; pass none")
+            # The exporters were built above only to fail here, early, on bad files/endpoints.
+            for exporter in self._exporters:
+                exporter.close()
+            self._exporters = []
+            self.workers = WorkerPool(settings, settings.batch.workers)
         self.processor = Processor(settings, self._exporters)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
         self.queue: asyncio.Queue[Delivery] = asyncio.Queue(maxsize=settings.batch.queue_size)
@@ -133,6 +148,7 @@ class Bridge:
         self._started = False
         self._export_ok = True
         self._js_failures = 0
+        self._js_pause_until = 0.0
         self._fatal: str | None = None
 
     # -- health ----------------------------------------------------------------------------
@@ -150,6 +166,8 @@ class Bridge:
         down = [s.source.name for s in self.sources if not s.connected]
         if down:
             return False, f"not connected to NATS: {', '.join(down)}"
+        if self.workers is not None and not self.workers.alive:
+            return False, "a worker process is not running"
         if not self._export_ok:
             return False, "last export failed"
         return True, "ready"
@@ -180,6 +198,8 @@ class Bridge:
             for source in self.sources:
                 await source.close()
             await asyncio.get_running_loop().run_in_executor(self._pool, self.processor.close)
+            if self.workers is not None:
+                await asyncio.get_running_loop().run_in_executor(self._pool, self.workers.close)
             self._pool.shutdown(wait=True)
             if self.health:
                 self.health.stop()
@@ -187,6 +207,13 @@ class Bridge:
     async def _run(self) -> int:
         s = self.settings
         assert self._stopping is not None
+        if self.workers is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._pool, self.workers.start)
+            except WorkerDied as exc:
+                self._fatal = f"cannot start worker processes: {exc}"
+                log.error("fatal: %s", self._fatal)
+                return 2
         if s.mode == "core":
             self.sources = [CoreSource(src, s.batch, self.queue, self.metrics) for src in s.sources]
         else:
@@ -203,7 +230,7 @@ class Bridge:
         log.info("bridge running", extra={"fields": {"mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
         if s.mode == "core":
-            workers = [asyncio.create_task(self._core_loop())]
+            workers = [asyncio.create_task(self._core_loop()) for _ in range(self._inflight)]
         else:
             workers = [asyncio.create_task(self._jetstream_loop(src)) for src in self.sources
                        if isinstance(src, JetStreamSource)]
@@ -239,12 +266,47 @@ class Bridge:
     def _deadline(self) -> float | None:
         return getattr(self, "_drain_deadline", None) if self._intake_done else None
 
-    async def _process(self, deliveries: Sequence[Delivery]) -> BatchOutcome:
-        loop = asyncio.get_running_loop()
+    @property
+    def _inflight(self) -> int:
+        """Batches processed at once: one for the thread; with workers, enough to keep all busy."""
+        return 1 if self.workers is None else 2 * self.workers.size
+
+    async def _process(self, deliveries: Sequence[Delivery]
+                       ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
+        """Convert, export, count one batch; returns what to (ack, nak, term)."""
         raws = [d.raw for d in deliveries]
-        outcome = await loop.run_in_executor(self._pool, self.processor.process, raws, self._deadline())
-        self._account(outcome)
-        return outcome
+        if self.workers is None:
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(self._pool, self.processor.process, raws, self._deadline())
+            self._account(outcome)
+            return self._policy(deliveries, outcome)
+        ack: list[Delivery] = []
+        nak: list[Delivery] = []
+        term: list[Delivery] = []
+        for positions, result in await self.workers.process(raws, self._deadline()):
+            part = [deliveries[p] for p in positions]
+            if isinstance(result, BaseException):
+                result = self._failed_batch(part, result)
+            else:
+                self._account(result)
+            a, n, t = self._policy(part, result)
+            ack += a
+            nak += n
+            term += t
+        return ack, nak, term
+
+    def _failed_batch(self, part: Sequence[Delivery], exc: BaseException) -> BatchOutcome:
+        """A sub-batch whose worker failed: as if its export failed (JetStream redelivers it)."""
+        if isinstance(exc, WorkerDied) and not self._fatal:
+            self._fatal = str(exc)
+            log.error("fatal: %s; stopping", exc)
+            self.request_stop()
+        else:
+            log.error("worker failed a batch", extra={"fields": {"error": str(exc)}})
+        self.metrics.export_failures.labels("worker").inc()
+        self._export_ok = False
+        failed = ExportResult(False, error=str(exc), retryable=True)
+        return BatchOutcome([Converted([]) for _ in part], {"worker": failed}, spans=0)
 
     # -- core mode -------------------------------------------------------------------------
 
@@ -252,8 +314,7 @@ class Bridge:
         while True:
             batch = await self._collect()
             if batch:
-                outcome = await self._process(batch)
-                self._policy(batch, outcome)
+                await self._process(batch)
             elif self._intake_done and self.queue.empty():
                 return
 
@@ -285,14 +346,16 @@ class Bridge:
     # -- JetStream mode --------------------------------------------------------------------
 
     async def _jetstream_loop(self, source: JetStreamSource) -> None:
+        if self.workers is not None:
+            await self._jetstream_pipelined(source)
+            return
         js = self.settings.jetstream
         assert self._stopping is not None
         while not self._intake_done:
             deliveries = await source.fetch(_FETCH_TIMEOUT_S)
             if not deliveries:
                 continue
-            outcome = await self._process(deliveries)
-            ack, nak, term = self._policy(deliveries, outcome)
+            ack, nak, term = await self._process(deliveries)
             delay = 0.0
             if nak:
                 self._js_failures += 1
@@ -306,6 +369,44 @@ class Bridge:
                     await asyncio.wait_for(self._stopping.wait(), delay)
                 except asyncio.TimeoutError:
                     pass
+
+    async def _jetstream_pipelined(self, source: JetStreamSource) -> None:
+        """Worker mode: one fetcher and several batches in the workers at once; each batch is
+        settled on its own after its export (max_ack_pending still bounds what is in flight)."""
+        assert self._stopping is not None
+        batches: asyncio.Queue[list[Delivery] | None] = asyncio.Queue(maxsize=self._inflight)
+        settlers = [asyncio.create_task(self._jetstream_settler(source, batches)) for _ in range(self._inflight)]
+        try:
+            while not self._intake_done:
+                pause = self._js_pause_until - time.monotonic()
+                if pause > 0:
+                    # Backpressure: the backend is failing; fetching more would only nak more.
+                    try:
+                        await asyncio.wait_for(self._stopping.wait(), pause)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                deliveries = await source.fetch(_FETCH_TIMEOUT_S)
+                if deliveries:
+                    await batches.put(deliveries)
+        finally:
+            for _ in settlers:
+                await batches.put(None)
+            await asyncio.gather(*settlers)
+
+    async def _jetstream_settler(self, source: JetStreamSource,
+                                 batches: asyncio.Queue[list[Delivery] | None]) -> None:
+        js = self.settings.jetstream
+        while (deliveries := await batches.get()) is not None:
+            ack, nak, term = await self._process(deliveries)
+            delay = 0.0
+            if nak:
+                self._js_failures += 1
+                delay = min(js.nak_delay_initial * 2 ** (self._js_failures - 1), js.nak_delay_max)
+                self._js_pause_until = time.monotonic() + delay
+            else:
+                self._js_failures = 0
+            await source.settle(ack, nak, term, delay)
 
     # -- the error policy, in one place ------------------------------------------------------
 

@@ -20,6 +20,7 @@ COMMANDS = {
     "bridge": "nats_otel.commands.bridge",
     "convert": "nats_otel.commands.convert",
     "show": "nats_otel.commands.show",
+    "emulate": "nats_otel.commands.emulate",
 }
 
 

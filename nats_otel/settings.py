@@ -182,6 +182,8 @@ class BatchSettings(_Model):
     max_delay: float = Field(0.2, gt=0, description="seconds a message may wait for its batch")
     queue_size: int = Field(20_000, ge=1, description="core mode: received messages waiting (then dropped)")
     pending_msgs_limit: int = Field(65_536, ge=1, description="core mode: nats-py per-subscription limit")
+    workers: int = Field(1, ge=1, le=64, description="1: convert/export in one thread; N > 1: in N worker "
+                         "processes (sharded by trace id), for more than one core")
 
 
 class LimitsSettings(_Model):

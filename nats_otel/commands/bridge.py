@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--durable", metavar="NAME", help="durable consumer name")
     mode.add_argument("--create-stream", action="store_true", default=None,
                       help="create the stream on the trace subjects if it does not exist")
+    mode.add_argument("--workers", type=int, metavar="N", help="convert and export in N worker processes "
+                      "(default 1: one thread); use about one per spare core")
     out = parser.add_argument_group("export")
     out.add_argument("--otlp-endpoint", metavar="URL", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_* "
                      "or localhost:4317 for grpc, :4318/v1/traces for http/protobuf)")
@@ -83,6 +85,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     for flag in ("mode", "archive", "service_name", "max_runtime"):
         if getattr(args, flag) is not None:
             out[flag] = getattr(args, flag)
+    if args.workers is not None:
+        out["batch"] = {"workers": args.workers}
     if args.metrics_port is not None:
         out["telemetry"] = {"metrics_port": args.metrics_port}
     log = {k: v for k, v in (("format", args.log_format), ("level", args.log_level)) if v is not None}

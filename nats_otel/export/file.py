@@ -21,15 +21,16 @@ class FileExporter:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._out = open(path, "ab")  # noqa: SIM115 - open for the exporter's life
+        # Unbuffered, one write per batch: with O_APPEND that write is atomic, so several
+        # worker processes (`batch.workers`) can append to one file without tearing lines.
+        self._out = open(path, "ab", buffering=0)  # noqa: SIM115 - open for the exporter's life
 
     def export(self, spans: Sequence[SpanRecord], deadline: float | None = None) -> ExportResult:
         """Write the spans as OTLP/JSON lines (sorted by trace, like `convert`)."""
         try:
+            chunk = b"".join(to_otlp_json_line(trace) for trace in split_by_trace(spans))
             with self._lock:
-                for trace in split_by_trace(spans):
-                    self._out.write(to_otlp_json_line(trace))
-                self._out.flush()
+                self._out.write(chunk)
         except OSError as exc:
             return ExportResult(False, error=f"{self.path}: {exc}", retryable=True)
         return ExportResult.success()

@@ -18,19 +18,20 @@ from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 import grpc
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from .. import __version__
-from ..encode import to_protobuf
+from ..encode import to_protobuf_bytes
 from ..records import SpanRecord
 from ..settings import OtlpSettings
 from .result import ExportResult
 
 __all__ = ["GrpcExporter", "HttpExporter", "make_otlp_exporter", "retry"]
+
+# The method of opentelemetry-proto's TraceService. Called with a bytes serializer: the
+# request is already serialized by `to_protobuf_bytes` (or by a worker process), so no
+# generated message objects are built on the hot path.
+_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 USER_AGENT = f"nats-otel/{__version__}"
 RETRYABLE_GRPC = frozenset(
@@ -81,7 +82,7 @@ def _with_attempts(result: ExportResult, attempts: int) -> ExportResult:
 
 
 class GrpcExporter:
-    """OTLP/gRPC through the generated `TraceServiceStub`: TLS, headers, gzip, timeout."""
+    """OTLP/gRPC (opentelemetry-proto's TraceService/Export, pre-serialized requests): TLS, headers, gzip, timeout."""
 
     name = "otlp-grpc"
 
@@ -102,18 +103,22 @@ class GrpcExporter:
                 certificate_chain=_read(settings.client_certificate),
             )
             self._channel = grpc.secure_channel(target, credentials, options=options)
-        self._stub = TraceServiceStub(self._channel)
+        self._export = self._channel.unary_unary(
+            _EXPORT_METHOD, request_serializer=_identity, response_deserializer=ExportTraceServiceResponse.FromString)
         self._metadata = tuple((k.lower(), v) for k, v in settings.headers.items())
         self._compression = grpc.Compression.Gzip if settings.compression == "gzip" else grpc.Compression.NoCompression
 
     def export(self, spans: Sequence[SpanRecord], deadline: float | None = None) -> ExportResult:
         """Send the spans as one request, retrying transient failures."""
-        request = to_protobuf(spans)
+        return self.export_bytes(to_protobuf_bytes(spans), deadline)
+
+    def export_bytes(self, request: bytes, deadline: float | None = None) -> ExportResult:
+        """Send one serialized `ExportTraceServiceRequest`, retrying transient failures."""
         return retry(lambda timeout: self._attempt(request, timeout), self.settings, deadline, self._stop, self._rng)
 
-    def _attempt(self, request: ExportTraceServiceRequest, timeout: float) -> tuple[ExportResult, float | None]:
+    def _attempt(self, request: bytes, timeout: float) -> tuple[ExportResult, float | None]:
         try:
-            response = self._stub.Export(
+            response = self._export(
                 request, timeout=timeout, metadata=self._metadata, compression=self._compression
             )
         except grpc.RpcError as exc:
@@ -156,7 +161,10 @@ class HttpExporter:
 
     def export(self, spans: Sequence[SpanRecord], deadline: float | None = None) -> ExportResult:
         """POST the spans as one request, retrying transient failures."""
-        body = to_protobuf(spans).SerializeToString()
+        return self.export_bytes(to_protobuf_bytes(spans), deadline)
+
+    def export_bytes(self, body: bytes, deadline: float | None = None) -> ExportResult:
+        """POST one serialized `ExportTraceServiceRequest`, retrying transient failures."""
         if self.settings.compression == "gzip":
             body = gzip.compress(body, compresslevel=6)
         return retry(lambda timeout: self._attempt(body, timeout), self.settings, deadline, self._stop, self._rng)
@@ -184,6 +192,10 @@ class HttpExporter:
 
     def close(self) -> None:
         self._stop.set()
+
+
+def _identity(data: bytes) -> bytes:
+    return data
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -8,12 +8,16 @@ bounds what is in flight, so a dead backend stops intake instead of filling memo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
@@ -31,6 +35,58 @@ class JetStreamSetupError(RuntimeError):
     """The stream or consumer cannot be used as configured: fatal."""
 
 
+class _Puller:
+    """Pull requests to the durable consumer, answered into one callback subscription.
+
+    nats-py's `PullSubscription.fetch` waits for each message with its own task and timer,
+    which cost more than converting it; here a callback appends to a buffer and `fetch`
+    wakes once per batch. Messages a lingering request delivers after `fetch` returned
+    stay in the buffer for the next one (they count against max_ack_pending meanwhile).
+    """
+
+    def __init__(self, nc: Client, stream: str, durable: str) -> None:
+        self.nc = nc
+        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self.inbox = nc.new_inbox()
+        self.buffer: deque[Msg] = deque()
+        self._wake = asyncio.Event()
+        self._want = 1
+        self._sub: Any = None
+
+    async def start(self, pending_limit: int) -> None:
+        self._sub = await self.nc.subscribe(self.inbox, cb=self._on_msg, pending_msgs_limit=pending_limit)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is None and msg.reply:
+            self.buffer.append(msg)
+            if len(self.buffer) >= self._want:
+                self._wake.set()
+        elif status != "100":  # 404 no messages, 408 expired, 409 limits: this request is over
+            self._wake.set()
+
+    async def _round(self, request: dict[str, Any], want: int, timeout: float) -> None:
+        self._want = want
+        self._wake.clear()
+        await self.nc.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+        if not self.buffer:
+            # What is there now, at once; else one lingering request until the first arrives.
+            await self._round({"batch": batch, "no_wait": True}, batch, timeout)
+            if not self.buffer:
+                expires = max(int(timeout * 1e9) - 50_000_000, 10_000_000)
+                await self._round({"batch": batch, "expires": expires}, 1, timeout)
+        out = []
+        while self.buffer and len(out) < batch:
+            out.append(self.buffer.popleft())
+        return out
+
+
 class JetStreamSource:
     """Fetches batches from the durable consumer of one source's account and settles them."""
 
@@ -39,7 +95,7 @@ class JetStreamSource:
         self.settings = settings
         self.metrics = metrics
         self.nc: Client | None = None
-        self._sub: JetStreamContext.PullSubscription | None = None
+        self._sub: _Puller | None = None
         self._received = metrics.received.labels(source.name)
         self._pending = metrics.js_pending.labels(source.name)
 
@@ -64,8 +120,9 @@ class JetStreamSource:
                 f"source {self.source.name!r}: JetStream does not answer in this account "
                 "(not enabled for it?)") from None
         s = self.settings
-        js = self.nc.jetstream()
-        self._sub = await js.pull_subscribe_bind(durable=s.durable, stream=s.stream)
+        puller = _Puller(self.nc, s.stream, s.durable)
+        await puller.start(pending_limit=4 * max(s.max_ack_pending, s.fetch_batch) + 1024)
+        self._sub = puller
         log.info("consuming", extra={"fields": {"source": self.source.name, "stream": s.stream, "durable": s.durable}})
         return True
 
@@ -101,7 +158,7 @@ class JetStreamSource:
             await asyncio.sleep(min(timeout, 0.5))
             return []
         try:
-            msgs = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout=timeout)
+            msgs = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout)
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
             return []
         except nats.errors.Error as exc:  # reconnecting, consumer hiccup: nothing fetched

@@ -1,0 +1,111 @@
+"""The bridge with `batch.workers: 2` (worker processes): the same spans as `convert` makes
+of the same raw messages, and in JetStream mode no ack before the export succeeded."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from nats_otel.embedded import single_server, start_topology
+from nats_otel.pipeline import Converted, convert_batch
+from nats_otel.settings import load_settings
+from nats_otel.sources.archive import read_archive
+from nats_otel.testing import OTLPGrpcReceiver
+
+from .bridge_helpers import (
+    archive_lines,
+    expected_from_archive,
+    metric,
+    scrape,
+    span_values,
+    start_bridge,
+    stop_bridge,
+    wait_until,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from corpus_replay import replicate  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def topo() -> Iterator:
+    with start_topology(single_server(jetstream=True)) as running:
+        yield running
+
+
+async def publish_raws(url: str, subject: str, count: int, seed: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        for raw in replicate(count, seed=seed):
+            headers = {k: v[0] for k, v in raw.headers.items()} or None
+            await nc.publish(subject, raw.payload, headers=headers)
+        await nc.flush()
+    finally:
+        await nc.close()
+    return count
+
+
+def settings_for(topo, tmp_path: Path, endpoint: str, mode: str, subject: str, **extra):
+    return load_settings(overrides={
+        "mode": mode,
+        "sources": [{"name": "a", "urls": [topo.client_url("n1", "a")], "subjects": [subject]}],
+        "otlp": {"endpoint": endpoint, "retry_max_elapsed": 1.0, "timeout": 2.0},
+        "archive": str(tmp_path / "archive.jsonl"),
+        "telemetry": {"metrics_port": 0, "metrics_host": "127.0.0.1"},
+        "batch": {"workers": 2, "max_delay": 0.05, "max_messages": 64},
+        **extra,
+    }, env={})
+
+
+async def test_core_workers_equal_convert(topo, tmp_path: Path) -> None:
+    with OTLPGrpcReceiver() as rx:
+        bridge, task = await start_bridge(settings_for(topo, tmp_path, rx.endpoint, "core", "bench.workers"))
+        try:
+            assert bridge.workers is not None and len(bridge.workers.pids()) == 2
+            sent = await publish_raws(topo.client_url("n1", "a"), "bench.workers", 600, "workers-core")
+            await wait_until(lambda: archive_lines(tmp_path / "archive.jsonl") >= sent, 30, "all archived")
+            expected, rejected = expected_from_archive(tmp_path / "archive.jsonl")
+            await wait_until(lambda: len(span_values(rx.requests)) >= len(expected), 30, "all spans exported")
+            _, text = scrape(bridge.metrics_port)
+        finally:
+            assert await stop_bridge(bridge, task) == 0
+        # Byte-identical spans (ids included): sharding kept each trace's reuse numbering intact.
+        assert span_values(rx.requests) == expected
+        assert metric(text, "nats_otel_messages_decoded_total") == sent - rejected
+        # Identical copies (ad-hoc traces replicated byte for byte) give identical spans: count them all.
+        converted = convert_batch(read_archive([str(tmp_path / "archive.jsonl")]))
+        span_total = sum(len(r.spans) for r in converted if isinstance(r, Converted))
+        assert metric(text, "nats_otel_spans_exported_total", exporter="otlp-grpc") == span_total == rx.span_count
+        assert metric(text, "nats_otel_reused_traceparents_total") > 0  # the corpus has a reused one
+
+
+async def test_jetstream_workers_ack_only_after_export(topo, tmp_path: Path) -> None:
+    rx = OTLPGrpcReceiver(keep_requests=True).start()
+    rx.unavailable = True
+    settings = settings_for(topo, tmp_path, rx.endpoint, "jetstream", "bench.jsworkers",
+                            jetstream={"stream": "WORKERS", "durable": "w", "create_stream": True,
+                                       "ack_wait": 20, "nak_delay_initial": 0.2, "nak_delay_max": 0.5})
+    bridge, task = await start_bridge(settings)
+    try:
+        sent = await publish_raws(topo.client_url("n1", "a"), "bench.jsworkers", 300, "workers-js")
+        await wait_until(lambda: metric(scrape(bridge.metrics_port)[1], "nats_otel_jetstream_acks_total",
+                                        kind="nak") > 0, 30, "failed exports nak'ed")
+        _, text = scrape(bridge.metrics_port)
+        assert rx.rejected_count > 0 and rx.span_count == 0
+        assert metric(text, "nats_otel_jetstream_acks_total", kind="ack") == 0
+        rx.unavailable = False
+        await wait_until(lambda: metric(scrape(bridge.metrics_port)[1], "nats_otel_jetstream_acks_total", kind="ack")
+                         + metric(scrape(bridge.metrics_port)[1], "nats_otel_jetstream_acks_total", kind="term")
+                         >= sent, 60, "every message settled")
+    finally:
+        assert await stop_bridge(bridge, task) == 0
+        rx.stop()
+    # At least once: every span of every archived (possibly redelivered) message arrived.
+    expected, _ = expected_from_archive(tmp_path / "archive.jsonl")
+    assert expected and span_values(rx.requests) == expected

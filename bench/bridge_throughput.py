@@ -143,20 +143,15 @@ def role_publish(args: argparse.Namespace) -> None:
     Path(args.out).write_bytes(pickle.dumps({"sent": sent, "started": started, "ended": ended, "times": times}))
 
 
-def role_raw(args: argparse.Namespace) -> None:
-    """The ceiling: a nats-py callback that only counts."""
+def _subscribe_until_sigterm(args: argparse.Namespace, on_message) -> None:
+    """Run a nats-py subscriber calling `on_message(msg)` until SIGTERM; ready file when subscribed."""
     import nats
-
-    state = {"n": 0, "first": 0.0, "last": 0.0}
 
     async def main() -> None:
         nc = await nats.connect(args.url)
 
         async def cb(msg) -> None:
-            if not state["n"]:
-                state["first"] = time.time()
-            state["n"] += 1
-            state["last"] = time.time()
+            on_message(msg)
 
         await nc.subscribe(args.subject, cb=cb)
         await nc.flush()
@@ -167,12 +162,24 @@ def role_raw(args: argparse.Namespace) -> None:
         await nc.close()
 
     asyncio.run(main())
+
+
+def role_raw(args: argparse.Namespace) -> None:
+    """The ceiling: a nats-py callback that only counts."""
+    state = {"n": 0, "first": 0.0, "last": 0.0}
+
+    def count(_msg) -> None:
+        if not state["n"]:
+            state["first"] = time.time()
+        state["n"] += 1
+        state["last"] = time.time()
+
+    _subscribe_until_sigterm(args, count)
     Path(args.out).write_text(json.dumps(state))
 
 
 def role_naive(args: argparse.Namespace) -> None:
     """nats-py callback -> decode/map -> SDK ReadableSpan -> BatchSpanProcessor -> OTLPSpanExporter."""
-    import nats
     from convert_throughput import _readable
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -185,29 +192,18 @@ def role_naive(args: argparse.Namespace) -> None:
     resources: dict = {}
     state = {"n": 0, "spans": 0, "first": 0.0, "last": 0.0}
 
-    async def main() -> None:
-        nc = await nats.connect(args.url)
+    def convert_and_export(msg) -> None:
+        if not state["n"]:
+            state["first"] = time.time()
+        state["n"] += 1
+        result = converter.convert(raw_from_msg(msg))
+        if isinstance(result, Converted):
+            for span in result.spans:
+                processor.on_end(_readable(span, resources))
+                state["spans"] += 1
+        state["last"] = time.time()
 
-        async def cb(msg) -> None:
-            if not state["n"]:
-                state["first"] = time.time()
-            state["n"] += 1
-            result = converter.convert(raw_from_msg(msg))
-            if isinstance(result, Converted):
-                for span in result.spans:
-                    processor.on_end(_readable(span, resources))
-                    state["spans"] += 1
-            state["last"] = time.time()
-
-        await nc.subscribe(args.subject, cb=cb)
-        await nc.flush()
-        Path(args.out + ".ready").touch()
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        await nc.close()
-
-    asyncio.run(main())
+    _subscribe_until_sigterm(args, convert_and_export)
     processor.shutdown()
     Path(args.out).write_text(json.dumps(state))
 

@@ -10,7 +10,11 @@ policy lives in `_policy` and nowhere else:
 * drop and count: bad input (a message that cannot decode: counted by reason, JetStream
   `term`s it so it is never redelivered);
 * retry: a transient export failure (the exporter retries with backoff; then JetStream naks
-  the batch with a growing delay and pauses intake, core mode drops and counts it).
+  the batch with a growing delay and pauses intake, core mode drops and counts it); also a
+  refusal that a fixed configuration cures (401, 403, 404: nak, not ready);
+* isolate, then drop and count: spans the backend refuses as invalid (HTTP 400,
+  INVALID_ARGUMENT) are sent again message by message; what is refused alone is never
+  retried (OTLP says so), JetStream `term`s it (`dropped{reason="export_invalid"}`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -63,6 +68,9 @@ class BatchOutcome:
     durations: dict[str, float] = field(default_factory=dict)
     reused: int = 0
     spans: int = -1  # set when the results no longer carry their spans (worker processes)
+    #: Positions of messages whose spans a backend refused as invalid even when sent alone,
+    #: with its error: never to be retried (terminated in JetStream mode), counted as lost.
+    poisoned: dict[int, str] = field(default_factory=dict)
 
     @property
     def span_count(self) -> int:
@@ -100,9 +108,34 @@ class Processor:
         if spans:
             for exporter in self.exporters:
                 started = time.monotonic()
-                outcome.exports[exporter.name] = exporter.export(spans, deadline)
+                result = exporter.export(spans, deadline)
+                if result.invalid:
+                    result = self._isolate(exporter, outcome, result, deadline)
+                outcome.exports[exporter.name] = result
                 outcome.durations[exporter.name] = time.monotonic() - started
         return outcome
+
+    @staticmethod
+    def _isolate(exporter: Exporter, outcome: BatchOutcome, failed: ExportResult,
+                 deadline: float | None) -> ExportResult:
+        """The backend refused the batch's content (HTTP 400, INVALID_ARGUMENT): send it again
+        message by message, so that one bad message costs only itself. OTLP forbids retrying a
+        refused request, so the messages refused alone are `poisoned`; the rest count as
+        exported. Rare, so a request per message is affordable."""
+        attempts, refused_spans = failed.attempts, 0
+        for position, result in enumerate(outcome.results):
+            if not isinstance(result, Converted) or not result.spans or position in outcome.poisoned:
+                continue
+            alone = exporter.export(result.spans, deadline)
+            attempts += alone.attempts
+            if alone.ok:
+                refused_spans += alone.rejected_spans
+            elif alone.invalid:
+                outcome.poisoned[position] = alone.error
+                refused_spans += len(result.spans)
+            else:  # now the backend is down: the whole batch again later (duplicates are fine)
+                return dataclasses.replace(alone, attempts=attempts)
+        return ExportResult.success(attempts, refused_spans)
 
     def close(self) -> None:
         for exporter in self.exporters:
@@ -416,9 +449,9 @@ class Bridge:
         ack: list[Delivery] = []
         nak: list[Delivery] = []
         term: list[Delivery] = []
-        for delivery, result in zip(deliveries, outcome.results):
-            if isinstance(result, Rejected):
-                term.append(delivery)  # bad input: never decodes, never redeliver
+        for position, (delivery, result) in enumerate(zip(deliveries, outcome.results)):
+            if isinstance(result, Rejected) or position in outcome.poisoned:
+                term.append(delivery)  # bad input, or spans the backend refused: never redeliver
             elif outcome.exported:
                 ack.append(delivery)
             else:
@@ -444,6 +477,10 @@ class Bridge:
             m.issues.labels(kind).inc(count)
         if outcome.reused:
             m.reused.inc(outcome.reused)
+        for error in outcome.poisoned.values():
+            m.dropped.labels("export_invalid").inc()
+            log.warning("trace message dropped: the backend refused its spans as invalid",
+                        extra={"fields": {"error": error[:300]}})
         spans = outcome.span_count
         for name, result in outcome.exports.items():
             m.export_latency.labels(name).observe(outcome.durations.get(name, 0.0))

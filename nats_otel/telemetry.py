@@ -31,7 +31,8 @@ class Metrics:
         self.rejected = Counter("nats_otel_messages_rejected", "Trace messages that gave no spans, by reason",
                                 ["reason"], registry=r)
         self.dropped = Counter("nats_otel_messages_dropped",
-                               "Trace messages lost before export, by reason (core mode: at most once)",
+                               "Trace messages lost, by reason (queue_full, slow_consumer, export_failed: core "
+                               "mode only; export_invalid: spans the backend refused as invalid, both modes)",
                                ["reason"], registry=r)
         self.issues = Counter("nats_otel_mapping_issues", "Oddities met while mapping (span kept), by kind",
                               ["kind"], registry=r)

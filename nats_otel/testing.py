@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +62,7 @@ class _Recorder:
     """What both receivers share: the record, the outage switch, waiting for spans."""
 
     __slots__ = ("_cond", "_received", "_span_count", "_rejected", "unavailable",
-                 "retry_after", "response_delay", "keep_requests")
+                 "retry_after", "response_delay", "keep_requests", "refuse")
 
     def __init__(self, keep_requests: bool = True) -> None:
         self._cond = threading.Condition()
@@ -78,6 +79,17 @@ class _Recorder:
         self.response_delay = 0.0
         #: False keeps only counts (long benchmarks would otherwise hold every span).
         self.keep_requests = keep_requests
+        #: A backend that finds some content invalid: called with each request, a text
+        #: refuses it permanently (gRPC INVALID_ARGUMENT, HTTP 400) with that text.
+        self.refuse: Callable[[ExportTraceServiceRequest], str | None] | None = None
+
+    def _refusal(self, request: ExportTraceServiceRequest) -> str | None:
+        """Why ``refuse`` finds the request invalid (counted as rejected), or None."""
+        reason = self.refuse(request) if self.refuse is not None else None
+        if reason is not None:
+            with self._cond:
+                self._rejected += 1
+        return reason
 
     def _accept(self, request: ExportTraceServiceRequest, headers: dict[str, str]) -> bool:
         """Record ``request`` unless an outage is simulated; False means refuse it."""
@@ -176,6 +188,9 @@ class _TraceService(TraceServiceServicer):
     ) -> ExportTraceServiceResponse:
         rec = self._recorder
         headers = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+        reason = rec._refusal(request)
+        if reason is not None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
         if not rec._accept(request, headers):
             if rec.retry_after is not None:
                 context.set_trailing_metadata([(_RETRY_INFO_KEY, _retry_info(rec.retry_after))])
@@ -327,6 +342,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 _parse_otlp_json(raw, request)
         except (OSError, ValueError, zlib.error, DecodeError, json_format.ParseError) as e:
             self._reply(400, f"bad request body: {e}".encode())
+            return
+        reason = rx._refusal(request)
+        if reason is not None:
+            self._reply(400, reason.encode())
             return
         if not rx._accept(request, {k.lower(): v for k, v in self.headers.items()}):
             # RFC 9110 wants whole seconds; OTLP exporters also read fractions, which

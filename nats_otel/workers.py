@@ -114,7 +114,7 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
                 outcome = processor.process([RawTraceMessage(*item) for item in items], deadline)
                 # Span records stay here: the parent needs counts, issues and export results.
                 outbox.send((batch_id, (_pack(outcome.results), outcome.exports, outcome.durations,
-                                        outcome.reused, outcome.span_count)))
+                                        outcome.reused, outcome.span_count, outcome.poisoned)))
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
                 outbox.send((batch_id, f"worker {index}: {type(exc).__name__}: {exc}"))
     finally:
@@ -146,8 +146,8 @@ def _unpack(packed: Sequence[Any]) -> list[Converted | Rejected]:
 def _outcome(message: tuple[Any, ...]) -> Any:
     from .bridge import BatchOutcome
 
-    packed, exports, durations, reused, spans = message
-    return BatchOutcome(_unpack(packed), exports, durations, reused, spans)
+    packed, exports, durations, reused, spans, poisoned = message
+    return BatchOutcome(_unpack(packed), exports, durations, reused, spans, poisoned)
 
 
 # --------------------------------------------------------------------------- the parent side

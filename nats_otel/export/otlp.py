@@ -7,6 +7,7 @@ retryable; a failure is an `ExportResult`, never an exception.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import random
 import ssl
@@ -78,7 +79,7 @@ def retry(
 
 
 def _with_attempts(result: ExportResult, attempts: int) -> ExportResult:
-    return ExportResult(result.ok, attempts, result.error, result.retryable, result.rejected_spans)
+    return dataclasses.replace(result, attempts=attempts)
 
 
 class GrpcExporter:
@@ -124,7 +125,8 @@ class GrpcExporter:
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             detail = exc.details() if hasattr(exc, "details") else str(exc)
-            return ExportResult(False, error=f"{code.name}: {detail}", retryable=code in RETRYABLE_GRPC), None
+            return ExportResult(False, error=f"{code.name}: {detail}", retryable=code in RETRYABLE_GRPC,
+                                invalid=code == grpc.StatusCode.INVALID_ARGUMENT), None
         return ExportResult.success(rejected_spans=response.partial_success.rejected_spans), None
 
     def close(self) -> None:
@@ -178,7 +180,8 @@ class HttpExporter:
             retryable = exc.code in RETRYABLE_HTTP
             hint = _retry_after(exc.headers.get("Retry-After")) if retryable else None
             text = exc.read()[:200].decode("utf-8", "replace")
-            return ExportResult(False, error=f"HTTP {exc.code}: {text}", retryable=retryable), hint
+            return ExportResult(False, error=f"HTTP {exc.code}: {text}", retryable=retryable,
+                                invalid=exc.code == 400), hint
         except (OSError, ValueError) as exc:  # refused, reset, timeout, TLS: the backend is not there
             reason = getattr(exc, "reason", exc)
             return ExportResult(False, error=f"{type(exc).__name__}: {reason}", retryable=True), None

@@ -22,7 +22,17 @@ from nats_otel.embedded import free_ports, single_server, start_topology
 from nats_otel.settings import load_settings
 from nats_otel.testing import OTLPGrpcReceiver, OTLPHttpReceiver
 
-from .bridge_helpers import archived, expected_from_archive, metric, scrape, span_values, traceparent, wait_until
+from .bridge_helpers import (
+    archived,
+    expected_from_archive,
+    metric,
+    scrape,
+    span_values,
+    start_bridge,
+    stop_bridge,
+    traceparent,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -217,3 +227,69 @@ def scrape_ok(port: int, path: str) -> bool:
         return scrape(port, path)[0] == 200
     except OSError:
         return False
+
+
+def refuse_poison(request) -> str | None:
+    """A backend that finds spans on `app.poison` invalid (as a schema check might)."""
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                for kv in span.attributes:
+                    if kv.key == "messaging.destination.name" and kv.value.string_value == "app.poison":
+                        return "span refused: app.poison is not allowed here"
+    return None
+
+
+@pytest.mark.parametrize(("mode", "protocol", "workers"),
+                         [("jetstream", "grpc", 1), ("core", "http/protobuf", 1), ("jetstream", "http/protobuf", 2)])
+async def test_spans_refused_as_invalid_cost_only_their_message(server, tmp_path: Path, mode: str,
+                                                                 protocol: str, workers: int) -> None:
+    """A 400 / INVALID_ARGUMENT must not be retried (OTLP), nor take its batch down with it:
+    the batch is sent again message by message, the refused message is dropped and counted
+    (JetStream: terminated, not redelivered forever), every other span arrives."""
+    url = server.client_url("n1", "a")
+    stream = f"POISON_{mode.upper()}_{workers}"
+    receiver = OTLPGrpcReceiver() if protocol == "grpc" else OTLPHttpReceiver()
+    with receiver as rx:
+        rx.refuse = refuse_poison
+        settings = load_settings(env={}, overrides={
+            "mode": mode,
+            "sources": [{"urls": [url], "subjects": ["trace.a"]}],
+            "jetstream": {**FAST_JS, "stream": stream, "durable": stream.lower()},
+            "batch": {"max_messages": 100, "max_delay": 0.5, "workers": workers},
+            "otlp": {**FAST_RETRY, "endpoint": rx.endpoint, "protocol": protocol},
+            "telemetry": {"metrics_port": 0, "metrics_host": "127.0.0.1"},
+        })
+        bridge, task = await start_bridge(settings)
+        try:
+            good = await publish(url, 20)
+            poison = await publish(url, 1, subject="app.poison")
+            good += await publish(url, 20)
+            await wait_until(lambda: {s.trace_id.hex() for _, s in rx.spans()} >= set(good), 20,
+                             "every good trace")
+            await wait_until(lambda: bridge.metrics.value("nats_otel_messages_dropped_total",
+                                                          {"reason": "export_invalid"}) >= 1, 10, "the drop counted")
+            assert poison[0] not in {s.trace_id.hex() for _, s in rx.spans()}
+            assert rx.span_count == 2 * len(good)  # ingress + egress per trace, nothing twice
+            refused = rx.rejected_count
+            await asyncio.sleep(1.5)  # no retry of the refused message
+            assert rx.rejected_count == refused
+            m = bridge.metrics
+            assert m.value("nats_otel_messages_dropped_total", {"reason": "export_invalid"}) == 1
+            assert m.value("nats_otel_messages_dropped_total", {"reason": "export_failed"}) == 0
+            assert m.value("nats_otel_spans_rejected_by_backend_total", {"exporter": bridge_exporter(protocol)}) == 2
+            if mode == "jetstream":
+                assert m.value("nats_otel_jetstream_acks_total", {"kind": "term"}) == 1
+                assert m.value("nats_otel_jetstream_acks_total", {"kind": "ack"}) == len(good)
+                nc = await nats.connect(url)
+                info = await nc.jetstream().consumer_info(stream, stream.lower())
+                await nc.close()
+                assert info.num_ack_pending == 0 and info.num_pending == 0
+        finally:
+            assert await stop_bridge(bridge, task) == 0
+            if mode == "jetstream":
+                await delete_stream(url, stream)
+
+
+def bridge_exporter(protocol: str) -> str:
+    return "otlp-grpc" if protocol == "grpc" else "otlp-http"

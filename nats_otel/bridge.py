@@ -241,12 +241,14 @@ class Bridge:
         s = self.settings
         assert self._stopping is not None
         if self.workers is not None:
+            loop = asyncio.get_running_loop()
             try:
-                await asyncio.get_running_loop().run_in_executor(self._pool, self.workers.start)
+                await loop.run_in_executor(self._pool, self.workers.start)
             except WorkerDied as exc:
                 self._fatal = f"cannot start worker processes: {exc}"
                 log.error("fatal: %s", self._fatal)
                 return 2
+            self.workers.on_death = lambda reason: loop.call_soon_threadsafe(self._worker_died, reason)
         if s.mode == "core":
             self.sources = [CoreSource(src, s.batch, self.queue, self.metrics) for src in s.sources]
         else:
@@ -272,7 +274,8 @@ class Bridge:
         except asyncio.TimeoutError:
             log.info("max runtime reached: draining")
             self._stopping.set()
-        return await self._drain(workers)
+        code = await self._drain(workers)
+        return 2 if self._fatal else code
 
     async def _drain(self, workers: list[asyncio.Task[None]]) -> int:
         """Stop intake, flush what was received, settle it; bounded by `drain_timeout`."""
@@ -328,12 +331,19 @@ class Bridge:
             term += t
         return ack, nak, term
 
+    def _worker_died(self, reason: str) -> None:
+        """A worker process crashed or was killed: stop (exit code 2) so that a supervisor
+        restarts the whole bridge; JetStream redelivers what was not acked, core mode counts
+        what the drain cannot export."""
+        if not self._fatal:
+            self._fatal = reason
+            log.error("fatal: %s; stopping", reason)
+            self.request_stop()
+
     def _failed_batch(self, part: Sequence[Delivery], exc: BaseException) -> BatchOutcome:
         """A sub-batch whose worker failed: as if its export failed (JetStream redelivers it)."""
-        if isinstance(exc, WorkerDied) and not self._fatal:
-            self._fatal = str(exc)
-            log.error("fatal: %s; stopping", exc)
-            self.request_stop()
+        if isinstance(exc, WorkerDied):
+            self._worker_died(str(exc))
         else:
             log.error("worker failed a batch", extra={"fields": {"error": str(exc)}})
         self.metrics.export_failures.labels("worker").inc()

@@ -31,7 +31,7 @@ import re
 import signal
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -156,8 +156,11 @@ def _outcome(message: tuple[Any, ...]) -> Any:
 class _Worker:
     """One worker process with its pipes, sender thread and reader thread."""
 
-    def __init__(self, ctx: Any, settings_doc: dict[str, Any], index: int) -> None:
+    def __init__(self, ctx: Any, settings_doc: dict[str, Any], index: int,
+                 on_death: Callable[[str], None]) -> None:
         self.index = index
+        self._on_death = on_death
+        self._closing = False
         child_in, self._to_child = ctx.Pipe(duplex=False)
         self._from_child, child_out = ctx.Pipe(duplex=False)
         self.process = ctx.Process(target=_worker_main, args=(settings_doc, index, child_in, child_out),
@@ -221,13 +224,20 @@ class _Worker:
 
     def _fail_all(self) -> None:
         with self._lock:
+            if self.dead:
+                return
             self.dead = True
             pending, self._pending = self._pending, {}
+        self.process.join(1)  # so that the exit code is known
+        reason = f"worker {self.index} exited (code {self.process.exitcode})"
         for future in pending.values():
             if future.set_running_or_notify_cancel():
-                future.set_exception(WorkerDied(f"worker {self.index} exited (code {self.process.exitcode})"))
+                future.set_exception(WorkerDied(reason))
+        if not self._closing:
+            self._on_death(reason)
 
     def close(self, timeout: float) -> None:
+        self._closing = True
         self._outgoing.put(None)
         self.process.join(timeout)
         if self.process.is_alive():
@@ -248,12 +258,15 @@ class WorkerPool:
         self._doc = settings.model_dump(mode="json")
         self._ids = itertools.count()
         self._workers: list[_Worker] = []
+        #: Called (from a reader thread) when a worker dies other than by `close`: a crash or
+        #: an OOM kill. The bridge stops on it, so that its supervisor restarts it.
+        self.on_death: Callable[[str], None] = lambda reason: None
 
     def start(self) -> None:
         """Spawn the workers and wait until each has built its exporters (blocking)."""
         ctx = multiprocessing.get_context("spawn")
         try:
-            self._workers = [_Worker(ctx, self._doc, i) for i in range(self.size)]
+            self._workers = [_Worker(ctx, self._doc, i, self._died) for i in range(self.size)]
             for worker in self._workers:
                 worker.wait_ready(_START_TIMEOUT_S)
         except BaseException:
@@ -261,6 +274,10 @@ class WorkerPool:
             raise
         log.info("worker processes started", extra={"fields": {
             "workers": self.size, "pids": [w.process.pid for w in self._workers], "parent": os.getpid()}})
+
+    def _died(self, reason: str) -> None:
+        log.error("worker process died", extra={"fields": {"reason": reason}})
+        self.on_death(reason)
 
     @property
     def alive(self) -> bool:

@@ -3,6 +3,9 @@ of the same raw messages, and in JetStream mode no ack before the export succeed
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,6 +75,9 @@ async def test_core_workers_equal_convert(topo, tmp_path: Path) -> None:
             await wait_until(lambda: archive_lines(tmp_path / "archive.jsonl") >= sent, 30, "all archived")
             expected, rejected = expected_from_archive(tmp_path / "archive.jsonl")
             await wait_until(lambda: len(span_values(rx.requests)) >= len(expected), 30, "all spans exported")
+            # The receiver has the spans a moment before the worker's outcome is counted.
+            await wait_until(lambda: bridge.metrics.value("nats_otel_spans_exported_total", {"exporter": "otlp-grpc"})
+                             >= rx.span_count, 10, "the last batch counted")
             _, text = scrape(bridge.metrics_port)
         finally:
             assert await stop_bridge(bridge, task) == 0
@@ -107,5 +113,46 @@ async def test_jetstream_workers_ack_only_after_export(topo, tmp_path: Path) -> 
         assert await stop_bridge(bridge, task) == 0
         rx.stop()
     # At least once: every span of every archived (possibly redelivered) message arrived.
+    expected, _ = expected_from_archive(tmp_path / "archive.jsonl")
+    assert expected and span_values(rx.requests) == expected
+
+
+async def test_jetstream_worker_killed_bridge_exits_2_and_restart_loses_nothing(topo, tmp_path: Path) -> None:
+    """A worker process SIGKILLed (an OOM kill, say) stops the whole bridge with exit code 2
+    (so a supervisor restarts it), idle or busy; after the restart JetStream redelivers what
+    was not acked and every span arrives."""
+    with OTLPGrpcReceiver() as rx:
+        settings = settings_for(topo, tmp_path, rx.endpoint, "jetstream", "bench.jskill",
+                                jetstream={"stream": "WKILL", "durable": "wkill", "create_stream": True,
+                                           "ack_wait": 5, "nak_delay_initial": 0.1, "nak_delay_max": 0.5})
+        bridge, task = await start_bridge(settings)
+        sent = await publish_raws(topo.client_url("n1", "a"), "bench.jskill", 400, "workers-kill")
+        await wait_until(lambda: rx.span_count > 0, 30, "first spans")
+        victim = bridge.workers.pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        assert await asyncio.wait_for(task, 30) == 2
+        assert not bridge.healthy()[0] and "exited" in bridge.healthy()[1]
+
+        bridge, task = await start_bridge(settings)
+        try:
+            assert victim not in bridge.workers.pids()
+            await wait_until(lambda: bridge.metrics.value("nats_otel_jetstream_acks_total", {"kind": "ack"})
+                             + bridge.metrics.value("nats_otel_jetstream_acks_total", {"kind": "term"}) > 0,
+                             30, "the restarted bridge settles messages")
+            nc = await nats.connect(topo.client_url("n1", "a"))
+            try:
+                async def all_settled() -> bool:
+                    info = await nc.jetstream().consumer_info("WKILL", "wkill")
+                    return info.num_pending == 0 and info.num_ack_pending == 0
+                deadline = asyncio.get_running_loop().time() + 60
+                while not await all_settled():
+                    assert asyncio.get_running_loop().time() < deadline, "stream not drained after the restart"
+                    await asyncio.sleep(0.2)
+                assert (await nc.jetstream().stream_info("WKILL")).state.messages == sent
+            finally:
+                await nc.close()
+        finally:
+            assert await stop_bridge(bridge, task) == 0
+    # At least once across the kill: every span of every archived message arrived.
     expected, _ = expected_from_archive(tmp_path / "archive.jsonl")
     assert expected and span_values(rx.requests) == expected

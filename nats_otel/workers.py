@@ -256,6 +256,9 @@ class WorkerPool:
         self.size = workers
         self.limits = DecodeLimits(**settings.limits.model_dump())
         self._doc = settings.model_dump(mode="json")
+        # Each worker sees only its shard of the traces, so its share of the reused-traceparent
+        # window covers the same traces as one detector of the full size (at 1/N the memory).
+        self._doc["reuse_capacity"] = -(-settings.reuse_capacity // workers)
         self._ids = itertools.count()
         self._workers: list[_Worker] = []
         #: Called (from a reader thread) when a worker dies other than by `close`: a crash or

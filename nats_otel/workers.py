@@ -97,9 +97,11 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from .bridge import Processor, make_exporters
+    from .gc_tuning import tune_gc_for_throughput
 
     settings = BridgeSettings.model_validate(settings_doc)
     processor = Processor(settings, make_exporters(settings))
+    tune_gc_for_throughput()
     outbox.send(_READY)
     try:
         while True:

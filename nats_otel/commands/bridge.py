@@ -97,6 +97,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ..bridge import run_bridge
+    from ..gc_tuning import tune_gc_for_throughput
     from ..settings import SettingsError, load_settings
     from ..telemetry import configure_logging
 
@@ -109,4 +110,5 @@ def run(args: argparse.Namespace) -> int:
         print(settings.model_dump_json(indent=2, exclude={"sources": {"__all__": {"password", "token"}}}))
         return 0
     configure_logging(settings.log.level, settings.log.format)
+    tune_gc_for_throughput()
     return asyncio.run(run_bridge(settings))

@@ -53,6 +53,10 @@ class Metrics:
                                 ["source"], registry=r)
         self.js_acks = Counter("nats_otel_jetstream_acks", "JetStream acknowledgements sent, by kind",
                                ["kind"], registry=r)
+        self.js_consumer_recreated = Counter(
+            "nats_otel_jetstream_consumer_recreated",
+            "Times the durable consumer was found gone (deleted, or no responder) and set up again",
+            ["source"], registry=r)
         self.connected = Gauge("nats_otel_nats_connected", "1 while the source's connection is up",
                                ["source"], registry=r)
 

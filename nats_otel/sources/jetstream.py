@@ -49,6 +49,9 @@ class _Puller:
         self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self.inbox = nc.new_inbox()
         self.buffer: deque[Msg] = deque()
+        # Why the durable answered that it is not there (None while it is): an operator
+        # deleted it, or nothing serves its pull subject. Pulling again never recovers it.
+        self.consumer_gone: str | None = None
         self._wake = asyncio.Event()
         self._want = 1
         self._sub: Any = None
@@ -63,6 +66,9 @@ class _Puller:
             if len(self.buffer) >= self._want:
                 self._wake.set()
         elif status != "100":  # 404 no messages, 408 expired, 409 limits: this request is over
+            description = (msg.headers or {}).get("Description", "")
+            if status == "503" or (status == "409" and "consumer deleted" in description.lower()):
+                self.consumer_gone = f"{status} {description or 'no responders'}".strip()
             self._wake.set()
 
     async def _round(self, request: dict[str, Any], want: int, timeout: float) -> None:
@@ -76,6 +82,7 @@ class _Puller:
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
         if not self.buffer:
+            self.consumer_gone = None  # judged afresh by this round's replies
             # What is there now, at once; else one lingering request until the first arrives.
             await self._round({"batch": batch, "no_wait": True}, batch, timeout)
             if not self.buffer:
@@ -98,6 +105,7 @@ class JetStreamSource:
         self._sub: _Puller | None = None
         self._received = metrics.received.labels(source.name)
         self._pending = metrics.js_pending.labels(source.name)
+        self._recreated = metrics.js_consumer_recreated.labels(source.name)
 
     @property
     def connected(self) -> bool:
@@ -165,10 +173,32 @@ class JetStreamSource:
             log.warning("fetch failed", extra={"fields": {"source": self.source.name, "error": str(exc)}})
             await asyncio.sleep(min(timeout, 0.5))
             return []
+        if not msgs and self._sub.consumer_gone:
+            await self._recreate_consumer(self._sub.consumer_gone)
+            return []
         self._received.inc(len(msgs))
         if msgs:
             self._pending.set(msgs[-1].metadata.num_pending)
         return [Delivery(raw_from_msg(m), self.source.name, m) for m in msgs]
+
+    async def _recreate_consumer(self, why: str) -> None:
+        """The durable is gone (deleted by an operator, say): set it up again, or retry later.
+
+        Recreated with deliver-all, it delivers the retained messages again: duplicates, never
+        loss (at least once). Without this the bridge would pull from nothing forever.
+        """
+        assert self._sub is not None and self.nc is not None
+        log.warning("durable consumer gone; setting it up again", extra={"fields": {
+            "source": self.source.name, "durable": self.settings.durable, "reply": why}})
+        try:
+            await self._ensure(self.nc.jetstream())
+        except (nats.errors.Error, JetStreamSetupError) as exc:
+            log.warning("could not set up the durable consumer; retrying", extra={"fields": {
+                "source": self.source.name, "error": str(exc)}})
+            await asyncio.sleep(1.0)
+            return
+        self._sub.consumer_gone = None
+        self._recreated.inc()
 
     async def settle(self, ack: Sequence[Delivery], nak: Sequence[Delivery], term: Sequence[Delivery],
                      nak_delay: float) -> None:

@@ -126,12 +126,19 @@ async def test_jetstream_worker_killed_bridge_exits_2_and_restart_loses_nothing(
                                 jetstream={"stream": "WKILL", "durable": "wkill", "create_stream": True,
                                            "ack_wait": 5, "nak_delay_initial": 0.1, "nak_delay_max": 0.5})
         bridge, task = await start_bridge(settings)
-        sent = await publish_raws(topo.client_url("n1", "a"), "bench.jskill", 400, "workers-kill")
+        sent = await publish_raws(topo.client_url("n1", "a"), "bench.jskill", 200, "workers-kill")
         await wait_until(lambda: rx.span_count > 0, 30, "first spans")
+        # Hold the second half un-acked (the backend refuses it) so the kill is certain to
+        # hit messages in flight: on a fast machine the first half may be all acked already.
+        rx.unavailable = True
+        sent += await publish_raws(topo.client_url("n1", "a"), "bench.jskill", 200, "workers-kill-2")
+        await wait_until(lambda: bridge.metrics.value("nats_otel_jetstream_acks_total", {"kind": "nak"}) > 0,
+                         30, "exports of the second half failing")
         victim = bridge.workers.pids()[0]
         os.kill(victim, signal.SIGKILL)
         assert await asyncio.wait_for(task, 30) == 2
         assert not bridge.healthy()[0] and "exited" in bridge.healthy()[1]
+        rx.unavailable = False
 
         bridge, task = await start_bridge(settings)
         try:

@@ -121,6 +121,44 @@ async def test_jetstream_server_restart_mid_traffic_loses_nothing(tmp_path: Path
             assert await stop_bridge(bridge, task) == 0
 
 
+async def publish_traced(url: str, count: int) -> set[str]:
+    nc = await nats.connect(url)
+    await nc.subscribe("app.work")
+    ids = set()
+    for _ in range(count):
+        tp, trace_id, _ = traceparent()
+        await nc.publish("app.work", b"work", headers={"traceparent": tp})
+        ids.add(trace_id)
+    await nc.flush()
+    await nc.close()
+    return ids
+
+
+async def test_jetstream_durable_deleted_by_an_operator_is_recreated(tmp_path: Path) -> None:
+    with start_topology(single_server(jetstream=True), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
+        url = topo.client_url("n1", "a")
+        settings = load_settings(env={}, overrides={
+            "mode": "jetstream",
+            "sources": [{"urls": [url], "subjects": ["trace.a"]}],
+            "jetstream": {"stream": "GONE", "durable": "gone", "create_stream": True},
+            "otlp": {**FAST_RETRY, "endpoint": rx.endpoint}, "batch": {"max_delay": 0.05},
+        })
+        bridge, task = await start_bridge(settings)
+        try:
+            arrived = lambda: {t for t, _ in server_spans(rx)}  # noqa: E731
+            first = await publish_traced(url, 20)
+            await wait_until(lambda: arrived() >= first, 15, "spans before the delete")
+            admin = await nats.connect(url)
+            assert await admin.jetstream().delete_consumer("GONE", "gone")
+            await admin.close()
+            second = await publish_traced(url, 20)
+            await wait_until(lambda: arrived() >= second, 20, "spans after the durable was deleted")
+            recreated = bridge.metrics.value("nats_otel_jetstream_consumer_recreated_total", {"source": "default"})
+            assert recreated >= 1
+        finally:
+            assert await stop_bridge(bridge, task) == 0
+
+
 def three_node_cluster() -> Topology:
     return Topology(servers=cluster("c", 3), wait_jetstream=False)
 

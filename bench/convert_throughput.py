@@ -1,6 +1,6 @@
 """Benchmark: this project's convert path against the naive OTel SDK path, in one run.
 
-    python bench/convert_throughput.py [--messages 200000] [--rounds 3]
+    python bench/convert_throughput.py [--messages 200000] [--rounds 3] [--tune-gc]
 
 Both paths start from the same raw trace messages (the real corpus replicated with fresh
 trace ids), decode and map them with the same core, and end with serialized OTLP protobuf
@@ -112,7 +112,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tune-gc", action="store_true",
+                        help="apply the GC settings `nats-otel convert` and the bridge use, for both paths")
     args = parser.parse_args()
+    if args.tune_gc:
+        from nats_otel.gc_tuning import tune_gc_for_throughput
+
+        tune_gc_for_throughput()
     print(f"preparing {args.messages} trace messages (corpus replicated with fresh ids)...", flush=True)
     raws = replicate(args.messages)
     best = {"ours": 0.0, "naive": 0.0}

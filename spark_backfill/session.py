@@ -7,7 +7,7 @@ import os
 import sys
 import warnings
 
-__all__ = ["QUIET_LOGGERS", "build_session", "under_spark_submit"]
+__all__ = ["QUIET_LOGGERS", "build_session", "local_defaults", "local_driver_memory", "under_spark_submit"]
 
 log = logging.getLogger("spark_backfill")
 
@@ -18,6 +18,36 @@ QUIET_LOGGERS = ("py4j", "py4j.clientserver", "py4j.java_gateway")
 def under_spark_submit() -> bool:
     """True when this Python driver was launched by spark-submit (the JVM came first)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+# Input split size. A 1 KB trace message becomes ~5 KB of rows (spans, OTLP/JSON, the
+# Parquet columns), and a cached partition is read back whole: with Spark's 128 MB splits a
+# 65 MB archive file was one partition and the local JVM ran out of heap. Small splits keep
+# the memory a task needs the same however large the input grows.
+LOCAL_MAX_PARTITION_BYTES = "8m"
+
+
+def local_driver_memory(total_bytes: int | None = None) -> str:
+    """Heap for the embedded (local mode) JVM: half the machine's memory, 1-8 GiB.
+
+    In local mode the driver JVM is also the executor: Spark's 1 GiB default ran out of heap
+    at 250k trace messages (bench/backfill_throughput.py, docs/backfill.md).
+    """
+    if total_bytes is None:
+        try:
+            total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            total_bytes = 2 << 30
+    gib = max(1, min(8, total_bytes // 2 // (1 << 30)))
+    return f"{gib}g"
+
+
+def local_defaults() -> dict[str, str]:
+    """Settings for an embedded local Spark (`--conf` overrides them; spark-submit never sees them)."""
+    return {
+        "spark.driver.memory": local_driver_memory(),
+        "spark.sql.files.maxPartitionBytes": LOCAL_MAX_PARTITION_BYTES,
+    }
 
 
 def build_session(
@@ -58,6 +88,8 @@ def build_session(
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.debug.maxToStringFields": "200",
     }
+    if (master or "").startswith("local") and not under_spark_submit():
+        conf.update(local_defaults())
     if shuffle_partitions:
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
     conf.update(extra_conf or {})

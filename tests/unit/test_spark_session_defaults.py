@@ -1,0 +1,20 @@
+"""The embedded Spark's defaults: enough heap for the local JVM, splits that stay small."""
+
+from __future__ import annotations
+
+from spark_backfill.session import LOCAL_MAX_PARTITION_BYTES, local_defaults, local_driver_memory
+
+GIB = 1 << 30
+
+
+def test_local_driver_memory_is_half_the_machine_within_1_to_8_gib() -> None:
+    assert local_driver_memory(24 * GIB) == "8g"
+    assert local_driver_memory(8 * GIB) == "4g"
+    assert local_driver_memory(3 * GIB) == "1g"
+    assert local_driver_memory(512 << 20) == "1g"
+
+
+def test_local_defaults_raise_the_heap_and_bound_the_splits() -> None:
+    defaults = local_defaults()
+    assert defaults["spark.sql.files.maxPartitionBytes"] == LOCAL_MAX_PARTITION_BYTES
+    assert defaults["spark.driver.memory"] == local_driver_memory()

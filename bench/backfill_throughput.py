@@ -179,7 +179,11 @@ def measure(kind: str, *args: str) -> dict:
     before = _load()
     proc = subprocess.run([sys.executable, __file__, "--child", kind, *args], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{kind} {args} failed:\n{proc.stderr[-3000:]}")
+        # The JVM's own error (OutOfMemoryError, say) comes long before the Python traceback
+        # that ends stderr: show the first such lines too, not only the tail.
+        causes = [line for line in proc.stderr.splitlines() if "Error" in line and not line.startswith((" ", "\t"))]
+        raise SystemExit(f"{kind} {args} failed; first errors:\n" + "\n".join(dict.fromkeys(causes[:5]))
+                         + f"\n... last of stderr:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["load_before"], result["load_after"] = before, _load()
     return result

@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
+import nats
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from nats_otel.bridge import Bridge
@@ -151,3 +152,20 @@ async def stop_bridge(bridge: Bridge, task: asyncio.Task, timeout: float = 20) -
     """Drain the bridge as SIGTERM would; returns its exit code."""
     bridge.request_stop()
     return await asyncio.wait_for(task, timeout)
+
+
+async def publish_traced(url: str, count: int, subject: str = "app.work") -> list[str]:
+    """`count` traced messages, each delivered to a local subscriber: one trace message each."""
+    nc = await nats.connect(url)
+    sub = await nc.subscribe(subject)
+    await nc.flush()
+    trace_ids = []
+    for _ in range(count):
+        tp, trace_id, _ = traceparent()
+        trace_ids.append(trace_id)
+        await nc.publish(subject, b"work", headers={"traceparent": tp})
+    await nc.flush()
+    for _ in range(count):
+        await sub.next_msg(timeout=5)
+    await nc.close()
+    return trace_ids

@@ -15,7 +15,7 @@ import pytest
 
 from nats_otel.decode import parse_archive_line
 
-from .test_security_bridge import APP_PASSWORD, nats_server
+from .test_security_bridge import APP_PASSWORD, denied, nats_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -41,22 +41,6 @@ async def _record(url: str, raws) -> None:
     for raw in raws:
         await js.publish("trace.a", raw.payload, headers={k: v[0] for k, v in raw.headers.items()} or None)
     await nc.close()
-
-
-async def _denied(url: str, action) -> str:
-    errors: list[str] = []
-
-    async def error_cb(exc: Exception) -> None:
-        errors.append(str(exc))
-
-    nc = await nats.connect(url, error_cb=error_cb)
-    try:
-        await action(nc)
-        await nc.flush()
-        await asyncio.sleep(0.2)
-        return " ".join(errors).lower()
-    finally:
-        await nc.close()
 
 
 async def _consumer_count(url: str) -> int:
@@ -95,4 +79,4 @@ def test_backfill_reads_ranges_with_the_least_privilege_user(tmp_path: Path) -> 
             lambda nc: nc.subscribe("trace.a"),
             lambda nc: nc.publish("$JS.API.CONSUMER.DURABLE.CREATE.NATS_TRACES.mine", b"{}"),
         ):
-            assert "permissions violation" in asyncio.run(_denied(url, action))
+            assert "permissions violation" in asyncio.run(denied(url, action))

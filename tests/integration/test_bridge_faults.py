@@ -26,11 +26,11 @@ from .bridge_helpers import (
     archived,
     expected_from_archive,
     metric,
+    publish_traced,
     scrape,
     span_values,
     start_bridge,
     stop_bridge,
-    traceparent,
     wait_until,
 )
 
@@ -45,23 +45,6 @@ FAST_JS = {"create_stream": True, "ack_wait": 5.0, "nak_delay_initial": 0.1, "na
 def server() -> Iterator:
     with start_topology(single_server(jetstream=True)) as running:
         yield running
-
-
-async def publish(url: str, count: int, subject: str = "app.work") -> list[str]:
-    """`count` traced messages, each delivered to a local subscriber: one trace message each."""
-    nc = await nats.connect(url)
-    sub = await nc.subscribe(subject)
-    await nc.flush()
-    trace_ids = []
-    for _ in range(count):
-        tp, trace_id, _ = traceparent()
-        trace_ids.append(trace_id)
-        await nc.publish(subject, b"work", headers={"traceparent": tp})
-    await nc.flush()
-    for _ in range(count):
-        await sub.next_msg(timeout=5)
-    await nc.close()
-    return trace_ids
 
 
 async def stream_messages(url: str, stream: str) -> int:
@@ -89,7 +72,7 @@ async def test_backend_outage_then_back_loses_nothing(server, tmp_path: Path) ->
         try:
             # Phase 1: the backend answers 503 while messages flow.
             rx.unavailable = True
-            traces = await publish(url, 60)
+            traces = await publish_traced(url, 60)
             await wait_until(lambda: bridge.metrics.value("nats_otel_jetstream_acks_total", {"kind": "nak"}) >= 1,
                              10, "naks during the outage")
             assert rx.span_count == 0 and rx.rejected_count >= 1
@@ -98,7 +81,7 @@ async def test_backend_outage_then_back_loses_nothing(server, tmp_path: Path) ->
             # Phase 2: the backend is gone altogether (connection refused), then back.
             await wait_until(lambda: rx.span_count >= 120, 20, "spans after the 503 outage")
             rx.stop()
-            traces += await publish(url, 40)
+            traces += await publish_traced(url, 40)
             await wait_until(lambda: bridge.metrics.value("nats_otel_export_failures_total",
                                                           {"exporter": "otlp-http"}) >= 2, 10, "failures while down")
             await asyncio.sleep(0.5)
@@ -159,12 +142,12 @@ async def test_sigkill_mid_stream_then_restart_loses_nothing_and_sigterm_drains(
         try:
             await wait_until(lambda: scrape_ok(port, "/readyz"), 20, "bridge process ready")
             rx.response_delay = 0.05  # slow backend: the kill lands with work in flight
-            first = asyncio.create_task(publish(url, 150))
+            first = asyncio.create_task(publish_traced(url, 150))
             await wait_until(lambda: rx.span_count >= 20, 20, "first spans")
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             traces = await first
-            traces += await publish(url, 50)
+            traces += await publish_traced(url, 50)
             exported_before = rx.span_count
             assert exported_before < 400  # the kill did interrupt the stream
             rx.response_delay = 0.0
@@ -186,7 +169,7 @@ async def test_sigkill_mid_stream_then_restart_loses_nothing_and_sigterm_drains(
             # Graceful stop: SIGTERM mid-export drains: exit 0, everything fetched acked.
             rx.response_delay = 0.2
             requests_before = rx.request_count
-            late = asyncio.create_task(publish(url, 30))
+            late = asyncio.create_task(publish_traced(url, 30))
             await wait_until(lambda: rx.request_count > requests_before, 10, "export under way")
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(15) == 0
@@ -262,9 +245,9 @@ async def test_spans_refused_as_invalid_cost_only_their_message(server, tmp_path
         })
         bridge, task = await start_bridge(settings)
         try:
-            good = await publish(url, 20)
-            poison = await publish(url, 1, subject="app.poison")
-            good += await publish(url, 20)
+            good = await publish_traced(url, 20)
+            poison = await publish_traced(url, 1, subject="app.poison")
+            good += await publish_traced(url, 20)
             await wait_until(lambda: {s.trace_id.hex() for _, s in rx.spans()} >= set(good), 20,
                              "every good trace")
             await wait_until(lambda: bridge.metrics.value("nats_otel_messages_dropped_total",

@@ -209,14 +209,14 @@ JS_PERMISSIONS = """{
       }"""
 
 
-async def denied(url: str, seed: Path, action) -> str:
-    """The permissions violation the server reports when the bridge's user tries `action`."""
+async def denied(url: str, action, **connect) -> str:
+    """The permissions violation the server reports when a user (`connect` options) tries `action`."""
     errors: list[str] = []
 
     async def error_cb(exc: Exception) -> None:
         errors.append(str(exc))
 
-    nc = await nats.connect(url, nkeys_seed=str(seed), error_cb=error_cb)
+    nc = await nats.connect(url, error_cb=error_cb, **connect)
     try:
         await action(nc)
         await nc.flush()
@@ -236,8 +236,10 @@ async def test_nkey_least_privilege_core_mode(tmp_path: Path) -> None:
         _, other = new_nkey_user(tmp_path, "other")
         with pytest.raises(Exception):  # noqa: B017,PT011
             await nats.connect(url, nkeys_seed=str(other), allow_reconnect=False, max_reconnect_attempts=0)
-        assert "permissions violation" in await denied(url, seed, lambda nc: nc.subscribe("app.work"))
-        assert "permissions violation" in await denied(url, seed, lambda nc: nc.publish("trace.a", b"x"))
+        assert "permissions violation" in await denied(
+            url, lambda nc: nc.subscribe("app.work"), nkeys_seed=str(seed))
+        assert "permissions violation" in await denied(
+            url, lambda nc: nc.publish("trace.a", b"x"), nkeys_seed=str(seed))
         settings = load_settings(env={}, overrides={
             "sources": [{"urls": [url], "subjects": ["trace.a"], "nkey_seed": str(seed)}],
             "otlp": {"endpoint": rx.endpoint}, "batch": {"max_delay": 0.05},
@@ -262,10 +264,11 @@ async def test_nkey_least_privilege_jetstream_mode(tmp_path: Path) -> None:
         await admin.close()
         # Denied: creating streams, deleting the stream, reading another durable, core subscriptions.
         assert "permissions violation" in await denied(
-            url, seed, lambda nc: nc.publish("$JS.API.STREAM.DELETE.NATS_TRACES", b""))
+            url, lambda nc: nc.publish("$JS.API.STREAM.DELETE.NATS_TRACES", b""), nkeys_seed=str(seed))
         assert "permissions violation" in await denied(
-            url, seed, lambda nc: nc.publish("$JS.API.CONSUMER.MSG.NEXT.NATS_TRACES.other", b""))
-        assert "permissions violation" in await denied(url, seed, lambda nc: nc.subscribe("trace.a"))
+            url, lambda nc: nc.publish("$JS.API.CONSUMER.MSG.NEXT.NATS_TRACES.other", b""), nkeys_seed=str(seed))
+        assert "permissions violation" in await denied(
+            url, lambda nc: nc.subscribe("trace.a"), nkeys_seed=str(seed))
         settings = load_settings(env={}, overrides={
             "mode": "jetstream",
             "sources": [{"urls": [url], "subjects": ["trace.a"], "nkey_seed": str(seed)}],

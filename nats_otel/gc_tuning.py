@@ -1,4 +1,4 @@
-"""Garbage-collector settings for the bridge's long-running processes.
+"""Garbage-collector settings for the bridge's processes and `convert` (which holds its input).
 
 Converting one trace message allocates a few hundred short-lived objects (the decoded
 model, span records, attribute tuples), nearly all freed by reference counting; cycles are

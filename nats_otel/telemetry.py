@@ -57,6 +57,10 @@ class Metrics:
             "nats_otel_jetstream_consumer_recreated",
             "Times the durable consumer was found gone (deleted, or no responder) and set up again",
             ["source"], registry=r)
+        self.js_consumer_setup_failed = Counter(
+            "nats_otel_jetstream_consumer_setup_failed",
+            "Attempts to set a gone durable consumer up again that failed (retried every second)",
+            ["source"], registry=r)
         self.connected = Gauge("nats_otel_nats_connected", "1 while the source's connection is up",
                                ["source"], registry=r)
 

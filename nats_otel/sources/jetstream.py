@@ -106,6 +106,7 @@ class JetStreamSource:
         self._received = metrics.received.labels(source.name)
         self._pending = metrics.js_pending.labels(source.name)
         self._recreated = metrics.js_consumer_recreated.labels(source.name)
+        self._setup_failed = metrics.js_consumer_setup_failed.labels(source.name)
 
     @property
     def connected(self) -> bool:
@@ -195,6 +196,7 @@ class JetStreamSource:
         except (nats.errors.Error, JetStreamSetupError) as exc:
             log.warning("could not set up the durable consumer; retrying", extra={"fields": {
                 "source": self.source.name, "error": str(exc)}})
+            self._setup_failed.inc()
             await asyncio.sleep(1.0)
             return
         self._sub.consumer_gone = None

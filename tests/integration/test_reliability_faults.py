@@ -29,7 +29,15 @@ from nats_otel.records import SpanKind
 from nats_otel.settings import load_settings
 from nats_otel.testing import OTLPGrpcReceiver
 
-from .bridge_helpers import span_values, spans_by_trace, start_bridge, stop_bridge, traceparent, wait_until
+from .bridge_helpers import (
+    publish_traced,
+    span_values,
+    spans_by_trace,
+    start_bridge,
+    stop_bridge,
+    traceparent,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -121,19 +129,6 @@ async def test_jetstream_server_restart_mid_traffic_loses_nothing(tmp_path: Path
             assert await stop_bridge(bridge, task) == 0
 
 
-async def publish_traced(url: str, count: int) -> set[str]:
-    nc = await nats.connect(url)
-    await nc.subscribe("app.work")
-    ids = set()
-    for _ in range(count):
-        tp, trace_id, _ = traceparent()
-        await nc.publish("app.work", b"work", headers={"traceparent": tp})
-        ids.add(trace_id)
-    await nc.flush()
-    await nc.close()
-    return ids
-
-
 async def test_jetstream_durable_deleted_by_an_operator_is_recreated(tmp_path: Path) -> None:
     with start_topology(single_server(jetstream=True), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
         url = topo.client_url("n1", "a")
@@ -146,18 +141,54 @@ async def test_jetstream_durable_deleted_by_an_operator_is_recreated(tmp_path: P
         bridge, task = await start_bridge(settings)
         try:
             arrived = lambda: {t for t, _ in server_spans(rx)}  # noqa: E731
-            first = await publish_traced(url, 20)
+            first = set(await publish_traced(url, 20))
             await wait_until(lambda: arrived() >= first, 15, "spans before the delete")
             admin = await nats.connect(url)
             assert await admin.jetstream().delete_consumer("GONE", "gone")
             await admin.close()
-            second = await publish_traced(url, 20)
+            second = set(await publish_traced(url, 20))
             await wait_until(lambda: arrived() >= second, 20, "spans after the durable was deleted")
             recreated = bridge.metrics.value("nats_otel_jetstream_consumer_recreated_total", {"source": "default"})
             assert recreated >= 1
         finally:
             assert await stop_bridge(bridge, task) == 0
 
+
+
+async def test_jetstream_stream_deleted_setup_failures_counted_until_it_is_back(tmp_path: Path) -> None:
+    """The whole stream deleted, and the bridge may not create it: each failed attempt to set
+    the durable up again is logged and counted; once an operator restores the stream, the
+    bridge sets its durable up again and traces flow."""
+    with start_topology(single_server(jetstream=True), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
+        url = topo.client_url("n1", "a")
+        admin = await nats.connect(url)
+        try:
+            await admin.jetstream().add_stream(name="LOST", subjects=["trace.a"])
+            settings = load_settings(env={}, overrides={
+                "mode": "jetstream",
+                "sources": [{"urls": [url], "subjects": ["trace.a"]}],
+                "jetstream": {"stream": "LOST", "durable": "lost", "create_stream": False},
+                "otlp": {**FAST_RETRY, "endpoint": rx.endpoint}, "batch": {"max_delay": 0.05},
+            })
+            bridge, task = await start_bridge(settings)
+            try:
+                labels = {"source": "default"}
+                arrived = lambda: {t for t, _ in server_spans(rx)}  # noqa: E731
+                first = set(await publish_traced(url, 10))
+                await wait_until(lambda: arrived() >= first, 15, "spans before the delete")
+                assert await admin.jetstream().delete_stream("LOST")
+                await wait_until(lambda: bridge.metrics.value(
+                    "nats_otel_jetstream_consumer_setup_failed_total", labels) >= 2, 20, "failed set-ups counted")
+                assert bridge.metrics.value("nats_otel_jetstream_consumer_recreated_total", labels) == 0
+                await admin.jetstream().add_stream(name="LOST", subjects=["trace.a"])
+                await wait_until(lambda: bridge.metrics.value(
+                    "nats_otel_jetstream_consumer_recreated_total", labels) >= 1, 20, "durable set up again")
+                second = set(await publish_traced(url, 10))
+                await wait_until(lambda: arrived() >= second, 20, "spans after the stream came back")
+            finally:
+                assert await stop_bridge(bridge, task) == 0
+        finally:
+            await admin.close()
 
 def three_node_cluster() -> Topology:
     return Topology(servers=cluster("c", 3), wait_jetstream=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 
 import cramjam
 import orjson
@@ -16,6 +17,8 @@ from nats_otel.decode import (
     SchemaError,
     TooLargeError,
     decode,
+    decompress,
+    from_document,
     parse_archive_line,
 )
 from nats_otel.ids import TraceContextError, parse_traceparent, trace_context
@@ -175,3 +178,43 @@ def test_timestamps_otlp_cannot_carry_are_schema_errors(stamp):
     with pytest.raises(SchemaError) as info:
         decode(raw(message(ingress() | {"ts": stamp})))
     assert "1970 to 2554" in str(info.value)
+
+
+def test_fast_and_slow_paths_agree_on_the_whole_corpus(corpus_raws):
+    # decode() tries one msgspec pass over the bytes; from_document() is the path that
+    # isolates bad events. On every real message both must give the same TraceMessage.
+    for item in corpus_raws:
+        data = decompress(item.payload, item.header("Content-Encoding"), DecodeLimits())
+        assert decode(item) == from_document(orjson.loads(data))
+
+
+def _big_msgsize() -> dict:
+    doc = message(ingress())
+    doc["request"]["msgsize"] = 2**64
+    return doc
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        message(ingress() | {"cid": 2**64}),
+        message(ingress()) | {"hops": 2**64},
+        _big_msgsize(),
+        message(ingress()) | {"server": {"name": "s1", "id": "x", "seq": 2**64}},
+    ],
+)
+def test_numbers_over_a_uint64_are_schema_errors(doc):
+    # msgspec bounds stop at int64; a larger number would corrupt the protobuf varint.
+    with pytest.raises(SchemaError):
+        decode(raw(_dumps(doc)))
+
+
+def test_an_egress_over_a_uint64_is_kept_aside_not_mapped():
+    msg = decode(raw(_dumps(message(ingress(), egress() | {"cid": 2**64}, egress()))))
+    assert len(msg.events) == 1 and msg.unknown_events[0]["position"] == 1
+    assert "cid" in msg.unknown_events[0]["problem"]
+
+
+def _dumps(doc) -> bytes:
+    # orjson refuses integers over 64 bits; the standard library writes them as a server could.
+    return json.dumps(doc).encode()

@@ -4,6 +4,7 @@ OTLP/gRPC receiver, with the ceiling and the naive pipeline measured in the same
     python bench/bridge_throughput.py --js-workers 1 --js-workers 2   # full run (~20 min)
     python bench/bridge_throughput.py --quick                         # ~1.5 min
     python bench/bridge_throughput.py --workers 1 --workers 3 --skip naive --js-messages 0
+    python bench/bridge_throughput.py --quick --baseline /tmp/base   # vs another checkout
 
 Every phase uses the same pool of recorded trace messages (the corpus replicated with fresh
 trace ids, `corpus_replay.replicate`), published raw (their own headers and payloads) by a
@@ -15,6 +16,8 @@ never the slowest part. Phases, one nats-server for all (own subject per phase):
             `BatchSpanProcessor` -> SDK `OTLPSpanExporter` (gRPC) to a receiver like ours.
 * core/wN - `nats-otel bridge --workers N` (core mode) fed a burst of the whole pool:
             sustained rate = spans arrived / (last - first arrival), drops from /metrics.
+* base-core/wN - with `--baseline DIR`: the same, with the bridge of another checkout (e.g.
+            `git worktree add /tmp/base HEAD~1`), alternated with ours in every round.
 * core-2x - two bridge processes in one queue group, the same burst.
 * latency - the same bridge fed at half its measured maximum rate for a while: per trace id,
             publish time (kept by the publisher) to the first span's arrival (receiver).
@@ -458,7 +461,8 @@ class Bench:
               f"RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
 
     def start_bridge(self, name: str, workers: int, mode: str = "core", subject: str = "bench.core",
-                     extra: list[str] | None = None) -> tuple[subprocess.Popen, int]:
+                     extra: list[str] | None = None, src: Path | None = None) -> tuple[subprocess.Popen, int]:
+        """Start `nats-otel bridge`; `src`: run the `nats_otel` of that checkout instead of ours."""
         from nats_otel.embedded import free_ports
 
         mport = free_ports(1)[0]
@@ -468,7 +472,10 @@ class Bench:
         if workers != 1:
             argv += ["--workers", str(workers)]
         log = open(self.workdir / f"bridge-{name}.log", "wb")  # noqa: SIM115
-        proc = self.spawn(argv, stderr=log)
+        # `python -m` puts the working directory first on sys.path; the spawned workers
+        # inherit the path, so the whole bridge runs that checkout's code.
+        env = {**os.environ, "PYTHONPATH": str(src)} if src else None
+        proc = self.spawn(argv, stderr=log, cwd=src, env=env)
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
@@ -482,12 +489,15 @@ class Bench:
             time.sleep(0.1)
         raise SystemExit(f"bridge {name} not ready: see {log.name}")
 
-    def phase_core(self, workers: int, round_number: int = 0, rate: float = 0) -> None:
-        """A burst of the whole pool (rate 0), or the pool paced at `rate` for --sustain-seconds."""
-        name = f"core-w{workers}" if rate else f"burst-core-w{workers}"
+    def phase_core(self, workers: int, round_number: int = 0, rate: float = 0, src: Path | None = None) -> None:
+        """A burst of the whole pool (rate 0), or the pool paced at `rate` for --sustain-seconds.
+
+        `src`: the bridge of another checkout (the baseline), reported as `base-...`.
+        """
+        name = ("base-" if src else "") + (f"core-w{workers}" if rate else f"burst-core-w{workers}")
         self.rx.reset(track=False)
         subject = f"bench.{name}.{round_number}"
-        proc, mport = self.start_bridge(name, workers, subject=subject)
+        proc, mport = self.start_bridge(name, workers, subject=subject, src=src)
         sampler = Sampler(proc.pid)
         cpu0, t0 = sampler.cpu(), time.time()
         pub = self.publish(subject, rate=rate, duration=self.args.sustain_seconds if rate else 0)
@@ -650,6 +660,13 @@ def report(results: dict[str, dict], workers: list[int]) -> None:
     if best and naive and raw:
         print(f"\nbest core bridge {best:,.0f} msgs/s: {best / naive['rate']:.2f}x naive (target >= 3x), "
               f"{best / raw['rate']:.2f} of raw receive (target >= 0.35), target >= 25,000 msgs/s")
+    for w in workers:
+        for kind in ("burst-core", "core"):
+            ours, base = results.get(f"{kind}-w{w}"), results.get(f"base-{kind}-w{w}")
+            if ours and base:
+                print(f"{kind}-w{w}: ours {ours['rate']:,.0f} vs baseline {base['rate']:,.0f} msgs/s = "
+                      f"{ours['rate'] / base['rate']:.2f}x; CPU per message {_cpu_per_msg(ours):.0f} vs "
+                      f"{_cpu_per_msg(base):.0f} us = {_cpu_per_msg(base) / _cpu_per_msg(ours):.2f}x")
     one, two = results.get("core-w1"), results.get("core-2x-w1")
     if one and two:
         print(f"two bridges in a queue group: {two['rate']:,.0f} msgs/s = {two['rate'] / one['rate']:.2f}x one bridge")
@@ -657,6 +674,11 @@ def report(results: dict[str, dict], workers: list[int]) -> None:
         if name.startswith("js-"):
             print(f"{name}: {r['rate']:,.0f} msgs/s, peak RSS {r['rss'] / 2**20:.0f} MB with {r['waiting']:,} messages "
                   "waiting (target < 300 MB at 1M)")
+
+
+def _cpu_per_msg(r: dict) -> float:
+    """Bridge CPU microseconds per trace message carried (cores x seconds / messages)."""
+    return r["cpu"] / r["rate"] * 1e6 if r.get("rate") else float("nan")
 
 
 def main() -> None:
@@ -686,6 +708,9 @@ def main() -> None:
                         help="bridge --workers values for the JetStream phase (repeatable; default 2)")
     parser.add_argument("--sustain-seconds", type=float, help="paced core phases: seconds (default 20, quick 4)")
     parser.add_argument("--rounds", type=int, help="rounds of the core phases, best counts (default 2, quick 1)")
+    parser.add_argument("--baseline", type=Path,
+                        help="a checkout of another version (e.g. a git worktree): its bridge runs the core "
+                             "phases too, alternated with ours, and the summary gives ours/baseline")
     parser.add_argument("--skip", action="append", default=[], choices=["raw", "naive", "core", "pair", "latency", "js"])
     args = parser.parse_args()
     q = args.quick
@@ -713,8 +738,11 @@ def main() -> None:
                 # the cost of reading and dropping a 20x overload dominating the result.
                 if "core" not in args.skip:
                     for w in args.workers:
-                        bench.phase_core(w, round_number)
-                        bench.phase_core(w, round_number, rate=1.3 * bench.results[f"burst-core-w{w}"]["rate"])
+                        for src in (None, args.baseline) if args.baseline else (None,):
+                            prefix = "base-" if src else ""
+                            bench.phase_core(w, round_number, src=src)
+                            burst = bench.results[f"{prefix}burst-core-w{w}"]["rate"]
+                            bench.phase_core(w, round_number, rate=1.3 * burst, src=src)
                 if "pair" not in args.skip:
                     bench.phase_pair(1, round_number)
                     bench.phase_pair(1, round_number, rate=1.3 * bench.results["burst-core-2x-w1"]["rate"])

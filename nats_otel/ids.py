@@ -136,9 +136,19 @@ def event_span_id(ctx: TraceContext, server_id: str, hop: str, position: int, oc
     return _span_id(b"event", ctx, server_id, hop, str(position), str(occurrence))
 
 
+# Encoded trailing fields of span ids: (server id, hop, position, occurrence) and (hop,
+# from, to, occurrence) repeat across messages; only the trace context changes. Bounded.
+_encoded_fields: dict[tuple[str, ...], bytes] = {}
+
+
 def _span_id(role: bytes, ctx: TraceContext, *fields: str) -> bytes:
     # Same bytes as _hash(role, trace hex, parent hex, *fields), with the prefix reused.
-    data = _ROLE_PREFIX[role] + ctx.id_fields + _fields(*fields)
+    encoded = _encoded_fields.get(fields)
+    if encoded is None:
+        if len(_encoded_fields) >= 65_536:
+            _encoded_fields.clear()
+        encoded = _encoded_fields[fields] = _fields(*fields)
+    data = _ROLE_PREFIX[role] + ctx.id_fields + encoded
     digest = hashlib.blake2b(data, digest_size=16).digest()[:8]
     # An all-zero span id is invalid in OTLP; astronomically unlikely, but never emit one.
     return digest if any(digest) else b"\x00" * 7 + b"\x01"

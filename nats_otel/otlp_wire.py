@@ -19,9 +19,12 @@ from .records import Attributes, AttrValue, Resource, SpanRecord
 __all__ = ["encode_export_request"]
 
 _CACHE_LIMIT = 65_536
-_pair_cache: dict[tuple[int, tuple[str, AttrValue]], bytes] = {}
+# (key, value) -> encoded KeyValue entry, one cache per parent field number (9 in a Span,
+# 1 in a Resource): the pair itself is the key, no tuple is built per look-up.
+_pair_caches: dict[int, dict[tuple[str, AttrValue], bytes]] = {1: {}, 9: {}}
 _resource_cache: dict[Resource, bytes] = {}
 _pack_fixed64 = struct.Struct("<Q").pack
+_pack_times = struct.Struct("<BQBQ").pack  # start (field 7) and end (field 8), fixed64 each
 _pack_double = struct.Struct("<d").pack
 
 
@@ -67,17 +70,16 @@ def _key_value(number: int, key: str, value: AttrValue) -> bytes:
 
 
 def _attributes(number: int, attributes: Attributes) -> bytes:
-    cache = _pair_cache
-    parts = []
-    for pair in attributes:
-        encoded = cache.get((number, pair))  # type: ignore[call-overload]
-        if encoded is None:
-            encoded = _key_value(number, *pair)
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()  # subjects and names are unbounded: keep memory bounded
-            cache[(number, pair)] = encoded  # type: ignore[index]
-        parts.append(encoded)
-    return b"".join(parts)
+    cache = _pair_caches[number]
+    get = cache.get
+    parts = [get(pair) for pair in attributes]
+    if None in parts:
+        for index, pair in enumerate(attributes):
+            if parts[index] is None:
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()  # subjects and names are unbounded: keep memory bounded
+                parts[index] = cache[pair] = _key_value(number, *pair)
+    return b"".join(parts)  # type: ignore[arg-type]
 
 
 def _resource(resource: Resource) -> bytes:
@@ -89,23 +91,28 @@ def _resource(resource: Resource) -> bytes:
     return encoded
 
 
+# Span.kind (field 6) and the fixed-size id fields, pre-encoded.
+_KIND_FIELD = {kind: b"\x30" + bytes((kind,)) for kind in range(6)}
+_PARENT_TAG = b"\x22\x08"  # field 4, 8 bytes
+
+
 def _span(span: SpanRecord) -> bytes:
-    parts = [b"\x0a\x10", span.trace_id, b"\x12\x08", span.span_id]
-    if span.trace_state:
-        parts.append(_field_bytes(3, span.trace_state.encode()))
-    if span.parent_span_id:
-        parts.append(_field_bytes(4, span.parent_span_id))
-    parts.append(_field_bytes(5, span.name.encode("utf-8", "surrogatepass")))
-    parts.append(b"\x30" + _varint(span.kind))
-    parts.append(b"\x39" + _pack_fixed64(span.start_ns))
-    parts.append(b"\x41" + _pack_fixed64(span.end_ns))
-    parts.append(_attributes(9, span.attributes))
-    if span.status_code or span.status_message:
+    trace_id, span_id, parent, name, kind, start_ns, end_ns, _, attributes, code, message, state = span
+    parts = [b"\x0a\x10", trace_id, b"\x12\x08", span_id]
+    if state:
+        parts.append(_field_bytes(3, state.encode()))
+    if parent:
+        parts.append(_PARENT_TAG + parent if len(parent) == 8 else _field_bytes(4, parent))
+    parts.append(_field_bytes(5, name.encode("utf-8", "surrogatepass")))
+    parts.append(_KIND_FIELD.get(kind) or b"\x30" + _varint(kind))
+    parts.append(_pack_times(0x39, start_ns, 0x41, end_ns))
+    parts.append(_attributes(9, attributes))
+    if code or message:
         status = b""
-        if span.status_message:
-            status += _field_bytes(2, span.status_message.encode("utf-8", "surrogatepass"))
-        if span.status_code:
-            status += b"\x18" + _varint(span.status_code)
+        if message:
+            status += _field_bytes(2, message.encode("utf-8", "surrogatepass"))
+        if code:
+            status += b"\x18" + _varint(code)
         parts.append(_field_bytes(15, status))
     return b"".join(parts)
 
@@ -118,7 +125,7 @@ def encode_export_request(groups: Sequence[tuple[Resource, Sequence[SpanRecord]]
     scope_field = _field_bytes(1, scope)
     out = []
     for resource, spans in groups:
-        scope_spans = scope_field + b"".join(_field_bytes(2, _span(span)) for span in spans)
+        scope_spans = scope_field + b"".join([_field_bytes(2, _span(span)) for span in spans])
         out.append(_field_bytes(1, _resource(resource) + _field_bytes(2, scope_spans)))
     return b"".join(out)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = ["AttrValue", "Attributes", "Resource", "SpanKind", "SpanRecord", "StatusCode"]
@@ -34,6 +34,22 @@ class Resource:
     """The server that produced the spans (OTel resource). Hashable: spans group by it."""
 
     attributes: Attributes
+    # Spans are grouped by resource once per span on the hot path: hash the nested tuple
+    # once, not at every look-up.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self.attributes))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __getstate__(self) -> Attributes:
+        return self.attributes  # the hash of a str differs between processes: not pickled
+
+    def __setstate__(self, attributes: Attributes) -> None:
+        object.__setattr__(self, "attributes", attributes)
+        object.__setattr__(self, "_hash", hash(attributes))
 
     def get(self, key: str) -> AttrValue | None:
         """The value of one resource attribute, or None."""

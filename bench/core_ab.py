@@ -1,0 +1,87 @@
+"""Benchmark: CPU per trace message of the pure core (decode -> map -> encode), this checkout
+against another one (a baseline), in alternating fresh processes.
+
+    git worktree add /tmp/base <commit>
+    python bench/core_ab.py /tmp/base [--messages 20000] [--rounds 5]
+
+Each round runs both checkouts once, each in a new process that imports only its own
+`nats_otel` and times `Converter.convert` + `to_protobuf_bytes` (1,000-span requests) over
+the same replicated corpus, GC off, best of 3 passes. The machine is shared and noisy:
+alternation spreads the noise over both, and the summary gives the best round of each and
+their ratio. For CPU per message, not throughput: nothing else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+OURS = HERE.parent.parent
+
+
+def measure(messages: int) -> None:
+    """In the child: print microseconds of CPU per message, best of 3 passes."""
+    sys.path.insert(1, str(HERE.parent))
+    from corpus_replay import replicate
+
+    from nats_otel.encode import to_protobuf_bytes
+    from nats_otel.pipeline import Converter
+
+    raws = replicate(messages)
+    gc.disable()
+    best = float("inf")
+    for _ in range(3):
+        converter = Converter()
+        batch: list = []
+        started = time.process_time()
+        for raw in raws:
+            batch.extend(converter.convert(raw).spans)
+            if len(batch) >= 1000:
+                to_protobuf_bytes(batch)
+                batch = []
+        if batch:
+            to_protobuf_bytes(batch)
+        best = min(best, time.process_time() - started)
+    print(best / messages * 1e6)
+
+
+def run(src: Path, messages: int) -> float:
+    # cwd and PYTHONPATH: the child imports that checkout's nats_otel, not the installed one.
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, str(HERE), "--child", "--messages", str(messages)],
+                         cwd=src, env=env, check=True, capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("baseline", type=Path, nargs="?", help="the other checkout")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        measure(args.messages)
+        return
+    if args.baseline is None:
+        parser.error("give the baseline checkout")
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.messages:,} messages, {args.rounds} rounds", flush=True)
+    best = {"baseline": float("inf"), "ours": float("inf")}
+    for round_number in range(1, args.rounds + 1):
+        base, ours = run(args.baseline.resolve(), args.messages), run(OURS, args.messages)
+        best["baseline"], best["ours"] = min(best["baseline"], base), min(best["ours"], ours)
+        print(f"round {round_number}: baseline {base:6.1f} us/msg   ours {ours:6.1f} us/msg   "
+              f"ratio {base / ours:.2f}x", flush=True)
+    print(f"\nbest: baseline {best['baseline']:.1f} us/msg, ours {best['ours']:.1f} us/msg: "
+          f"ours uses {best['ours'] / best['baseline']:.2f} of the baseline's CPU "
+          f"({best['baseline'] / best['ours']:.2f}x as many messages per core)")
+
+
+if __name__ == "__main__":
+    main()

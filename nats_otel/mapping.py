@@ -28,6 +28,7 @@ from .records import AttrValue, Resource, SpanKind, SpanRecord, StatusCode
 
 __all__ = [
     "DEFAULT_HEADER_ALLOWLIST",
+    "HEADER_ATTRIBUTE_PREFIX",
     "MappingOptions",
     "MappingResult",
     "map_message",
@@ -39,6 +40,9 @@ __all__ = [
 DEFAULT_HEADER_ALLOWLIST = frozenset(
     {"traceparent", "tracestate", "nats-msg-id", "nats-trace-dest", "nats-trace-hop", "nats-trace-only"}
 )
+
+# Span attributes copied from the traced message's headers: `nats.header.<lower-case name>`.
+HEADER_ATTRIBUTE_PREFIX = "nats.header."
 
 # Errors the servers report that are not failures: the message was delivered.
 _NOT_FAILURES = ("Message delivered but remote does not support message tracing",)
@@ -134,7 +138,7 @@ def map_message(
     for name, values in msg.headers.items():
         lowered = name.lower()
         if lowered in options.header_allowlist:
-            attributes[f"nats.header.{lowered}"] = tuple(values)
+            attributes[HEADER_ATTRIBUTE_PREFIX + lowered] = tuple(values)
     server_span = SpanRecord(
         ctx.trace_id,
         state.server_span_id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
+from .mapping import HEADER_ATTRIBUTE_PREFIX
 from .records import Attributes, AttrValue, Resource, SpanRecord
 
 __all__ = ["encode_export_request"]
@@ -22,6 +23,9 @@ _CACHE_LIMIT = 65_536
 # (key, value) -> encoded KeyValue entry, one cache per parent field number (9 in a Span,
 # 1 in a Resource): the pair itself is the key, no tuple is built per look-up.
 _pair_caches: dict[int, dict[tuple[str, AttrValue], bytes]] = {1: {}, 9: {}}
+# Copied message headers (a traceparent above all) differ on every message: caching them
+# only filled the cache (~20 MB per process at 65k entries) and evicted the pairs that repeat.
+_UNCACHED_PREFIX = HEADER_ATTRIBUTE_PREFIX
 _resource_cache: dict[Resource, bytes] = {}
 _pack_fixed64 = struct.Struct("<Q").pack
 _pack_times = struct.Struct("<BQBQ").pack  # start (field 7) and end (field 8), fixed64 each
@@ -76,9 +80,12 @@ def _attributes(number: int, attributes: Attributes) -> bytes:
     if None in parts:
         for index, pair in enumerate(attributes):
             if parts[index] is None:
+                encoded = parts[index] = _key_value(number, *pair)
+                if pair[0].startswith(_UNCACHED_PREFIX):
+                    continue
                 if len(cache) >= _CACHE_LIMIT:
                     cache.clear()  # subjects and names are unbounded: keep memory bounded
-                parts[index] = cache[pair] = _key_value(number, *pair)
+                cache[pair] = encoded
     return b"".join(parts)  # type: ignore[arg-type]
 
 

@@ -30,3 +30,20 @@ def test_odd_values_encode_alike():
     assert parsed.name == "é" * 200 and parsed.end_ns == 2**63 and parsed.resource["neg"] == -5
     json_span = parse_otlp_json_lines(to_otlp_json_line([span]))[0]
     assert json_span == parsed
+
+
+def test_copied_headers_are_encoded_but_not_cached():
+    # A traceparent differs on every message: caching it would fill the pair cache with
+    # entries never hit again (and evict those that are).
+    from nats_otel import otlp_wire
+
+    resource = Resource((("service.name", "x"),))
+    spans = [
+        SpanRecord(b"\x01" * 16, i.to_bytes(8, "big"), b"", "s", 5, 1, 2, resource,
+                   (("messaging.system", "nats"), ("nats.header.traceparent", (f"00-{i:032x}-{i:016x}-01",))))
+        for i in range(1, 2001)
+    ]
+    otlp_wire._pair_caches[9].clear()
+    data = to_protobuf_bytes(spans)
+    assert data == to_protobuf(spans).SerializeToString()
+    assert list(otlp_wire._pair_caches[9]) == [("messaging.system", "nats")]

@@ -27,7 +27,6 @@ _pair_caches: dict[int, dict[tuple[str, AttrValue], bytes]] = {1: {}, 9: {}}
 # only filled the cache (~20 MB per process at 65k entries) and evicted the pairs that repeat.
 _UNCACHED_PREFIX = HEADER_ATTRIBUTE_PREFIX
 _resource_cache: dict[Resource, bytes] = {}
-_pack_fixed64 = struct.Struct("<Q").pack
 _pack_times = struct.Struct("<BQBQ").pack  # start (field 7) and end (field 8), fixed64 each
 _pack_double = struct.Struct("<d").pack
 
@@ -98,7 +97,7 @@ def _resource(resource: Resource) -> bytes:
     return encoded
 
 
-# Span.kind (field 6) and the fixed-size id fields, pre-encoded.
+# Span.kind (field 6) values and the tag of an 8-byte parent span id (field 4), pre-encoded.
 _KIND_FIELD = {kind: b"\x30" + bytes((kind,)) for kind in range(6)}
 _PARENT_TAG = b"\x22\x08"  # field 4, 8 bytes
 

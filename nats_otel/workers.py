@@ -65,14 +65,12 @@ def shard_key(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> by
             payload = decompress(payload, encoding, limits)
         except DecodeError:
             return (raw.subject or "").encode()
-    # How nats-server writes it (Go's encoding/json: no spaces), with the usual lower-case
-    # name: found without copying the payload. Any other case or spacing: the slow search.
-    start = payload.find(b'"traceparent":["')
-    if start >= 0:
+    lowered = payload.lower()
+    start = lowered.find(b'"traceparent":["')
+    if start >= 0:  # how nats-server writes it (Go's encoding/json: no spaces)
         start += 16
-        value: bytes | None = payload[start : payload.find(b'"', start)]
+        value: bytes | None = lowered[start : lowered.find(b'"', start)]
     else:
-        lowered = payload.lower()
         match = _TRACEPARENT.search(lowered) if b"traceparent" in lowered else None
         value = match.group(1) if match is not None else None
     if value:

@@ -27,6 +27,7 @@ from .model import (
     SubjectMapping,
     TraceMessage,
     UInt64,
+    check_uint64,
 )
 
 __all__ = [
@@ -265,12 +266,18 @@ class _Request(msgspec.Struct, frozen=True):
     header: dict[str, list[str]] = {}
     msgsize: UInt64 = 0
 
+    def __post_init__(self) -> None:
+        check_uint64("msgsize", self.msgsize)
+
 
 class _Document(msgspec.Struct, frozen=True):
     server: ServerInfo
     events: list[Union[Ingress, SubjectMapping, StreamExport, ServiceImport, JetStreamEvent, Egress]]  # noqa: UP007
     request: _Request = _Request()
     hops: UInt64 = 0
+
+    def __post_init__(self) -> None:
+        check_uint64("hops", self.hops)
 
 
 _DOCUMENT = msgspec.json.Decoder(_Document)
@@ -284,8 +291,6 @@ def _decode_fast(data: bytes, limits: DecodeLimits) -> TraceMessage | None:
         return None
     events = doc.events
     if not events or len(events) > limits.max_events or type(events[0]) is not Ingress:
-        return None
-    if doc.hops >= 2**64 or doc.request.msgsize >= 2**64:
         return None
     for event in events[1:]:
         if type(event) is Ingress:

@@ -29,6 +29,8 @@ __all__ = [
     "SubjectMapping",
     "TraceEvent",
     "TraceMessage",
+    "UInt64",
+    "check_uint64",
 ]
 
 
@@ -65,13 +67,13 @@ def _timestamp(value: str) -> int:
     return ns
 
 
-def _check_uint64(name: str, value: int) -> None:
+def check_uint64(name: str, value: int) -> None:
     # msgspec bounds must fit an int64; Go's uint64 goes higher, so the top is checked here.
     if value >= 2**64:
         raise ValueError(f"{name} {value} is over a uint64")
 
 
-# Go's uint64 connection ids and sizes: reject what no server can send (see _check_uint64).
+# Go's uint64 connection ids and sizes: reject what no server can send (see check_uint64).
 UInt64 = Annotated[int, Meta(ge=0)]
 
 
@@ -99,7 +101,7 @@ class ServerInfo(_Wire, rename={"version": "ver"}):
     time_ns: int | None = None
 
     def __post_init__(self) -> None:
-        _check_uint64("seq", self.seq)
+        check_uint64("seq", self.seq)
         if self.time is not None:
             force_setattr(self, "time_ns", _timestamp(self.time))
 
@@ -125,8 +127,8 @@ class Ingress(_Event, tag="in", rename={"account": "acc", "subject": "subj"}, kw
     error: str = ""
 
     def __post_init__(self) -> None:
-        _check_uint64("cid", self.cid)
-        force_setattr(self, "ts_ns", _timestamp(self.ts))
+        check_uint64("cid", self.cid)
+        super().__post_init__()
 
 
 class SubjectMapping(_Event, tag="sm"):
@@ -172,8 +174,8 @@ class Egress(_Event, tag="eg", rename={"account": "acc", "subscription": "sub"},
     error: str = ""
 
     def __post_init__(self) -> None:
-        _check_uint64("cid", self.cid)
-        force_setattr(self, "ts_ns", _timestamp(self.ts))
+        check_uint64("cid", self.cid)
+        super().__post_init__()
 
     @property
     def forwards(self) -> bool:

@@ -5,8 +5,9 @@ against another one (a baseline), in alternating fresh processes.
     python bench/core_ab.py /tmp/base [--messages 20000] [--rounds 5]
 
 Each round runs both checkouts once, each in a new process that imports only its own
-`nats_otel` and times `Converter.convert` + `to_protobuf_bytes` (1,000-span requests) over
-the same replicated corpus, GC off, best of 3 passes. The machine is shared and noisy:
+`nats_otel` and times `convert_throughput.ours` (`Converter.convert`, then
+`to_protobuf_bytes` per 512 spans) over the same replicated corpus, GC off, best of 3
+passes. The machine is shared and noisy:
 alternation spreads the noise over both, and the summary gives the best round of each and
 their ratio. For CPU per message, not throughput: nothing else runs.
 """
@@ -28,25 +29,16 @@ OURS = HERE.parent.parent
 def measure(messages: int) -> None:
     """In the child: print microseconds of CPU per message, best of 3 passes."""
     sys.path.insert(1, str(HERE.parent))
+    # Both resolve `nats_otel` from PYTHONPATH: the checkout under test.
+    from convert_throughput import ours
     from corpus_replay import replicate
-
-    from nats_otel.encode import to_protobuf_bytes
-    from nats_otel.pipeline import Converter
 
     raws = replicate(messages)
     gc.disable()
     best = float("inf")
     for _ in range(3):
-        converter = Converter()
-        batch: list = []
         started = time.process_time()
-        for raw in raws:
-            batch.extend(converter.convert(raw).spans)
-            if len(batch) >= 1000:
-                to_protobuf_bytes(batch)
-                batch = []
-        if batch:
-            to_protobuf_bytes(batch)
+        ours(raws)
         best = min(best, time.process_time() - started)
     print(best / messages * 1e6)
 

@@ -73,6 +73,11 @@ def server_spans(rx: OTLPGrpcReceiver) -> list[tuple[str, str]]:
     )
 
 
+def exported_traces(rx: OTLPGrpcReceiver) -> set[str]:
+    """Trace ids of which at least one server span reached the receiver."""
+    return {trace_id for trace_id, _ in server_spans(rx)}
+
+
 async def stream_raws(url: str, stream: str) -> list[RawTraceMessage]:
     """Every message the stream holds, read directly (not through the bridge)."""
     nc = await nats.connect(url)
@@ -140,14 +145,13 @@ async def test_jetstream_durable_deleted_by_an_operator_is_recreated(tmp_path: P
         })
         bridge, task = await start_bridge(settings)
         try:
-            arrived = lambda: {t for t, _ in server_spans(rx)}  # noqa: E731
             first = set(await publish_traced(url, 20))
-            await wait_until(lambda: arrived() >= first, 15, "spans before the delete")
+            await wait_until(lambda: exported_traces(rx) >= first, 15, "spans before the delete")
             admin = await nats.connect(url)
             assert await admin.jetstream().delete_consumer("GONE", "gone")
             await admin.close()
             second = set(await publish_traced(url, 20))
-            await wait_until(lambda: arrived() >= second, 20, "spans after the durable was deleted")
+            await wait_until(lambda: exported_traces(rx) >= second, 20, "spans after the durable was deleted")
             recreated = bridge.metrics.value("nats_otel_jetstream_consumer_recreated_total", {"source": "default"})
             assert recreated >= 1
         finally:
@@ -173,9 +177,8 @@ async def test_jetstream_stream_deleted_setup_failures_counted_until_it_is_back(
             bridge, task = await start_bridge(settings)
             try:
                 labels = {"source": "default"}
-                arrived = lambda: {t for t, _ in server_spans(rx)}  # noqa: E731
                 first = set(await publish_traced(url, 10))
-                await wait_until(lambda: arrived() >= first, 15, "spans before the delete")
+                await wait_until(lambda: exported_traces(rx) >= first, 15, "spans before the delete")
                 assert await admin.jetstream().delete_stream("LOST")
                 await wait_until(lambda: bridge.metrics.value(
                     "nats_otel_jetstream_consumer_setup_failed_total", labels) >= 2, 20, "failed set-ups counted")
@@ -184,7 +187,7 @@ async def test_jetstream_stream_deleted_setup_failures_counted_until_it_is_back(
                 await wait_until(lambda: bridge.metrics.value(
                     "nats_otel_jetstream_consumer_recreated_total", labels) >= 1, 20, "durable set up again")
                 second = set(await publish_traced(url, 10))
-                await wait_until(lambda: arrived() >= second, 20, "spans after the stream came back")
+                await wait_until(lambda: exported_traces(rx) >= second, 20, "spans after the stream came back")
             finally:
                 assert await stop_bridge(bridge, task) == 0
         finally:
@@ -268,7 +271,7 @@ async def test_core_tiny_queue_slow_backend_drops_counted_exactly(tmp_path: Path
             await wait_until(lambda: m.value("nats_otel_messages_received_total", {"source": "default"}) >= 400,
                              15, "every trace message received")
             assert await stop_bridge(bridge, task) == 0  # the drain exports what was queued
-            arrived = {t for t, _ in server_spans(rx)}
+            arrived = exported_traces(rx)
             assert arrived <= set(published)
             queue_full = m.value("nats_otel_messages_dropped_total", {"reason": "queue_full"})
             other = sum(m.value("nats_otel_messages_dropped_total", {"reason": r})

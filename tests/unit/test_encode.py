@@ -47,3 +47,20 @@ def test_copied_headers_are_encoded_but_not_cached():
     data = to_protobuf_bytes(spans)
     assert data == to_protobuf(spans).SerializeToString()
     assert list(otlp_wire._pair_caches[9]) == [("messaging.system", "nats")]
+
+
+def test_resource_pickled_in_another_process_hashes_like_one_made_here():
+    # Resource caches its hash; str hashes differ between processes (the Spark backfill
+    # ships spans to executors), so the cached value must not travel with the pickle.
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    attributes = (("service.name", "nats-server"), ("nats.server.name", "n1"))
+    code = ("import pickle, sys; from nats_otel.records import Resource; "
+            f"sys.stdout.buffer.write(pickle.dumps(Resource({attributes!r})))")
+    data = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout
+    shipped, local = pickle.loads(data), Resource(attributes)
+    assert hash(shipped) == hash(local) and {local: 1}[shipped] == 1

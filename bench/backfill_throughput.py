@@ -42,9 +42,9 @@ def _templates() -> list[tuple[str, str, str]]:
 
     In the templates {T} is the trace id and {R} the replica number.
     """
-    from nats_otel.decode import DecodeLimits, RawTraceMessage, decompress, parse_archive_line
-    from nats_otel.ids import trace_context
-    from nats_otel.decode import decode
+    from nats_otel.core.decode import DecodeLimits, RawTraceMessage, decompress, parse_archive_line
+    from nats_otel.core.ids import trace_context
+    from nats_otel.core.decode import decode
 
     out = []
     for path in sorted(glob.glob(str(CORPUS / "*.jsonl"))):
@@ -148,9 +148,9 @@ def child_spark(folder: str, master: str, out: str) -> dict:
 
 
 def child_single(folder: str, out: str) -> dict:
-    from nats_otel.encode import split_by_trace, to_otlp_json_line
-    from nats_otel.pipeline import Converted, convert_batch
-    from nats_otel.sources.archive import expand_inputs, read_archive
+    from nats_otel.core.encode import split_by_trace, to_otlp_json_line
+    from nats_otel.core.pipeline import Converted, convert_batch
+    from nats_otel.archive import expand_inputs, read_archive
 
     start = time.monotonic()
     results = convert_batch(read_archive(expand_inputs([folder])))

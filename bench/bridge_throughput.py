@@ -64,8 +64,8 @@ def build_pool(count: int, path: Path) -> float:
     the average number of spans per message (one corpus cycle converted)."""
     from corpus_replay import corpus_raws, replicate
 
-    from nats_otel.decode import DecodeLimits, decompress
-    from nats_otel.pipeline import Converted, Converter
+    from nats_otel.core.decode import DecodeLimits, decompress
+    from nats_otel.core.pipeline import Converted, Converter
 
     pool = []
     for raw in replicate(count):
@@ -187,8 +187,8 @@ def role_naive(args: argparse.Namespace) -> None:
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from nats_otel.pipeline import Converted, Converter
-    from nats_otel.sources.connection import raw_from_msg
+    from nats_otel.core.pipeline import Converted, Converter
+    from nats_otel.bridge.sources.connection import raw_from_msg
 
     processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=args.endpoint, insecure=True))
     converter = Converter()
@@ -364,7 +364,7 @@ def total(metrics: dict[str, float], prefix: str) -> float:
 
 class Bench:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        from nats_otel.embedded import single_server, start_topology
+        from nats_otel.devkit.embedded import single_server, start_topology
 
         self.args = args
         self.workdir = workdir
@@ -463,7 +463,7 @@ class Bench:
     def start_bridge(self, name: str, workers: int, mode: str = "core", subject: str = "bench.core",
                      extra: list[str] | None = None, src: Path | None = None) -> tuple[subprocess.Popen, int]:
         """Start `nats-otel bridge`; `src`: run the `nats_otel` of that checkout instead of ours."""
-        from nats_otel.embedded import free_ports
+        from nats_otel.devkit.embedded import free_ports
 
         mport = free_ports(1)[0]
         argv = [PY, "-m", "nats_otel.cli", "bridge", "--nats-url", self.url, "--subject", subject,

@@ -27,8 +27,8 @@ from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags  # noqa: E402
 
-from nats_otel.encode import to_protobuf_bytes  # noqa: E402
-from nats_otel.pipeline import Converted, Converter  # noqa: E402
+from nats_otel.core.encode import to_protobuf_bytes  # noqa: E402
+from nats_otel.core.pipeline import Converted, Converter  # noqa: E402
 
 BATCH = 512
 _KINDS = {1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT, 4: SpanKind.PRODUCER, 5: SpanKind.CONSUMER}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import cramjam
 
-from nats_otel.decode import DecodeLimits, RawTraceMessage, decompress, parse_archive_line
+from nats_otel.core.decode import DecodeLimits, RawTraceMessage, decompress, parse_archive_line
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus"
 

@@ -29,9 +29,9 @@ from pathlib import Path
 import cramjam
 import orjson
 
-from nats_otel.decode import DecodeLimits, RawTraceMessage
-from nats_otel.encode import to_otlp_json_line, to_protobuf_bytes
-from nats_otel.pipeline import Converted, Converter
+from nats_otel.core.decode import DecodeLimits, RawTraceMessage
+from nats_otel.core.encode import to_otlp_json_line, to_protobuf_bytes
+from nats_otel.core.pipeline import Converted, Converter
 
 # Small limits so "oversized" cases are cheap to build; the bridge's are configurable
 # (`limits:` in the settings).

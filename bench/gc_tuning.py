@@ -24,9 +24,9 @@ def measure(side: str, messages: int) -> float:
     sys.path.insert(0, str(HERE.parent))
     from corpus_replay import replicate
 
-    from nats_otel.encode import to_protobuf_bytes
+    from nats_otel.core.encode import to_protobuf_bytes
     from nats_otel.gc_tuning import tune_gc_for_throughput
-    from nats_otel.pipeline import Converted, Converter
+    from nats_otel.core.pipeline import Converted, Converter
 
     raws = replicate(messages)
     if side == "tuned":

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
+from nats_otel import __version__
 
 __all__ = ["main"]
 

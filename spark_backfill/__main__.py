@@ -13,7 +13,7 @@ import sys
 import time
 
 # Absolute imports: spark-submit runs this file as a script, outside the package.
-from nats_otel.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
+from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 
 log = logging.getLogger("spark_backfill")
 

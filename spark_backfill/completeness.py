@@ -1,7 +1,7 @@
 """Completeness: traces where a server forwarded the message but the next server's trace
 message never arrived (trace messages are at most once, DESIGN §1).
 
-A forwarding egress span's id is, by construction (`nats_otel.ids.link_span_id`), the parent
+A forwarding egress span's id is, by construction (`nats_otel.core.ids.link_span_id`), the parent
 id of the downstream server span. So a forwarding egress (role `egress` with a hop id)
 whose span id is nobody's parent in its trace is a missing hop. With the flag, such
 egress spans get `nats.trace.downstream_missing = true`, every span of such a trace gets
@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 
-from nats_otel.pipeline import Converted
-from nats_otel.records import Resource, SpanKind, SpanRecord
+from nats_otel.core.pipeline import Converted
+from nats_otel.core.records import Resource, SpanKind, SpanRecord
 
-from .transform import ENCODED_COLUMNS, SPAN_COLUMNS, arrow_batch, ddl, row_to_span, span_rows
+from spark_backfill.transform import ENCODED_COLUMNS, SPAN_COLUMNS, arrow_batch, ddl, row_to_span, span_rows
 
 __all__ = ["MISSING_ATTRIBUTE", "mark_incomplete", "placeholder_span"]
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from nats_otel.encode import group_by_resource, to_otlp_json
-from nats_otel.records import Resource, SpanRecord
+from nats_otel.core.encode import group_by_resource, to_otlp_json
+from nats_otel.core.records import Resource, SpanRecord
 
 __all__ = ["TracePiece", "span_pieces", "trace_line"]
 

@@ -19,11 +19,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats_otel.encode import to_protobuf
-from nats_otel.records import Resource, SpanRecord
+from nats_otel.core.encode import to_protobuf
+from nats_otel.core.records import Resource, SpanRecord
 
-from .fragments import TracePiece, span_pieces, trace_line
-from .transform import ENCODED_COLUMNS, SPAN_COLUMNS, resource_from_json, row_to_span
+from spark_backfill.fragments import TracePiece, span_pieces, trace_line
+from spark_backfill.transform import ENCODED_COLUMNS, SPAN_COLUMNS, resource_from_json, row_to_span
 
 __all__ = [
     "OtlpExportSettings",
@@ -56,7 +56,7 @@ def _spans_of(batch: Any) -> list[SpanRecord]:
 
 
 def _batch(columns: dict[str, list[Any]], schema: str) -> Any:
-    from .transform import arrow_batch
+    from spark_backfill.transform import arrow_batch
 
     names = list(columns)
     return arrow_batch([dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)], schema)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nats_otel.decode import RawTraceMessage
-from nats_otel.sources.archive import archive_record, expand_inputs
+from nats_otel.core.decode import RawTraceMessage
+from nats_otel.archive import archive_record, expand_inputs
 
 __all__ = [
     "JetStreamRange",

@@ -1,7 +1,7 @@
 """Transform: archive lines -> span rows, by the nats_otel core running in the executors.
 
 One decode per record. `convert_batch` numbers reused traceparents over the whole input
-(`nats_otel.reuse.assign_occurrences`: per reuse key, distinct ingress times ranked in time
+(`nats_otel.core.reuse.assign_occurrences`: per reuse key, distinct ingress times ranked in time
 order), which a partition cannot know; but reuse is rare (an application bug). So:
 
 1. every record is mapped as occurrence 0, and its server row also carries its reuse key,
@@ -27,13 +27,13 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from nats_otel.decode import DecodeError, DecodeLimits, parse_archive_line
-from nats_otel.mapping import MappingOptions
-from nats_otel.pipeline import Converted, Rejected, finish, prepare
-from nats_otel.records import AttrValue, Resource, SpanKind, SpanRecord
-from nats_otel.reuse import ReuseKey
+from nats_otel.core.decode import DecodeError, DecodeLimits, parse_archive_line
+from nats_otel.core.mapping import MappingOptions
+from nats_otel.core.pipeline import Converted, Rejected, finish, prepare
+from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord
+from nats_otel.core.reuse import ReuseKey
 
-from .fragments import span_pieces
+from spark_backfill.fragments import span_pieces
 
 __all__ = [
     "ENCODED_COLUMNS",

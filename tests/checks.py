@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from nats_otel.decode import RawTraceMessage, decompress, DecodeLimits
-from nats_otel.timestamps import parse_rfc3339_ns
+from nats_otel.core.decode import RawTraceMessage, decompress, DecodeLimits
+from nats_otel.core.timestamps import parse_rfc3339_ns
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nats_otel.decode import parse_archive_line
+from nats_otel.core.decode import parse_archive_line
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 GOLDEN = Path(__file__).parent / "golden"

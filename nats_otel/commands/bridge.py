@@ -96,10 +96,10 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bridge import run_bridge
-    from ..gc_tuning import tune_gc_for_throughput
-    from ..settings import SettingsError, load_settings
-    from ..telemetry import configure_logging
+    from nats_otel.bridge.loop import run_bridge
+    from nats_otel.gc_tuning import tune_gc_for_throughput
+    from nats_otel.bridge.settings import SettingsError, load_settings
+    from nats_otel.bridge.telemetry import configure_logging
 
     try:
         settings = load_settings(args.config, overrides_from(args))

@@ -8,11 +8,11 @@ from collections import Counter
 
 import orjson
 
-from ..decode import DecodeLimits
-from ..encode import split_by_trace, to_otlp_json_line
-from ..mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from ..pipeline import Converted, Rejected, convert_batch
-from ..sources.archive import expand_inputs, read_archive
+from nats_otel.core.decode import DecodeLimits
+from nats_otel.core.encode import split_by_trace, to_otlp_json_line
+from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
+from nats_otel.core.pipeline import Converted, Rejected, convert_batch
+from nats_otel.archive import expand_inputs, read_archive
 
 HELP = "convert archived trace messages (JSON Lines) to OTLP/JSON, one request per trace"
 
@@ -83,7 +83,7 @@ def report_rejects(results: list[Converted | Rejected], limit: int = 10) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..gc_tuning import tune_gc_for_throughput
+    from nats_otel.gc_tuning import tune_gc_for_throughput
 
     # The whole input is held while it converts: without this the collector keeps
     # re-walking it (measured: ~10 % of convert's time, docs/performance.md).

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..demo import DemoError, DemoOptions, run_demo
+    from nats_otel.devkit.demo import DemoError, DemoOptions, run_demo
 
     if not 1 <= args.messages <= 1000:
         print("nats-otel demo: --messages must be between 1 and 1000", file=sys.stderr)

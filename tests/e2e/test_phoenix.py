@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .phoenix import ENV_VAR, Phoenix, find_phoenix, start_phoenix
+from tests.e2e.phoenix import ENV_VAR, Phoenix, find_phoenix, start_phoenix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -1,0 +1,220 @@
+"""OTLP/gRPC and OTLP/HTTP (protobuf) exporters: all network code of exporting lives here.
+
+Blocking by design (the bridge runs them in a worker thread, never on the event loop).
+Retry is bounded, jittered, exponential and deadline-aware, on the codes the OTLP spec calls
+retryable; a failure is an `ExportResult`, never an exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import random
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
+
+import grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from nats_otel import __version__
+from nats_otel.core.encode import to_protobuf_bytes
+from nats_otel.core.records import SpanRecord
+from nats_otel.bridge.settings import OtlpSettings
+from nats_otel.bridge.export.result import ExportResult
+
+__all__ = ["GrpcExporter", "HttpExporter", "make_otlp_exporter", "retry"]
+
+# The method of opentelemetry-proto's TraceService. Called with a bytes serializer: the
+# request is already serialized by `to_protobuf_bytes` (or by a worker process), so no
+# generated message objects are built on the hot path.
+_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+USER_AGENT = f"nats-otel/{__version__}"
+RETRYABLE_GRPC = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED,
+     grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED}
+)
+RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+
+# One attempt: (result, server-suggested delay or None).
+Attempt = Callable[[float], tuple[ExportResult, float | None]]
+
+
+def retry(
+    attempt: Attempt,
+    settings: OtlpSettings,
+    deadline: float | None,
+    stop: threading.Event,
+    rng: random.Random,
+) -> ExportResult:
+    """Run `attempt(timeout)` until it succeeds, fails for good, or time is up.
+
+    Time is up at `retry_max_elapsed` after the first attempt, or at `deadline` (monotonic)
+    if that is sooner, or when `stop` is set. Backoff doubles up to `retry_max_backoff`,
+    with full jitter; a server's retry-after hint is respected when it fits.
+    """
+    start = time.monotonic()
+    give_up = start + settings.retry_max_elapsed
+    if deadline is not None:
+        give_up = min(give_up, deadline)
+    backoff = settings.retry_initial_backoff
+    attempts = 0
+    while True:
+        attempts += 1
+        timeout = settings.timeout if deadline is None else max(0.05, min(settings.timeout, deadline - time.monotonic()))
+        result, hint = attempt(timeout)
+        if result.ok or not result.retryable:
+            return _with_attempts(result, attempts)
+        delay = hint if hint is not None else rng.uniform(0, backoff)
+        backoff = min(backoff * 2, settings.retry_max_backoff)
+        if time.monotonic() + delay >= give_up or stop.is_set():
+            return _with_attempts(result, attempts)
+        if stop.wait(delay):
+            return _with_attempts(result, attempts)
+
+
+def _with_attempts(result: ExportResult, attempts: int) -> ExportResult:
+    return dataclasses.replace(result, attempts=attempts)
+
+
+class GrpcExporter:
+    """OTLP/gRPC (opentelemetry-proto's TraceService/Export, pre-serialized requests): TLS, headers, gzip, timeout."""
+
+    name = "otlp-grpc"
+
+    def __init__(self, settings: OtlpSettings, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self._stop = threading.Event()
+        self._rng = rng or random.Random()
+        url = urlsplit(settings.resolved_endpoint)
+        target = f"{url.hostname}:{url.port or 4317}"
+        insecure = settings.insecure if settings.insecure is not None else url.scheme == "http"
+        options = [("grpc.primary_user_agent", USER_AGENT)]
+        if insecure:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(settings.certificate),
+                private_key=_read(settings.client_key),
+                certificate_chain=_read(settings.client_certificate),
+            )
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        self._export = self._channel.unary_unary(
+            _EXPORT_METHOD, request_serializer=_identity, response_deserializer=ExportTraceServiceResponse.FromString)
+        self._metadata = tuple((k.lower(), v) for k, v in settings.headers.items())
+        self._compression = grpc.Compression.Gzip if settings.compression == "gzip" else grpc.Compression.NoCompression
+
+    def export(self, spans: Sequence[SpanRecord], deadline: float | None = None) -> ExportResult:
+        """Send the spans as one request, retrying transient failures."""
+        return self.export_bytes(to_protobuf_bytes(spans), deadline)
+
+    def export_bytes(self, request: bytes, deadline: float | None = None) -> ExportResult:
+        """Send one serialized `ExportTraceServiceRequest`, retrying transient failures."""
+        return retry(lambda timeout: self._attempt(request, timeout), self.settings, deadline, self._stop, self._rng)
+
+    def _attempt(self, request: bytes, timeout: float) -> tuple[ExportResult, float | None]:
+        try:
+            response = self._export(
+                request, timeout=timeout, metadata=self._metadata, compression=self._compression
+            )
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            return ExportResult(False, error=f"{code.name}: {detail}", retryable=code in RETRYABLE_GRPC,
+                                invalid=code == grpc.StatusCode.INVALID_ARGUMENT), None
+        return ExportResult.success(rejected_spans=response.partial_success.rejected_spans), None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._channel.close()
+
+
+class HttpExporter:
+    """OTLP/HTTP with protobuf bodies over the standard library's HTTP client."""
+
+    name = "otlp-http"
+
+    def __init__(self, settings: OtlpSettings, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.url = settings.resolved_endpoint
+        self._stop = threading.Event()
+        self._rng = rng or random.Random()
+        context = None
+        if self.url.startswith("https://"):
+            context = ssl.create_default_context(cafile=str(settings.certificate) if settings.certificate else None)
+            if settings.client_certificate and settings.client_key:
+                context.load_cert_chain(str(settings.client_certificate), str(settings.client_key))
+            if settings.insecure:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+        # No proxy from the environment: collectors are usually next door, and a proxy
+        # silently in the path of telemetry is a surprise. HTTPS_PROXY users can front it.
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        )
+        self._headers = {"Content-Type": "application/x-protobuf", "User-Agent": USER_AGENT, **settings.headers}
+        if settings.compression == "gzip":
+            self._headers["Content-Encoding"] = "gzip"
+
+    def export(self, spans: Sequence[SpanRecord], deadline: float | None = None) -> ExportResult:
+        """POST the spans as one request, retrying transient failures."""
+        return self.export_bytes(to_protobuf_bytes(spans), deadline)
+
+    def export_bytes(self, body: bytes, deadline: float | None = None) -> ExportResult:
+        """POST one serialized `ExportTraceServiceRequest`, retrying transient failures."""
+        if self.settings.compression == "gzip":
+            body = gzip.compress(body, compresslevel=6)
+        return retry(lambda timeout: self._attempt(body, timeout), self.settings, deadline, self._stop, self._rng)
+
+    def _attempt(self, body: bytes, timeout: float) -> tuple[ExportResult, float | None]:
+        request = urllib.request.Request(self.url, data=body, headers=self._headers, method="POST")
+        try:
+            with self._opener.open(request, timeout=timeout) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            retryable = exc.code in RETRYABLE_HTTP
+            hint = _retry_after(exc.headers.get("Retry-After")) if retryable else None
+            text = exc.read()[:200].decode("utf-8", "replace")
+            return ExportResult(False, error=f"HTTP {exc.code}: {text}", retryable=retryable,
+                                invalid=exc.code == 400), hint
+        except (OSError, ValueError) as exc:  # refused, reset, timeout, TLS: the backend is not there
+            reason = getattr(exc, "reason", exc)
+            return ExportResult(False, error=f"{type(exc).__name__}: {reason}", retryable=True), None
+        rejected = 0
+        if payload:
+            try:
+                rejected = ExportTraceServiceResponse.FromString(payload).partial_success.rejected_spans
+            except Exception:  # noqa: BLE001 - a 2xx with an odd body is still a success
+                rejected = 0
+        return ExportResult.success(rejected_spans=rejected), None
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _read(path: object) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:  # type: ignore[call-overload]
+        return f.read()
+
+
+def make_otlp_exporter(settings: OtlpSettings) -> GrpcExporter | HttpExporter:
+    """The exporter for `settings.protocol`."""
+    return GrpcExporter(settings) if settings.protocol == "grpc" else HttpExporter(settings)

@@ -1,0 +1,426 @@
+"""The live loop: source -> Converter -> batch -> export -> ack (DESIGN §2, §6).
+
+The event loop only receives and settles; decoding, mapping, encoding and exporting run in
+one worker thread (so the Converter's reuse state is touched by one thread only, and the
+NATS read path never waits on a backend), or with `batch.workers` > 1 in that many worker
+processes (`workers.py`: batches sharded by trace id, several batches in flight). The error
+policy lives in `_policy` and nowhere else:
+
+* fatal: configuration (invalid settings, missing stream, unreadable certificates) - stop;
+* drop and count: bad input (a message that cannot decode: counted by reason, JetStream
+  `term`s it so it is never redelivered);
+* retry: a transient export failure (the exporter retries with backoff; then JetStream naks
+  the batch with a growing delay and pauses intake, core mode drops and counts it); also a
+  refusal that a fixed configuration cures (401, 403, 404: nak, not ready);
+* isolate, then drop and count: spans the backend refuses as invalid (HTTP 400,
+  INVALID_ARGUMENT) are sent again message by message; what is refused alone is never
+  retried (OTLP says so), JetStream `term`s it (`dropped{reason="export_invalid"}`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nats_otel.core.decode import DecodeLimits, RawTraceMessage
+from nats_otel.bridge.export.file import FileExporter
+from nats_otel.bridge.export.otlp import make_otlp_exporter
+from nats_otel.bridge.export.result import ExportResult
+from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
+from nats_otel.core.pipeline import Converted, Converter, Rejected
+from nats_otel.core.records import SpanRecord
+from nats_otel.bridge.settings import BridgeSettings
+from nats_otel.archive import archive_record
+from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSource
+from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
+from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
+from nats_otel.bridge.telemetry import HealthServer, Metrics
+from nats_otel.bridge.workers import WorkerDied, WorkerPool
+
+__all__ = ["Bridge", "run_bridge"]
+
+log = logging.getLogger("nats_otel.bridge")
+
+_IDLE_POLL_S = 0.25  # how often an idle loop looks at the stop flag
+_FETCH_TIMEOUT_S = 1.0
+
+
+class Bridge:
+    """One running bridge. `await run()` until `request_stop()` (SIGTERM) or `max_runtime`."""
+
+    def __init__(self, settings: BridgeSettings, metrics: Metrics | None = None,
+                 exporters: Sequence[Exporter] | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._exporters = list(exporters) if exporters is not None else make_exporters(settings)
+        self.workers: WorkerPool | None = None
+        if settings.batch.workers > 1:
+            if exporters is not None:
+                raise ValueError("batch.workers > 1 builds its exporters in the workers; pass none")
+            # The exporters were built above only to fail here, early, on bad files/endpoints.
+            for exporter in self._exporters:
+                exporter.close()
+            self._exporters = []
+            self.workers = WorkerPool(settings, settings.batch.workers)
+        self.processor = Processor(settings, self._exporters)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
+        self.queue: asyncio.Queue[Delivery] = asyncio.Queue(maxsize=settings.batch.queue_size)
+        self.sources: list[CoreSource | JetStreamSource] = []
+        self.health: HealthServer | None = None
+        self._stopping: asyncio.Event | None = None
+        self._intake_done = False
+        self._started = False
+        self._export_ok = True
+        self._js_failures = 0
+        self._js_pause_until = 0.0
+        self._fatal: str | None = None
+
+    # -- health ----------------------------------------------------------------------------
+
+    def healthy(self) -> tuple[bool, str]:
+        if self._fatal:
+            return False, self._fatal
+        return True, "running"
+
+    def ready(self) -> tuple[bool, str]:
+        if not self._started:
+            return False, "starting"
+        if self._stopping is not None and self._stopping.is_set():
+            return False, "draining"
+        down = [s.source.name for s in self.sources if not s.connected]
+        if down:
+            return False, f"not connected to NATS: {', '.join(down)}"
+        if self.workers is not None and not self.workers.alive:
+            return False, "a worker process is not running"
+        if not self._export_ok:
+            return False, "last export failed"
+        return True, "ready"
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.health.port if self.health else None
+
+    def request_stop(self) -> None:
+        """Begin the drain (safe to call from a signal handler on the loop)."""
+        if self._stopping is not None and not self._stopping.is_set():
+            log.info("stop requested: draining")
+            self._stopping.set()
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until stopped; 0 after a clean drain, 1 if the drain timed out, 2 if fatal."""
+        s = self.settings
+        self._stopping = asyncio.Event()
+        if s.telemetry.metrics_port is not None:
+            self.health = HealthServer(self.metrics, s.telemetry.metrics_host, s.telemetry.metrics_port,
+                                       self.healthy, self.ready).start()
+            log.info("serving /metrics, /healthz, /readyz", extra={"fields": {"port": self.health.port}})
+        try:
+            return await self._run()
+        finally:
+            for source in self.sources:
+                await source.close()
+            await asyncio.get_running_loop().run_in_executor(self._pool, self.processor.close)
+            if self.workers is not None:
+                await asyncio.get_running_loop().run_in_executor(self._pool, self.workers.close)
+            self._pool.shutdown(wait=True)
+            if self.health:
+                self.health.stop()
+
+    async def _run(self) -> int:
+        s = self.settings
+        assert self._stopping is not None
+        if self.workers is not None:
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(self._pool, self.workers.start)
+            except WorkerDied as exc:
+                self._fatal = f"cannot start worker processes: {exc}"
+                log.error("fatal: %s", self._fatal)
+                return 2
+            self.workers.on_death = lambda reason: loop.call_soon_threadsafe(self._worker_died, reason)
+        if s.mode == "core":
+            self.sources = [CoreSource(src, s.batch, self.queue, self.metrics) for src in s.sources]
+        else:
+            self.sources = [JetStreamSource(src, s.jetstream, self.metrics) for src in s.sources]
+        try:
+            started = await asyncio.gather(*(src.start(self._stopping) for src in self.sources))
+        except JetStreamSetupError as exc:
+            self._fatal = str(exc)
+            log.error("fatal: %s", exc)
+            return 2
+        if not all(started):
+            return 0  # stopped while connecting
+        self._started = True
+        log.info("bridge running", extra={"fields": {"mode": s.mode, "sources": [x.name for x in s.sources],
+                                                     "exporters": [e.name for e in self._exporters]}})
+        if s.mode == "core":
+            workers = [asyncio.create_task(self._core_loop()) for _ in range(self._inflight)]
+        else:
+            workers = [asyncio.create_task(self._jetstream_loop(src)) for src in self.sources
+                       if isinstance(src, JetStreamSource)]
+        try:
+            await asyncio.wait_for(self._stopping.wait(), s.max_runtime)
+        except asyncio.TimeoutError:
+            log.info("max runtime reached: draining")
+            self._stopping.set()
+        code = await self._drain(workers)
+        return 2 if self._fatal else code
+
+    async def _drain(self, workers: list[asyncio.Task[None]]) -> int:
+        """Stop intake, flush what was received, settle it; bounded by `drain_timeout`."""
+        started = time.monotonic()
+        self._drain_deadline = started + self.settings.drain_timeout
+        for source in self.sources:
+            if isinstance(source, CoreSource):
+                await source.stop_intake()
+        self._intake_done = True
+        remaining = max(0.1, self._drain_deadline - time.monotonic())
+        done, pending = await asyncio.wait(workers, timeout=remaining)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if task.exception() is not None:
+                log.error("worker failed", exc_info=task.exception())
+        if pending:
+            log.error("drain timed out; unexported messages were dropped (JetStream redelivers them)",
+                      extra={"fields": {"queued": self.queue.qsize()}})
+            return 1
+        log.info("drained", extra={"fields": {"seconds": round(time.monotonic() - started, 3)}})
+        return 0
+
+    def _deadline(self) -> float | None:
+        return getattr(self, "_drain_deadline", None) if self._intake_done else None
+
+    @property
+    def _inflight(self) -> int:
+        """Batches processed at once: one for the thread; with workers, enough to keep all busy."""
+        return 1 if self.workers is None else 2 * self.workers.size
+
+    async def _process(self, deliveries: Sequence[Delivery]
+                       ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
+        """Convert, export, count one batch; returns what to (ack, nak, term)."""
+        raws = [d.raw for d in deliveries]
+        if self.workers is None:
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(self._pool, self.processor.process, raws, self._deadline())
+            self._account(outcome)
+            return self._policy(deliveries, outcome)
+        ack: list[Delivery] = []
+        nak: list[Delivery] = []
+        term: list[Delivery] = []
+        for positions, result in await self.workers.process(raws, self._deadline()):
+            part = [deliveries[p] for p in positions]
+            if isinstance(result, BaseException):
+                result = self._failed_batch(part, result)
+            else:
+                self._account(result)
+            a, n, t = self._policy(part, result)
+            ack += a
+            nak += n
+            term += t
+        return ack, nak, term
+
+    def _worker_died(self, reason: str) -> None:
+        """A worker process crashed or was killed: stop (exit code 2) so that a supervisor
+        restarts the whole bridge; JetStream redelivers what was not acked, core mode counts
+        what the drain cannot export."""
+        if not self._fatal:
+            self._fatal = reason
+            log.error("fatal: %s; stopping", reason)
+            self.request_stop()
+
+    def _failed_batch(self, part: Sequence[Delivery], exc: BaseException) -> BatchOutcome:
+        """A sub-batch whose worker failed: as if its export failed (JetStream redelivers it)."""
+        if isinstance(exc, WorkerDied):
+            self._worker_died(str(exc))
+        else:
+            log.error("worker failed a batch", extra={"fields": {"error": str(exc)}})
+        self.metrics.export_failures.labels("worker").inc()
+        self._export_ok = False
+        failed = ExportResult(False, error=str(exc), retryable=True)
+        return BatchOutcome([Converted([]) for _ in part], {"worker": failed}, spans=0)
+
+    # -- core mode -------------------------------------------------------------------------
+
+    async def _core_loop(self) -> None:
+        while True:
+            batch = await self._collect()
+            if batch:
+                await self._process(batch)
+            elif self._intake_done and self.queue.empty():
+                return
+
+    async def _collect(self) -> list[Delivery]:
+        """Up to `max_messages` deliveries; waits at most `max_delay` after the first one."""
+        b = self.settings.batch
+        self.metrics.queue_depth.set(self.queue.qsize())
+        try:
+            first = await asyncio.wait_for(self.queue.get(), _IDLE_POLL_S)
+        except asyncio.TimeoutError:
+            return []
+        batch = [first]
+        flush_at = time.monotonic() + (0 if self._intake_done else b.max_delay)
+        while len(batch) < b.max_messages:
+            try:
+                batch.append(self.queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            left = flush_at - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self.queue.get(), left))
+            except asyncio.TimeoutError:
+                break
+        return batch
+
+    # -- JetStream mode --------------------------------------------------------------------
+
+    async def _jetstream_loop(self, source: JetStreamSource) -> None:
+        if self.workers is not None:
+            await self._jetstream_pipelined(source)
+            return
+        js = self.settings.jetstream
+        assert self._stopping is not None
+        while not self._intake_done:
+            deliveries = await source.fetch(_FETCH_TIMEOUT_S)
+            if not deliveries:
+                continue
+            ack, nak, term = await self._process(deliveries)
+            delay = 0.0
+            if nak:
+                self._js_failures += 1
+                delay = min(js.nak_delay_initial * 2 ** (self._js_failures - 1), js.nak_delay_max)
+            else:
+                self._js_failures = 0
+            await source.settle(ack, nak, term, delay)
+            if nak and not self._intake_done:
+                # Backpressure: the backend is failing; fetching more would only nak more.
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _jetstream_pipelined(self, source: JetStreamSource) -> None:
+        """Worker mode: one fetcher and several batches in the workers at once; each batch is
+        settled on its own after its export (max_ack_pending still bounds what is in flight)."""
+        assert self._stopping is not None
+        batches: asyncio.Queue[list[Delivery] | None] = asyncio.Queue(maxsize=self._inflight)
+        settlers = [asyncio.create_task(self._jetstream_settler(source, batches)) for _ in range(self._inflight)]
+        try:
+            while not self._intake_done:
+                pause = self._js_pause_until - time.monotonic()
+                if pause > 0:
+                    # Backpressure: the backend is failing; fetching more would only nak more.
+                    try:
+                        await asyncio.wait_for(self._stopping.wait(), pause)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                deliveries = await source.fetch(_FETCH_TIMEOUT_S)
+                if deliveries:
+                    await batches.put(deliveries)
+        finally:
+            for _ in settlers:
+                await batches.put(None)
+            await asyncio.gather(*settlers)
+
+    async def _jetstream_settler(self, source: JetStreamSource,
+                                 batches: asyncio.Queue[list[Delivery] | None]) -> None:
+        js = self.settings.jetstream
+        while (deliveries := await batches.get()) is not None:
+            ack, nak, term = await self._process(deliveries)
+            delay = 0.0
+            if nak:
+                self._js_failures += 1
+                delay = min(js.nak_delay_initial * 2 ** (self._js_failures - 1), js.nak_delay_max)
+                self._js_pause_until = time.monotonic() + delay
+            else:
+                self._js_failures = 0
+            await source.settle(ack, nak, term, delay)
+
+    # -- the error policy, in one place ------------------------------------------------------
+
+    def _policy(self, deliveries: Sequence[Delivery], outcome: BatchOutcome
+                ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
+        """Decide each delivery's fate: (ack, nak, term). Core mode only counts."""
+        ack: list[Delivery] = []
+        nak: list[Delivery] = []
+        term: list[Delivery] = []
+        for position, (delivery, result) in enumerate(zip(deliveries, outcome.results)):
+            if isinstance(result, Rejected) or position in outcome.poisoned:
+                term.append(delivery)  # bad input, or spans the backend refused: never redeliver
+            elif outcome.exported:
+                ack.append(delivery)
+            else:
+                nak.append(delivery)  # transient downstream failure: try again later
+        if nak and self.settings.mode == "core":
+            self.metrics.dropped.labels("export_failed").inc(len(nak))
+        return ack, nak, term
+
+    def _account(self, outcome: BatchOutcome) -> None:
+        m = self.metrics
+        decoded = 0
+        issues: Counter[str] = Counter()
+        for result in outcome.results:
+            if isinstance(result, Rejected):
+                m.rejected.labels(result.reason).inc()
+                log.warning("trace message rejected", extra={"fields": {
+                    "reason": result.reason, "subject": result.subject, "detail": result.detail[:300]}})
+            else:
+                decoded += 1
+                issues.update(i.split(":", 1)[0] for i in result.issues)
+        m.decoded.inc(decoded)
+        for kind, count in issues.items():
+            m.issues.labels(kind).inc(count)
+        if outcome.reused:
+            m.reused.inc(outcome.reused)
+        for error in outcome.poisoned.values():
+            m.dropped.labels("export_invalid").inc()
+            log.warning("trace message dropped: the backend refused its spans as invalid",
+                        extra={"fields": {"error": error[:300]}})
+        spans = outcome.span_count
+        for name, result in outcome.exports.items():
+            m.export_latency.labels(name).observe(outcome.durations.get(name, 0.0))
+            if result.ok:
+                m.spans_exported.labels(name).inc(spans - result.rejected_spans)
+                if result.rejected_spans:
+                    m.spans_rejected.labels(name).inc(result.rejected_spans)
+            else:
+                m.export_failures.labels(name).inc()
+                log.warning("export failed", extra={"fields": {
+                    "exporter": name, "error": result.error, "attempts": result.attempts, "spans": spans,
+                    "retryable": result.retryable}})
+        if outcome.exports:
+            was_ok, self._export_ok = self._export_ok, outcome.exported
+            if self._export_ok and not was_ok:
+                log.info("export recovered")
+
+
+async def run_bridge(settings: BridgeSettings, metrics: Metrics | None = None) -> int:
+    """Run a bridge with SIGTERM/SIGINT starting the drain. Returns the exit code."""
+    import signal
+
+    try:
+        bridge = Bridge(settings, metrics)
+    except (OSError, ValueError) as exc:
+        log.error("fatal: cannot set up exporters: %s", exc)
+        return 2
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, bridge.request_stop)
+    try:
+        return await bridge.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,231 @@
+"""JetStream intake (at least once): a durable pull consumer on a stream of trace subjects.
+
+The bridge settles every delivery after export: `ack` when exported, `nak(delay)` on a
+transient export failure, `term` for a message that can never decode. `max_ack_pending`
+bounds what is in flight, so a dead backend stops intake instead of filling memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+
+from nats_otel.bridge.settings import JetStreamSettings, NatsSource
+from nats_otel.bridge.telemetry import Metrics
+from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
+from nats_otel.bridge.sources.nats_core import Delivery
+
+__all__ = ["JetStreamSetupError", "JetStreamSource"]
+
+log = logging.getLogger("nats_otel.jetstream")
+
+
+class JetStreamSetupError(RuntimeError):
+    """The stream or consumer cannot be used as configured: fatal."""
+
+
+class _Puller:
+    """Pull requests to the durable consumer, answered into one callback subscription.
+
+    nats-py's `PullSubscription.fetch` waits for each message with its own task and timer,
+    which cost more than converting it; here a callback appends to a buffer and `fetch`
+    wakes once per batch. Messages a lingering request delivers after `fetch` returned
+    stay in the buffer for the next one (they count against max_ack_pending meanwhile).
+    """
+
+    def __init__(self, nc: Client, stream: str, durable: str) -> None:
+        self.nc = nc
+        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self.inbox = nc.new_inbox()
+        self.buffer: deque[Msg] = deque()
+        # Why the durable answered that it is not there (None while it is): an operator
+        # deleted it, or nothing serves its pull subject. Pulling again never recovers it.
+        self.consumer_gone: str | None = None
+        self._wake = asyncio.Event()
+        self._want = 1
+        self._sub: Any = None
+
+    async def start(self, pending_limit: int) -> None:
+        self._sub = await self.nc.subscribe(self.inbox, cb=self._on_msg, pending_msgs_limit=pending_limit)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is None and msg.reply:
+            self.buffer.append(msg)
+            if len(self.buffer) >= self._want:
+                self._wake.set()
+        elif status != "100":  # 404 no messages, 408 expired, 409 limits: this request is over
+            description = (msg.headers or {}).get("Description", "")
+            if status == "503" or (status == "409" and "consumer deleted" in description.lower()):
+                self.consumer_gone = f"{status} {description or 'no responders'}".strip()
+            self._wake.set()
+
+    async def _round(self, request: dict[str, Any], want: int, timeout: float) -> None:
+        self._want = want
+        self._wake.clear()
+        await self.nc.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+        if not self.buffer:
+            self.consumer_gone = None  # judged afresh by this round's replies
+            # What is there now, at once; else one lingering request until the first arrives.
+            await self._round({"batch": batch, "no_wait": True}, batch, timeout)
+            if not self.buffer:
+                expires = max(int(timeout * 1e9) - 50_000_000, 10_000_000)
+                await self._round({"batch": batch, "expires": expires}, 1, timeout)
+        out = []
+        while self.buffer and len(out) < batch:
+            out.append(self.buffer.popleft())
+        return out
+
+
+class JetStreamSource:
+    """Fetches batches from the durable consumer of one source's account and settles them."""
+
+    def __init__(self, source: NatsSource, settings: JetStreamSettings, metrics: Metrics) -> None:
+        self.source = source
+        self.settings = settings
+        self.metrics = metrics
+        self.nc: Client | None = None
+        self._sub: _Puller | None = None
+        self._received = metrics.received.labels(source.name)
+        self._pending = metrics.js_pending.labels(source.name)
+        self._recreated = metrics.js_consumer_recreated.labels(source.name)
+        self._setup_failed = metrics.js_consumer_setup_failed.labels(source.name)
+
+    @property
+    def connected(self) -> bool:
+        return self.nc is not None and self.nc.is_connected and self._sub is not None
+
+    async def start(self, stopping: asyncio.Event) -> bool:
+        """Connect, ensure stream (if asked) and durable consumer, bind. Raises
+        `JetStreamSetupError` when the stream is missing and may not be created."""
+        self.nc = await connect_source(self.source, self.metrics, stopping)
+        if self.nc is None:
+            return False
+        try:
+            await self._ensure(self.nc.jetstream())
+        except nats.js.errors.APIError as exc:
+            raise JetStreamSetupError(
+                f"source {self.source.name!r}: cannot set up stream {self.settings.stream!r} / durable "
+                f"{self.settings.durable!r}: {exc.description or exc}") from None
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            raise JetStreamSetupError(
+                f"source {self.source.name!r}: JetStream does not answer in this account "
+                "(not enabled for it?)") from None
+        s = self.settings
+        puller = _Puller(self.nc, s.stream, s.durable)
+        await puller.start(pending_limit=4 * max(s.max_ack_pending, s.fetch_batch) + 1024)
+        self._sub = puller
+        log.info("consuming", extra={"fields": {"source": self.source.name, "stream": s.stream, "durable": s.durable}})
+        return True
+
+    async def _ensure(self, js: JetStreamContext) -> None:
+        """The stream (created if allowed) and the durable consumer."""
+        s = self.settings
+        try:
+            await js.stream_info(s.stream)
+        except nats.js.errors.NotFoundError:
+            if not s.create_stream:
+                raise JetStreamSetupError(
+                    f"stream {s.stream!r} not found in source {self.source.name!r}'s account; "
+                    "create it or pass --create-stream") from None
+            await js.add_stream(StreamConfig(
+                name=s.stream, subjects=list(self.source.subjects), storage=StorageType.FILE,
+                max_age=s.stream_max_age,
+            ))
+            log.info("stream created", extra={"fields": {"stream": s.stream, "subjects": self.source.subjects}})
+        config = ConsumerConfig(
+            durable_name=s.durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+            ack_wait=s.ack_wait, max_ack_pending=s.max_ack_pending, max_deliver=-1,
+        )
+        try:
+            await js.add_consumer(s.stream, config)
+        except nats.js.errors.BadRequestError as exc:
+            # An existing durable with another config: use it as it is, but say so.
+            log.warning("durable consumer exists with a different config; using it",
+                        extra={"fields": {"durable": s.durable, "error": str(exc)}})
+
+    async def fetch(self, timeout: float) -> list[Delivery]:
+        """Up to `fetch_batch` messages; [] when none came within `timeout` or not connected."""
+        if self._sub is None or self.nc is None or not self.nc.is_connected:
+            await asyncio.sleep(min(timeout, 0.5))
+            return []
+        try:
+            msgs = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        except nats.errors.Error as exc:  # reconnecting, consumer hiccup: nothing fetched
+            log.warning("fetch failed", extra={"fields": {"source": self.source.name, "error": str(exc)}})
+            await asyncio.sleep(min(timeout, 0.5))
+            return []
+        if not msgs and self._sub.consumer_gone:
+            await self._recreate_consumer(self._sub.consumer_gone)
+            return []
+        self._received.inc(len(msgs))
+        if msgs:
+            self._pending.set(msgs[-1].metadata.num_pending)
+        return [Delivery(raw_from_msg(m), self.source.name, m) for m in msgs]
+
+    async def _recreate_consumer(self, why: str) -> None:
+        """The durable is gone (deleted by an operator, say): set it up again, or retry later.
+
+        Recreated with deliver-all, it delivers the retained messages again: duplicates, never
+        loss (at least once). Without this the bridge would pull from nothing forever.
+        """
+        assert self._sub is not None and self.nc is not None
+        log.warning("durable consumer gone; setting it up again", extra={"fields": {
+            "source": self.source.name, "durable": self.settings.durable, "reply": why}})
+        try:
+            await self._ensure(self.nc.jetstream())
+        except (nats.errors.Error, JetStreamSetupError) as exc:
+            log.warning("could not set up the durable consumer; retrying", extra={"fields": {
+                "source": self.source.name, "error": str(exc)}})
+            self._setup_failed.inc()
+            await asyncio.sleep(1.0)
+            return
+        self._sub.consumer_gone = None
+        self._recreated.inc()
+
+    async def settle(self, ack: Sequence[Delivery], nak: Sequence[Delivery], term: Sequence[Delivery],
+                     nak_delay: float) -> None:
+        """Acknowledge a processed batch. A lost ack only means a redelivery (at least once)."""
+        for kind, group in (("ack", ack), ("nak", nak), ("term", term)):
+            for d in group:
+                try:
+                    if kind == "ack":
+                        await d.msg.ack()
+                    elif kind == "nak":
+                        await d.msg.nak(delay=nak_delay)
+                    else:
+                        await d.msg.term()
+                except nats.errors.Error as exc:
+                    log.warning("settling failed; the message will be redelivered",
+                                extra={"fields": {"kind": kind, "error": str(exc)}})
+                    continue
+            if group:
+                self.metrics.js_acks.labels(kind).inc(len(group))
+        if self.nc is not None and self.nc.is_connected and (ack or nak or term):
+            try:
+                await self.nc.flush(timeout=5)
+            except Exception as exc:  # noqa: BLE001 - unflushed acks are redelivered later
+                log.warning("flush after settling failed", extra={"fields": {"error": str(exc)}})
+
+    async def close(self) -> None:
+        if self.nc is not None and not self.nc.is_closed:
+            await self.nc.close()

@@ -1,0 +1,316 @@
+"""Worker processes for the bridge (`batch.workers` > 1): decode, map, encode and export
+off the event loop's process, so one bridge uses more than one core.
+
+Each worker is a spawned process running the same `Processor` as the one-thread bridge
+(its own `Converter`, exporters and gRPC channel). The parent only receives, routes and
+settles. A batch is split by `shard_key` - the traceparent's trace id, or the arrival
+subject for ad-hoc traces and unusable traceparents - so every message of one trace goes
+to the same worker, in arrival order, and each worker's reused-traceparent detector sees
+all of them. A worker answers each sub-batch with a slim `BatchOutcome` (results without
+span records, the export results), so JetStream acks still follow the export.
+
+Pipes carry plain tuples both ways (subject, headers, payload, received_at in; packed
+results out): pickling one dataclass per message cost more than converting it. A sender
+thread per worker writes them, a reader thread resolves the asyncio futures, so the event
+loop never blocks on a full pipe.
+
+Workers are started with the `spawn` method (no inherited sockets, locks or gRPC state), so
+a program embedding `Bridge` with workers must guard its entry point with
+`if __name__ == "__main__":` (the `nats-otel` CLI does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import os
+import queue
+import re
+import signal
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decompress
+from nats_otel.core.ids import parse_traceparent
+from nats_otel.core.pipeline import Converted, Rejected
+from nats_otel.bridge.processor import BatchOutcome, Processor, make_exporters
+from nats_otel.bridge.settings import BridgeSettings
+
+__all__ = ["WorkerDied", "WorkerPool", "shard_key", "shard_of"]
+
+log = logging.getLogger("nats_otel.bridge.workers")
+
+# nats-server writes the traced message's headers as `"<name>":["<value>",...]`; the name's
+# case is the publisher's (2.14+).
+_TRACEPARENT = re.compile(rb'"traceparent"\s*:\s*\[\s*"([^"]{1,128})"', re.IGNORECASE)
+_READY = "ready"
+_START_TIMEOUT_S = 60.0
+
+
+class WorkerDied(RuntimeError):
+    """A worker process exited (crash, OOM kill) with batches outstanding."""
+
+
+def shard_key(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> bytes:
+    """What must reach one worker together: the trace id of a usable traceparent, else the
+    arrival subject (ad-hoc traces are correlated by it, DESIGN §4). Never raises."""
+    payload = raw.payload
+    encoding = raw.header("Content-Encoding")
+    if encoding and encoding.lower() != "identity":
+        try:
+            payload = decompress(payload, encoding, limits)
+        except DecodeError:
+            return (raw.subject or "").encode()
+    lowered = payload.lower()
+    start = lowered.find(b'"traceparent":["')
+    if start >= 0:  # how nats-server writes it (Go's encoding/json: no spaces)
+        start += 16
+        value: bytes | None = lowered[start : lowered.find(b'"', start)]
+    else:
+        match = _TRACEPARENT.search(lowered) if b"traceparent" in lowered else None
+        value = match.group(1) if match is not None else None
+    if value:
+        try:
+            trace_id, _, _ = parse_traceparent(value.decode("ascii", "replace"))
+            return trace_id
+        except DecodeError:
+            pass
+    return (raw.subject or "").encode()
+
+
+def shard_of(raw: RawTraceMessage, workers: int) -> int:
+    """The worker (0..workers-1) that handles `raw`."""
+    return zlib.crc32(shard_key(raw)) % workers
+
+
+# --------------------------------------------------------------------------- the child side
+
+
+def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: Any) -> None:
+    """A worker process: a `Processor` fed sub-batches until it reads None (or EOF)."""
+    # The parent decides when to stop (it drains first); a Ctrl-C to the process group
+    # or a stray SIGTERM must not kill a worker in the middle of a batch.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from nats_otel.gc_tuning import tune_gc_for_throughput
+
+    settings = BridgeSettings.model_validate(settings_doc)
+    processor = Processor(settings, make_exporters(settings))
+    tune_gc_for_throughput()
+    outbox.send(_READY)
+    try:
+        while True:
+            try:
+                message = inbox.recv()
+            except EOFError:
+                return  # the parent is gone
+            if message is None:
+                return
+            batch_id, items, deadline = message
+            try:
+                outcome = processor.process([RawTraceMessage(*item) for item in items], deadline)
+                # Span records stay here: the parent needs counts, issues and export results.
+                outbox.send((batch_id, (_pack(outcome.results), outcome.exports, outcome.durations,
+                                        outcome.reused, outcome.span_count, outcome.poisoned)))
+            except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
+                outbox.send((batch_id, f"worker {index}: {type(exc).__name__}: {exc}"))
+    finally:
+        processor.close()
+
+
+def _pack(results: Sequence[Converted | Rejected]) -> list[Any]:
+    """Results as plain values (pickling 500 dataclasses cost more than converting them):
+    None for a clean conversion, (issues, occurrence) for an odd one, (reason, detail,
+    subject) for a rejection."""
+    out: list[Any] = []
+    for r in results:
+        if isinstance(r, Rejected):
+            out.append((r.reason, r.detail, r.subject))
+        elif r.issues or r.occurrence:
+            out.append((r.issues, r.occurrence))
+        else:
+            out.append(None)
+    return out
+
+
+_CLEAN = Converted([])
+
+
+def _unpack(packed: Sequence[Any]) -> list[Converted | Rejected]:
+    return [_CLEAN if p is None else Converted([], p[0], p[1]) if len(p) == 2 else Rejected(*p) for p in packed]
+
+
+def _outcome(message: tuple[Any, ...]) -> Any:
+    packed, exports, durations, reused, spans, poisoned = message
+    return BatchOutcome(_unpack(packed), exports, durations, reused, spans, poisoned)
+
+
+# --------------------------------------------------------------------------- the parent side
+
+
+class _Worker:
+    """One worker process with its pipes, sender thread and reader thread."""
+
+    def __init__(self, ctx: Any, settings_doc: dict[str, Any], index: int,
+                 on_death: Callable[[str], None]) -> None:
+        self.index = index
+        self._on_death = on_death
+        self._closing = False
+        child_in, self._to_child = ctx.Pipe(duplex=False)
+        self._from_child, child_out = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=_worker_main, args=(settings_doc, index, child_in, child_out),
+                                   name=f"nats-otel-worker-{index}", daemon=True)
+        self.process.start()
+        child_in.close()
+        child_out.close()
+        self._outgoing: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending: dict[int, Future[Any]] = {}
+        self._lock = threading.Lock()
+        self.dead = False
+
+    def wait_ready(self, timeout: float) -> None:
+        if not self._from_child.poll(timeout):
+            raise WorkerDied(f"worker {self.index} did not start within {timeout:.0f}s")
+        try:
+            first = self._from_child.recv()
+        except EOFError:
+            raise WorkerDied(f"worker {self.index} exited while starting (code {self.process.exitcode})") from None
+        if first != _READY:
+            raise WorkerDied(f"worker {self.index} sent {first!r} instead of ready")
+        threading.Thread(target=self._send_loop, name=f"nats-otel-worker-{self.index}-tx", daemon=True).start()
+        threading.Thread(target=self._recv_loop, name=f"nats-otel-worker-{self.index}-rx", daemon=True).start()
+
+    def submit(self, batch_id: int, items: list[tuple[Any, ...]], deadline: float | None) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self.dead:
+                future.set_exception(WorkerDied(f"worker {self.index} is not running"))
+                return future
+            self._pending[batch_id] = future
+        self._outgoing.put((batch_id, items, deadline))
+        return future
+
+    def _send_loop(self) -> None:
+        while True:
+            message = self._outgoing.get()
+            try:
+                self._to_child.send(message)
+            except (OSError, ValueError):
+                self._fail_all()
+                return
+            if message is None:
+                return
+
+    def _recv_loop(self) -> None:
+        while True:
+            try:
+                batch_id, result = self._from_child.recv()
+            except (EOFError, OSError):
+                self._fail_all()
+                return
+            with self._lock:
+                future = self._pending.pop(batch_id, None)
+            if future is None or not future.set_running_or_notify_cancel():
+                continue  # cancelled meanwhile (the drain timed out): nobody waits for it
+            if isinstance(result, str):
+                future.set_exception(RuntimeError(result))
+            else:
+                future.set_result(_outcome(result))
+
+    def _fail_all(self) -> None:
+        with self._lock:
+            if self.dead:
+                return
+            self.dead = True
+            pending, self._pending = self._pending, {}
+        self.process.join(1)  # so that the exit code is known
+        reason = f"worker {self.index} exited (code {self.process.exitcode})"
+        for future in pending.values():
+            if future.set_running_or_notify_cancel():
+                future.set_exception(WorkerDied(reason))
+        if not self._closing:
+            self._on_death(reason)
+
+    def close(self, timeout: float) -> None:
+        self._closing = True
+        self._outgoing.put(None)
+        self.process.join(timeout)
+        if self.process.is_alive():
+            log.warning("worker did not stop in time; killing it", extra={"fields": {"worker": self.index}})
+            self.process.kill()
+            self.process.join(5)
+        self._to_child.close()
+        self._from_child.close()
+
+
+class WorkerPool:
+    """N worker processes; `process` shards a batch over them and returns per-worker outcomes."""
+
+    def __init__(self, settings: BridgeSettings, workers: int) -> None:
+        self.settings = settings
+        self.size = workers
+        self.limits = DecodeLimits(**settings.limits.model_dump())
+        self._doc = settings.model_dump(mode="json")
+        # Each worker sees only its shard of the traces, so its share of the reused-traceparent
+        # window covers the same traces as one detector of the full size (at 1/N the memory).
+        self._doc["reuse_capacity"] = -(-settings.reuse_capacity // workers)
+        self._ids = itertools.count()
+        self._workers: list[_Worker] = []
+        #: Called (from a reader thread) when a worker dies other than by `close`: a crash or
+        #: an OOM kill. The bridge stops on it, so that its supervisor restarts it.
+        self.on_death: Callable[[str], None] = lambda reason: None
+
+    def start(self) -> None:
+        """Spawn the workers and wait until each has built its exporters (blocking)."""
+        ctx = multiprocessing.get_context("spawn")
+        try:
+            self._workers = [_Worker(ctx, self._doc, i, self._died) for i in range(self.size)]
+            for worker in self._workers:
+                worker.wait_ready(_START_TIMEOUT_S)
+        except BaseException:
+            self.close(timeout=5)
+            raise
+        log.info("worker processes started", extra={"fields": {
+            "workers": self.size, "pids": [w.process.pid for w in self._workers], "parent": os.getpid()}})
+
+    def _died(self, reason: str) -> None:
+        log.error("worker process died", extra={"fields": {"reason": reason}})
+        self.on_death(reason)
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._workers) and not any(w.dead for w in self._workers)
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.process.pid is not None]
+
+    async def process(self, raws: Sequence[RawTraceMessage], deadline: float | None
+                      ) -> list[tuple[list[int], Any]]:
+        """(positions in `raws`, BatchOutcome or the exception) per worker that got some."""
+        shards: list[list[int]] = [[] for _ in range(self.size)]
+        for position, raw in enumerate(raws):
+            shards[zlib.crc32(shard_key(raw, self.limits)) % self.size].append(position)
+        futures = []
+        for worker, positions in zip(self._workers, shards, strict=True):
+            if not positions:
+                continue
+            items = [(r.subject, r.headers, r.payload, r.received_at) for r in (raws[p] for p in positions)]
+            futures.append((positions, asyncio.wrap_future(worker.submit(next(self._ids), items, deadline))))
+        out: list[tuple[list[int], Any]] = []
+        for positions, future in futures:
+            try:
+                out.append((positions, await future))
+            except Exception as exc:  # noqa: BLE001 - the caller's policy decides (a failed export)
+                out.append((positions, exc))
+        return out
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Ask every worker to finish (they close their exporters), then reap them."""
+        for worker in self._workers:
+            worker.close(timeout)
+        self._workers = []

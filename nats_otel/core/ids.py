@@ -1,0 +1,175 @@
+"""Trace context of a trace message, and the deterministic span id scheme.
+
+Every span id is a hash of the fields that identify the span, so a replay, a redelivery
+and the Spark backfill all produce the same ids without shared state, and a downstream
+server computes its parent (the upstream egress) from what it sees itself: the hop id, the
+upstream server's name (its ingress `name`) and its own name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+from nats_otel.core.decode import DecodeError
+from nats_otel.core.model import FORWARDING_KINDS, TraceMessage
+
+__all__ = [
+    "ID_SCHEME",
+    "TraceContext",
+    "TraceContextError",
+    "event_span_id",
+    "link_span_id",
+    "parse_traceparent",
+    "server_span_id",
+    "trace_context",
+    "upstream_hop",
+]
+
+# Bumping this changes every id; it is part of every hash input.
+ID_SCHEME = b"nats-otel/ids/v1"
+
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\Z")
+TRACE_DISABLED = "trace disabled"  # what servers write into Nats-Trace-Dest to disable it
+
+
+class TraceContextError(DecodeError):
+    """No usable trace context: malformed `traceparent` and no ad-hoc trace destination."""
+
+    reason = "bad_traceparent"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """Where the spans of one trace message belong.
+
+    `parent_span_id` is the application's span that published the message (empty for
+    ad-hoc traces, whose origin span is a root). `adhoc_key` is set for ad-hoc traces: the
+    subject the trace messages arrived on, from which the trace id is derived.
+    """
+
+    trace_id: bytes
+    parent_span_id: bytes
+    trace_state: str = ""
+    sampled: bool = True
+    adhoc_key: str | None = None
+    # The encoded (trace id, parent) fields every span id of this context hashes.
+    id_fields: bytes = field(default=b"", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id_fields", _fields(self.trace_id.hex(), self.parent_span_id.hex()))
+
+
+def parse_traceparent(value: str) -> tuple[bytes, bytes, int]:
+    """(trace id, parent span id, flags) of a W3C traceparent; `TraceContextError` if invalid.
+
+    Hex is accepted in either case (nats-server only checks the flags), output is bytes.
+    """
+    match = _TRACEPARENT.match(value.strip().lower()) if isinstance(value, str) else None
+    if match is None:
+        raise TraceContextError(f"malformed traceparent {value!r:.80}")
+    version, trace_hex, parent_hex, flags_hex, rest = match.groups()
+    if version == "ff" or (version == "00" and rest):
+        raise TraceContextError(f"unsupported traceparent version in {value!r:.80}")
+    if trace_hex == "0" * 32 or parent_hex == "0" * 16:
+        raise TraceContextError(f"all-zero id in traceparent {value!r:.80}")
+    return bytes.fromhex(trace_hex), bytes.fromhex(parent_hex), int(flags_hex, 16)
+
+
+def trace_context(msg: TraceMessage, arrival_subject: str | None, occurrence: int = 0) -> TraceContext:
+    """The trace this message belongs to: its traceparent, else its ad-hoc destination.
+
+    `arrival_subject` is the subject the trace message was received on: ad-hoc traces are
+    correlated by it, because service imports rewrite the `Nats-Trace-Dest` header on the
+    way. `occurrence` > 0 (a reused ad-hoc destination) gives each reuse its own trace.
+    """
+    traceparent = msg.header("traceparent")
+    trace_state = msg.header("tracestate") or ""
+    dest = msg.header("Nats-Trace-Dest")
+    adhoc_key = arrival_subject or (dest if dest and dest != TRACE_DISABLED else None)
+    if traceparent is not None:
+        try:
+            trace_id, parent_id, flags = parse_traceparent(traceparent)
+        except TraceContextError:
+            if adhoc_key is None:
+                raise
+            # The server traced it for its Nats-Trace-Dest; the broken traceparent is
+            # reported by the caller and the message is correlated as an ad-hoc trace.
+        else:
+            return TraceContext(trace_id, parent_id, trace_state, bool(flags & 1))
+    if adhoc_key is None:
+        raise TraceContextError("no traceparent and no ad-hoc trace destination")
+    digest = _hash(b"adhoc-trace", adhoc_key, str(occurrence))
+    trace_id = digest[:16] if any(digest[:16]) else b"\x00" * 15 + b"\x01"
+    return TraceContext(trace_id, b"", trace_state, True, adhoc_key)
+
+
+def upstream_hop(msg: TraceMessage) -> str:
+    """The hop id this server was reached by, or "" for the origin server.
+
+    Only messages that came in from a route, gateway or leafnode have one; a client that
+    republishes a delivered message with its headers carries a stale `Nats-Trace-Hop`,
+    which the server ignores, and so do we.
+    """
+    if msg.ingress.kind in FORWARDING_KINDS:
+        return msg.header("Nats-Trace-Hop") or ""
+    return ""
+
+
+def server_span_id(ctx: TraceContext, server_id: str, hop: str, occurrence: int) -> bytes:
+    """Id of the span of one server's handling of the message."""
+    return _span_id(b"server", ctx, server_id, hop, str(occurrence))
+
+
+def link_span_id(ctx: TraceContext, hop: str, from_server: str, to_server: str, occurrence: int) -> bytes:
+    """Id of the egress span that forwards the message as `hop` from one server to another.
+
+    The upstream computes it from its egress; the downstream from its `Nats-Trace-Hop`,
+    ingress name and own name: the same inputs, so the same id, with no state.
+    """
+    return _span_id(b"hop", ctx, hop, from_server, to_server, str(occurrence))
+
+
+def event_span_id(ctx: TraceContext, server_id: str, hop: str, position: int, occurrence: int) -> bytes:
+    """Id of a non-forwarding event span, by its position in the server's event list."""
+    return _span_id(b"event", ctx, server_id, hop, str(position), str(occurrence))
+
+
+# Encoded trailing fields of span ids: (server id, hop, position, occurrence) and (hop,
+# from, to, occurrence) repeat across messages; only the trace context changes. Bounded.
+_encoded_fields: dict[tuple[str, ...], bytes] = {}
+
+
+def _span_id(role: bytes, ctx: TraceContext, *fields: str) -> bytes:
+    # Same bytes as _hash(role, trace hex, parent hex, *fields), with the prefix reused.
+    encoded = _encoded_fields.get(fields)
+    if encoded is None:
+        if len(_encoded_fields) >= 65_536:
+            _encoded_fields.clear()
+        encoded = _encoded_fields[fields] = _fields(*fields)
+    data = _ROLE_PREFIX[role] + ctx.id_fields + encoded
+    digest = hashlib.blake2b(data, digest_size=16).digest()[:8]
+    # An all-zero span id is invalid in OTLP; astronomically unlikely, but never emit one.
+    return digest if any(digest) else b"\x00" * 7 + b"\x01"
+
+
+def _fields(*fields: str) -> bytes:
+    # Length-prefixed fields: ("1", "23") and ("12", "3") can never hash alike.
+    parts = []
+    for field_text in fields:
+        data = field_text.encode("utf-8", "surrogatepass")
+        parts.append(len(data).to_bytes(4, "big"))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _role(role: bytes) -> bytes:
+    return ID_SCHEME + len(role).to_bytes(4, "big") + role
+
+
+_ROLE_PREFIX = {role: _role(role) for role in (b"server", b"hop", b"event")}
+
+
+def _hash(role: bytes, *fields: str) -> bytes:
+    return hashlib.blake2b(_role(role) + _fields(*fields), digest_size=16).digest()

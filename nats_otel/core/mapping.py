@@ -1,0 +1,314 @@
+"""TraceMessage -> span records (DESIGN §3). Pure and deterministic.
+
+One server span per trace message (the message's stay in that server), one child span per
+later event. The origin server span is the child of the application's span named by the
+traceparent; a downstream server span is the child of the upstream egress span with the
+same hop id, whose id both sides compute alike (see `ids`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nats_otel import __version__
+from nats_otel.core.ids import TraceContext, event_span_id, link_span_id, server_span_id, upstream_hop
+from nats_otel.core.model import (
+    ConnectionKind,
+    Egress,
+    JetStreamEvent,
+    ServerInfo,
+    ServiceImport,
+    StreamExport,
+    SubjectMapping,
+    TraceEvent,
+    TraceMessage,
+)
+from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord, StatusCode
+
+__all__ = [
+    "DEFAULT_HEADER_ALLOWLIST",
+    "HEADER_ATTRIBUTE_PREFIX",
+    "MappingOptions",
+    "MappingResult",
+    "map_message",
+    "server_resource",
+]
+
+# Trace headers and the dedup id: safe to export. Application headers (Authorization,
+# cookies, tenant ids) are never copied unless a user adds them.
+DEFAULT_HEADER_ALLOWLIST = frozenset(
+    {"traceparent", "tracestate", "nats-msg-id", "nats-trace-dest", "nats-trace-hop", "nats-trace-only"}
+)
+
+# Span attributes copied from the traced message's headers: `nats.header.<lower-case name>`.
+HEADER_ATTRIBUTE_PREFIX = "nats.header."
+
+# Errors the servers report that are not failures: the message was delivered.
+_NOT_FAILURES = ("Message delivered but remote does not support message tracing",)
+
+SCOPE_NAME = "nats-otel"
+SCOPE_VERSION = __version__
+
+
+@dataclass(frozen=True, slots=True)
+class MappingOptions:
+    """What users may choose about the spans. Defaults are the documented span model."""
+
+    service_name: str = "nats-server"
+    header_allowlist: frozenset[str] = DEFAULT_HEADER_ALLOWLIST
+
+
+@dataclass(frozen=True, slots=True)
+class MappingResult:
+    """Spans of one trace message, server span first, and what was odd about it."""
+
+    spans: list[SpanRecord]
+    issues: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _State:
+    """What the event mappers share while walking one server's events."""
+
+    ctx: TraceContext
+    msg: TraceMessage
+    hop: str
+    occurrence: int
+    server_span_id: bytes
+    resource: Resource
+    subject: str
+    account: str
+
+
+def map_message(
+    msg: TraceMessage,
+    ctx: TraceContext,
+    options: MappingOptions = MappingOptions(),
+    occurrence: int = 0,
+) -> MappingResult:
+    """Map one trace message to its spans. Same inputs, same spans, byte for byte."""
+    hop = upstream_hop(msg)
+    ingress = msg.ingress
+    state = _State(
+        ctx=ctx,
+        msg=msg,
+        hop=hop,
+        occurrence=occurrence,
+        server_span_id=server_span_id(ctx, msg.server.id, hop, occurrence),
+        resource=server_resource(msg.server, options.service_name),
+        subject=ingress.subject,
+        account=ingress.account,
+    )
+    issues = [f"unknown_event: {u['problem']} at position {u['position']}" for u in msg.unknown_events]
+    if hop:
+        parent = link_span_id(ctx, hop, ingress.name, msg.server.name, occurrence)
+    else:
+        parent = ctx.parent_span_id
+    children: list[SpanRecord] = []
+    for position, event in enumerate(msg.events, start=1):
+        mapper = _EVENT_MAPPERS[type(event)]
+        children.append(mapper(event, position, state))
+    status_code, status_message, note = _status(ingress.error)
+    attributes: dict[str, AttrValue] = {
+        "messaging.system": "nats",
+        "messaging.operation.type": "receive",
+        "messaging.operation.name": "receive",
+        "messaging.destination.name": ingress.subject,
+        # msgsize counts headers too: the envelope, not the body.
+        "messaging.message.envelope.size": msg.msg_size,
+        "nats.account": ingress.account,
+        "nats.connection.kind": ConnectionKind.label(ingress.kind),
+        "nats.connection.id": ingress.cid,
+        "nats.connection.name": ingress.name,
+        "nats.trace.hops": msg.hops,
+    }
+    if hop:
+        attributes["nats.trace.hop"] = hop
+    if _trace_only(msg):
+        attributes["nats.trace.only"] = True
+    if ctx.adhoc_key is not None:
+        attributes["nats.trace.adhoc_subject"] = ctx.adhoc_key
+    if occurrence:
+        attributes["nats.trace.reuse_occurrence"] = occurrence
+    if msg.unknown_events:
+        attributes["nats.trace.unmapped_events"] = len(msg.unknown_events)
+    if note:
+        attributes["nats.trace.note"] = note
+    for name, values in msg.headers.items():
+        lowered = name.lower()
+        if lowered in options.header_allowlist:
+            attributes[HEADER_ATTRIBUTE_PREFIX + lowered] = tuple(values)
+    server_span = SpanRecord(
+        ctx.trace_id,
+        state.server_span_id,
+        parent,
+        f"receive {ingress.subject}" if ingress.subject else "receive",
+        SpanKind.CONSUMER,
+        ingress.ts_ns,
+        msg.end_ns,
+        state.resource,
+        tuple(attributes.items()),
+        status_code,
+        status_message,
+        ctx.trace_state,
+    )
+    return MappingResult([server_span, *children], issues)
+
+
+_resources: dict[tuple, Resource] = {}
+
+
+def server_resource(server: ServerInfo, service_name: str) -> Resource:
+    """The OTel resource of a server: who produced the spans (memoised: a pure function)."""
+    key = (service_name, server.id, server.name, server.version, server.host, server.cluster,
+           server.domain, tuple(server.tags), server.jetstream)
+    resource = _resources.get(key)
+    if resource is None:
+        if len(_resources) > 4096:
+            _resources.clear()
+        resource = _resources[key] = _build_resource(server, service_name)
+    return resource
+
+
+def _build_resource(server: ServerInfo, service_name: str) -> Resource:
+    attributes: list[tuple[str, AttrValue]] = [
+        ("service.name", service_name),
+        ("service.instance.id", server.id),
+    ]
+    if server.version:
+        attributes.append(("service.version", server.version))
+    if server.host:
+        attributes.append(("host.name", server.host))
+    attributes.append(("nats.server.name", server.name))
+    if server.cluster:
+        attributes.append(("nats.cluster", server.cluster))
+    if server.domain:
+        attributes.append(("nats.domain", server.domain))
+    if server.tags:
+        attributes.append(("nats.server.tags", tuple(server.tags)))
+    attributes.append(("nats.server.jetstream", server.jetstream))
+    return Resource(tuple(attributes))
+
+
+def _trace_only(msg: TraceMessage) -> bool:
+    """Whether the server traced without delivering.
+
+    Servers honour `Nats-Trace-Only` only on ad-hoc traces (with `Nats-Trace-Dest`); a
+    message traced for its traceparent alone is delivered whatever that header says.
+    """
+    if not msg.header("Nats-Trace-Dest"):
+        return False
+    return (msg.header("Nats-Trace-Only") or "").lower() in ("1", "true", "on")
+
+
+def _status(error: str) -> tuple[int, str, str]:
+    """(status code, status message, note) for a server-reported error text."""
+    if not error:
+        return StatusCode.UNSET, "", ""
+    if error.startswith(_NOT_FAILURES):
+        return StatusCode.UNSET, "", error
+    return StatusCode.ERROR, error, ""
+
+
+def _child(
+    state: _State,
+    span_id: bytes,
+    name: str,
+    kind: int,
+    end_ns: int,
+    attributes: dict[str, AttrValue],
+    error: str = "",
+) -> SpanRecord:
+    status_code, status_message, note = _status(error)
+    if note:
+        attributes["nats.trace.note"] = note
+    start_ns = state.msg.ingress.ts_ns
+    # Positional: a NamedTuple is built faster so, and this runs for every span.
+    return SpanRecord(
+        state.ctx.trace_id,
+        span_id,
+        state.server_span_id,  # parent
+        name,
+        kind,
+        start_ns,  # with the server span: the bar shows how long after arrival it happened
+        end_ns if end_ns > start_ns else start_ns,
+        state.resource,
+        tuple(attributes.items()),
+        status_code,
+        status_message,
+        state.ctx.trace_state,
+    )
+
+
+def _event_id(state: _State, position: int) -> bytes:
+    return event_span_id(state.ctx, state.msg.server.id, state.hop, position, state.occurrence)
+
+
+def _map_egress(event: Egress, position: int, state: _State) -> SpanRecord:
+    attributes: dict[str, AttrValue] = {
+        "messaging.system": "nats",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": state.subject,
+        "nats.account": event.account or state.account,
+        "nats.connection.kind": ConnectionKind.label(event.kind),
+        "nats.connection.id": event.cid,
+        "nats.connection.name": event.name,
+    }
+    if event.subscription:
+        attributes["nats.subscription.subject"] = event.subscription
+    if event.queue:
+        attributes["messaging.consumer.group.name"] = event.queue
+    if event.forwards:
+        attributes["nats.trace.hop"] = event.hop
+        attributes["nats.peer.server.name"] = event.name
+        span_id = link_span_id(state.ctx, event.hop, state.msg.server.name, event.name, state.occurrence)
+    else:
+        span_id = _event_id(state, position)
+    name = f"send {state.subject}" if state.subject else "send"
+    return _child(state, span_id, name, SpanKind.PRODUCER, event.ts_ns, attributes, event.error)
+
+
+def _map_subject_mapping(event: SubjectMapping, position: int, state: _State) -> SpanRecord:
+    attributes: dict[str, AttrValue] = {"nats.mapping.from": state.subject, "nats.mapping.to": event.to}
+    state.subject = event.to  # later egresses deliver on the mapped subject
+    return _child(state, _event_id(state, position), f"map {event.to}", SpanKind.INTERNAL, event.ts_ns, attributes)
+
+
+def _map_stream_export(event: StreamExport, position: int, state: _State) -> SpanRecord:
+    attributes: dict[str, AttrValue] = {"nats.export.account": event.account, "nats.export.subject": event.to}
+    name = f"stream export {event.account}"
+    return _child(state, _event_id(state, position), name, SpanKind.INTERNAL, event.ts_ns, attributes)
+
+
+def _map_service_import(event: ServiceImport, position: int, state: _State) -> SpanRecord:
+    attributes: dict[str, AttrValue] = {
+        "nats.import.account": event.account,
+        "nats.import.from": event.from_subject,
+        "nats.import.to": event.to,
+    }
+    # The message continues in the exporting account, on the service's subject.
+    state.subject, state.account = event.to, event.account
+    name = f"service import {event.account}"
+    return _child(state, _event_id(state, position), name, SpanKind.INTERNAL, event.ts_ns, attributes)
+
+
+def _map_jetstream(event: JetStreamEvent, position: int, state: _State) -> SpanRecord:
+    attributes: dict[str, AttrValue] = {
+        "nats.jetstream.stream": event.stream,
+        "nats.jetstream.subject": event.subject or state.subject,
+        # No interest on an interest-retention stream is an outcome, not a failure.
+        "nats.jetstream.no_interest": event.no_interest,
+    }
+    name = f"store {event.stream}" if event.stream else "store"
+    return _child(state, _event_id(state, position), name, SpanKind.INTERNAL, event.ts_ns, attributes, event.error)
+
+
+_EVENT_MAPPERS: dict[type, Callable[[TraceEvent, int, _State], SpanRecord]] = {
+    Egress: _map_egress,  # type: ignore[dict-item]
+    SubjectMapping: _map_subject_mapping,  # type: ignore[dict-item]
+    StreamExport: _map_stream_export,  # type: ignore[dict-item]
+    ServiceImport: _map_service_import,  # type: ignore[dict-item]
+    JetStreamEvent: _map_jetstream,  # type: ignore[dict-item]
+}

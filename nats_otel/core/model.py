@@ -1,0 +1,240 @@
+"""The trace message one nats-server publishes for one traced message, as typed data.
+
+Mirrors `MsgTraceEvent` of nats-server `server/msgtrace.go` (ADR-41), validated with
+msgspec. Timestamps are integer nanoseconds since the epoch: the servers report
+nanoseconds and `datetime` would drop them. Events of a type this version does not know
+are kept aside, raw, so the rest of the message can still be mapped.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from msgspec import Meta, Struct
+from msgspec.structs import force_setattr
+
+from nats_otel.core.timestamps import parse_rfc3339_ns
+
+__all__ = [
+    "FORWARDING_KINDS",
+    "ConnectionKind",
+    "Egress",
+    "Ingress",
+    "JetStreamEvent",
+    "ServerInfo",
+    "ServiceImport",
+    "StreamExport",
+    "SubjectMapping",
+    "TraceEvent",
+    "TraceMessage",
+    "UInt64",
+    "check_uint64",
+]
+
+
+class ConnectionKind(enum.IntEnum):
+    """The `kind` numbers of nats-server connections (server/client.go)."""
+
+    CLIENT = 0
+    ROUTER = 1
+    GATEWAY = 2
+    SYSTEM = 3
+    LEAF = 4
+    JETSTREAM = 5
+    ACCOUNT = 6
+
+    @classmethod
+    def label(cls, kind: int) -> str:
+        """Lower-case name of a kind, or `kind-<n>` for a number this version does not know."""
+        label = _KIND_LABELS.get(kind)
+        return label if label is not None else f"kind-{kind}"
+
+
+_KIND_LABELS = {kind.value: kind.name.lower() for kind in ConnectionKind}
+
+# Egress kinds that hand the message to another server, which then reports its own trace
+# message carrying the egress hop id in its `Nats-Trace-Hop` header.
+FORWARDING_KINDS = frozenset({ConnectionKind.ROUTER, ConnectionKind.GATEWAY, ConnectionKind.LEAF})
+
+
+def _timestamp(value: str) -> int:
+    ns = parse_rfc3339_ns(value)
+    # OTLP times are unsigned 64-bit nanoseconds: 1970 to 2554.
+    if not 0 <= ns < 2**64:
+        raise ValueError(f"timestamp {value!r:.40} outside what OTLP can carry (1970 to 2554)")
+    return ns
+
+
+def check_uint64(name: str, value: int) -> None:
+    # msgspec bounds must fit an int64; Go's uint64 goes higher, so the top is checked here.
+    if value >= 2**64:
+        raise ValueError(f"{name} {value} is over a uint64")
+
+
+# Go's uint64 connection ids and sizes: reject what no server can send (see check_uint64).
+UInt64 = Annotated[int, Meta(ge=0)]
+
+
+class _Wire(Struct, frozen=True, kw_only=True):
+    # msgspec validates while it parses, in C: 5x faster than the pydantic models this
+    # replaced (docs/performance.md). Its defaults are ours: extra keys are ignored
+    # (servers add fields over time) and types are not coerced.
+    pass
+
+
+class ServerInfo(_Wire, rename={"version": "ver"}):
+    """The `server` block: which server published this trace message."""
+
+    name: str
+    id: str
+    host: str = ""
+    cluster: str = ""
+    domain: str = ""
+    version: str = ""
+    tags: tuple[str, ...] = ()
+    jetstream: bool = False
+    seq: UInt64 = 0
+    time: str | None = None
+    # Derived from `time` when decoded.
+    time_ns: int | None = None
+
+    def __post_init__(self) -> None:
+        check_uint64("seq", self.seq)
+        if self.time is not None:
+            force_setattr(self, "time_ns", _timestamp(self.time))
+
+
+class _Event(_Wire, tag_field="type"):
+    """An event: `ts` is the server's RFC 3339 text, `ts_ns` the nanoseconds it names."""
+
+    ts: str
+    ts_ns: int = 0
+
+    def __post_init__(self) -> None:
+        force_setattr(self, "ts_ns", _timestamp(self.ts))
+
+
+class Ingress(_Event, tag="in", rename={"account": "acc", "subject": "subj"}, kw_only=True):
+    """`in`: how the message entered this server. Always the first event."""
+
+    kind: int
+    cid: UInt64 = 0
+    name: str = ""
+    account: str = ""
+    subject: str = ""
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        check_uint64("cid", self.cid)
+        super().__post_init__()
+
+
+class SubjectMapping(_Event, tag="sm"):
+    """`sm`: the subject was rewritten by an account mapping."""
+
+    to: str = ""
+
+
+class StreamExport(_Event, tag="se", rename={"account": "acc"}):
+    """`se`: the message crossed into another account through a stream export."""
+
+    account: str = ""
+    to: str = ""
+
+
+class ServiceImport(_Event, tag="si", rename={"account": "acc", "from_subject": "from"}):
+    """`si`: the message crossed into another account through a service import."""
+
+    account: str = ""
+    from_subject: str = ""
+    to: str = ""
+
+
+class JetStreamEvent(_Event, tag="js", rename={"no_interest": "nointerest"}):
+    """`js`: the message was offered to a stream."""
+
+    stream: str = ""
+    subject: str = ""
+    no_interest: bool = False
+    error: str = ""
+
+
+class Egress(_Event, tag="eg", rename={"account": "acc", "subscription": "sub"}, kw_only=True):
+    """`eg`: the message left this server, to a client or to another server (with a hop id)."""
+
+    kind: int
+    cid: UInt64 = 0
+    name: str = ""
+    hop: str = ""
+    account: str = ""
+    subscription: str = ""
+    queue: str = ""
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        check_uint64("cid", self.cid)
+        super().__post_init__()
+
+    @property
+    def forwards(self) -> bool:
+        """True when the egress hands the message to another server that traces it too."""
+        return bool(self.hop) and self.kind in FORWARDING_KINDS
+
+
+TraceEvent = SubjectMapping | StreamExport | ServiceImport | JetStreamEvent | Egress
+
+# Event type tag on the wire -> model. `in` is handled apart: it must come first.
+EVENT_MODELS: dict[str, type[_Event]] = {
+    "sm": SubjectMapping,
+    "se": StreamExport,
+    "si": ServiceImport,
+    "js": JetStreamEvent,
+    "eg": Egress,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TraceMessage:
+    """One server's report about one traced message.
+
+    `headers` are the traced message's headers as the server saw them (name case kept);
+    `events` the events after the ingress, in the server's order; `unknown_events` raw
+    events of types this version does not map. Built by `decode` from validated parts.
+    """
+
+    server: ServerInfo
+    headers: dict[str, list[str]]
+    msg_size: int
+    hops: int
+    ingress: Ingress
+    events: tuple[TraceEvent, ...] = ()
+    unknown_events: tuple[dict[str, Any], ...] = ()
+    # lower-cased header name -> first value, for case-insensitive look-ups
+    _first_values: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        first: dict[str, str] = {}
+        for key, values in self.headers.items():
+            if values:
+                first.setdefault(key.lower(), values[0])
+        object.__setattr__(self, "_first_values", first)
+
+    @property
+    def end_ns(self) -> int:
+        """The latest event timestamp: when this server was done with the message."""
+        latest = self.ingress.ts_ns
+        for event in self.events:
+            if event.ts_ns > latest:
+                latest = event.ts_ns
+        return latest
+
+    def header(self, name: str) -> str | None:
+        """First value of a header, looked up case-insensitively (servers keep the case)."""
+        return self._first_values.get(name.lower())
+
+    @property
+    def hop(self) -> str:
+        """The hop id this server was reached by (`Nats-Trace-Hop`); empty on the origin."""
+        return self.header("Nats-Trace-Hop") or ""

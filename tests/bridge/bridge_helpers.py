@@ -1,0 +1,171 @@
+"""Helpers of the bridge integration tests: a traced app, spans as comparable values,
+the expected spans from `convert_batch` of the bridge's raw archive, /metrics scraping."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
+
+import nats
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from nats_otel.bridge.loop import Bridge
+from nats_otel.core.encode import to_protobuf
+from nats_otel.core.pipeline import Converted, convert_batch
+from nats_otel.archive import read_archive
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def traceparent() -> tuple[str, str, str]:
+    """A fresh sampled traceparent and its trace id and parent span id (hex)."""
+    trace_id, parent = os.urandom(16).hex(), os.urandom(8).hex()
+    return f"00-{trace_id}-{parent}-01", trace_id, parent
+
+
+def span_values(requests: Iterable[ExportTraceServiceRequest]) -> set[bytes]:
+    """Every span with its resource, serialized deterministically: equal bytes = equal span."""
+    out = set()
+    for request in requests:
+        for rs in request.resource_spans:
+            resource = rs.resource.SerializeToString(deterministic=True)
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    out.add(resource + b"\x1f" + span.SerializeToString(deterministic=True))
+    return out
+
+
+def spans_by_trace(requests: Iterable[ExportTraceServiceRequest]) -> dict[str, list[tuple[dict, object]]]:
+    """trace id hex -> [(resource attributes as dict, span)] (duplicates removed)."""
+    seen: set[bytes] = set()
+    out: dict[str, list[tuple[dict, object]]] = {}
+    for request in requests:
+        for rs in request.resource_spans:
+            res = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    key = span.SerializeToString(deterministic=True)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    out.setdefault(span.trace_id.hex(), []).append((res, span))
+    return out
+
+
+def attrs(span: object) -> dict:
+    return {kv.key: _value(kv.value) for kv in span.attributes}  # type: ignore[attr-defined]
+
+
+def _value(v: object) -> object:
+    kind = v.WhichOneof("value")  # type: ignore[attr-defined]
+    if kind == "array_value":
+        return tuple(_value(x) for x in v.array_value.values)  # type: ignore[attr-defined]
+    return getattr(v, kind) if kind else None
+
+
+def archive_lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_bytes().splitlines() if line.strip())
+
+
+def expected_from_archive(path: Path) -> tuple[set[bytes], int]:
+    """What `convert` makes of the archived raw messages: (span values, rejected count)."""
+    results = convert_batch(read_archive([str(path)]))
+    spans = [s for r in results if isinstance(r, Converted) for s in r.spans]
+    rejected = sum(1 for r in results if not isinstance(r, Converted))
+    return span_values([to_protobuf(spans)]), rejected
+
+
+async def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
+    try:
+        with _NO_PROXY.open(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text output (0.0 if absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        sample, _, label_text = head.partition("{")
+        if sample != name:
+            continue
+        got = ",".join(sorted(x for x in label_text.rstrip("}").split(",") if x))
+        if got == want:
+            return float(value)
+    return 0.0
+
+
+def archived(path: Path) -> list[tuple[str | None, str | None]]:
+    """(trace id hex, server name) of each archived raw message; (None, None) if not JSON."""
+    import base64
+    import gzip as _gzip
+
+    import orjson
+
+    out: list[tuple[str | None, str | None]] = []
+    if not path.exists():
+        return out
+    for line in path.read_bytes().splitlines():
+        if not line.strip():
+            continue
+        record = orjson.loads(line)
+        payload = base64.b64decode(record["payload_b64"])
+        if record.get("headers", {}).get("Content-Encoding") == ["gzip"]:
+            payload = _gzip.decompress(payload)
+        try:
+            event = orjson.loads(payload)
+            header = {k.lower(): v for k, v in event["request"]["header"].items()}
+            out.append((header["traceparent"][0].split("-")[1], event["server"]["name"]))
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            out.append((None, None))
+    return out
+
+
+async def start_bridge(settings, timeout: float = 20) -> tuple[Bridge, asyncio.Task]:
+    """Run a Bridge in this event loop; returns once it is ready (or fails the test)."""
+    bridge = Bridge(settings)
+    task = asyncio.create_task(bridge.run())
+    await wait_until(lambda: bridge.ready()[0] or task.done(), timeout, "bridge ready")
+    assert not task.done(), task.result()
+    return bridge, task
+
+
+async def stop_bridge(bridge: Bridge, task: asyncio.Task, timeout: float = 20) -> int:
+    """Drain the bridge as SIGTERM would; returns its exit code."""
+    bridge.request_stop()
+    return await asyncio.wait_for(task, timeout)
+
+
+async def publish_traced(url: str, count: int, subject: str = "app.work") -> list[str]:
+    """`count` traced messages, each delivered to a local subscriber: one trace message each."""
+    nc = await nats.connect(url)
+    sub = await nc.subscribe(subject)
+    await nc.flush()
+    trace_ids = []
+    for _ in range(count):
+        tp, trace_id, _ = traceparent()
+        trace_ids.append(trace_id)
+        await nc.publish(subject, b"work", headers={"traceparent": tp})
+    await nc.flush()
+    for _ in range(count):
+        await sub.next_msg(timeout=5)
+    await nc.close()
+    return trace_ids

@@ -1,0 +1,122 @@
+"""Bridge configuration: precedence, the standard OTLP variables, errors naming the field."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from nats_otel.commands import bridge as bridge_command
+from nats_otel.bridge.settings import BridgeSettings, SettingsError, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def flags(*argv: str) -> dict:
+    parser = argparse.ArgumentParser()
+    bridge_command.add_arguments(parser)
+    return bridge_command.overrides_from(parser.parse_args(list(argv)))
+
+
+def test_defaults_need_only_a_subject() -> None:
+    s = load_settings(overrides=flags("--subject", "trace.a"), env={})
+    assert s.mode == "core" and s.sources[0].subjects == ["trace.a"]
+    assert s.otlp.protocol == "grpc" and s.otlp.resolved_endpoint == "http://localhost:4317"
+    assert s.export_otlp and s.output is None and s.telemetry.metrics_port is None
+
+
+def test_precedence_file_then_prefixed_env_then_flags(tmp_path: Path) -> None:
+    config = tmp_path / "b.yaml"
+    config.write_text("mode: jetstream\nservice_name: from-file\nsources: [{subjects: [trace.a]}]\n"
+                      "otlp: {endpoint: 'http://file:4317', timeout: 3}\n")
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317", "OTEL_EXPORTER_OTLP_TIMEOUT": "1500",
+           "NATS_OTEL_SERVICE_NAME": "from-env", "NATS_OTEL_JETSTREAM__MAX_ACK_PENDING": "7"}
+    s = load_settings(config, flags("--service-name", "from-flag", "--stream", "S1"), env)
+    assert s.mode == "jetstream"
+    assert s.otlp.endpoint == "http://file:4317"  # the file beats the OTel variable ...
+    assert s.otlp.timeout == 3
+    assert s.service_name == "from-flag"          # ... flags beat everything
+    assert s.jetstream.max_ack_pending == 7 and s.jetstream.stream == "S1"
+
+
+@pytest.mark.parametrize(
+    ("env", "endpoint", "protocol"),
+    [
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+         "http://c:4318/v1/traces", "http/protobuf"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://c/custom", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:1",
+          "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, "https://c/custom", "http/protobuf"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, "http://c:4317", "grpc"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "http://localhost:4318/v1/traces", "http/protobuf"),
+    ],
+)
+def test_standard_otlp_variables(env: dict, endpoint: str, protocol: str) -> None:
+    s = load_settings(overrides=flags("--subject", "t"), env=env)
+    assert (s.otlp.resolved_endpoint, s.otlp.protocol) == (endpoint, protocol)
+
+
+def test_otlp_headers_compression_insecure_timeout_from_env() -> None:
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20x, x-tenant = t1",
+           "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_INSECURE": "true",
+           "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2500"}
+    s = load_settings(overrides=flags("--subject", "t"), env=env)
+    assert s.otlp.headers == {"authorization": "Bearer x", "x-tenant": "t1"}
+    assert (s.otlp.compression, s.otlp.insecure, s.otlp.timeout) == ("gzip", True, 2.5)
+
+
+def test_output_alone_turns_otlp_off_and_flags_apply_to_every_file_source(tmp_path: Path) -> None:
+    config = tmp_path / "b.yaml"
+    config.write_text("sources:\n  - {name: a, subjects: [trace.a]}\n  - {name: b, subjects: [trace.b]}\n")
+    s = load_settings(config, flags("--output", str(tmp_path / "o.jsonl"), "--user", "u", "--password", "p"), {})
+    assert not s.export_otlp and s.output == tmp_path / "o.jsonl"
+    assert [(x.name, x.user, x.password) for x in s.sources] == [("a", "u", "p"), ("b", "u", "p")]
+    both = load_settings(config, flags("--output", "o.jsonl", "--otlp-endpoint", "http://h:4317"), {})
+    assert both.export_otlp and both.output is not None
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "where", "field", "what"),
+    [
+        ("otlp: {protocol: thrift}", "config file", "otlp.protocol", "'grpc' or 'http/protobuf'"),
+        ("otlp: {endpont: x}", "config file", "otlp.endpont", "Extra inputs are not permitted"),
+        ("batch: {max_messages: 0}", "config file", "batch.max_messages", "greater than or equal to 1"),
+        ("sources: [{subjects: [t], user: u}]", "config file", "sources.0", "user and password"),
+        ("sources: [{subjects: []}]", "config file", "sources.0.subjects", "at least one trace subject"),
+        ("mode: jetstream\nsources: [{subjects: [t], queue: q}]", "config file", "sources.0.queue", "core mode"),
+        ("mode: jetstream\njetstream: {ack_wait: 5}", "config file", "jetstream.ack_wait", "must exceed"),
+        ("sources: [{subjects: [t], urls: ['http://x']}]", "config file", "sources.0.urls", "not a NATS URL"),
+        ("jetstream: {stream: 'a.b'}", "config file", "jetstream.stream", "not a valid JetStream name"),
+    ],
+)
+def test_errors_name_file_and_field(tmp_path: Path, yaml_text: str, where: str, field: str, what: str) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml_text + ("" if "sources" in yaml_text else "\nsources: [{subjects: [t]}]"))
+    with pytest.raises(SettingsError) as info:
+        load_settings(config, env={})
+    message = str(info.value)
+    assert f"{where} {config}: field '{field}'" in message and what in message, message
+
+
+def test_errors_name_the_variable_or_flag() -> None:
+    with pytest.raises(SettingsError, match=r"NATS_OTEL_\* environment: field 'telemetry.metrics_port'"):
+        load_settings(overrides=flags("--subject", "t"), env={"NATS_OTEL_TELEMETRY__METRICS_PORT": "70000"})
+    with pytest.raises(SettingsError, match=r"command line: field 'sources.0.creds': .*no such file"):
+        load_settings(overrides=flags("--subject", "t", "--creds", "/nonexistent.creds"), env={})
+    with pytest.raises(SettingsError, match=r"OTEL_EXPORTER_OTLP_\* environment: field 'otlp.compression'"):
+        load_settings(overrides=flags("--subject", "t"), env={"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"})
+
+
+def test_unreadable_or_malformed_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="cannot read"):
+        load_settings(tmp_path / "missing.yaml", env={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: [core\n")
+    with pytest.raises(SettingsError, match=f"config file {bad}: not valid YAML"):
+        load_settings(bad, env={})
+
+
+def test_shipped_example_is_valid() -> None:
+    s = load_settings(ROOT / "config" / "bridge.example.yaml", env={})
+    assert isinstance(s, BridgeSettings) and [x.name for x in s.sources] == ["account-a", "account-b"]
+    assert s.telemetry.metrics_port == 9464

@@ -1,0 +1,156 @@
+"""map: one table row per event type, plus parenting, status and privacy rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from nats_otel.core.decode import decode
+from nats_otel.core.ids import link_span_id, trace_context
+from nats_otel.core.mapping import MappingOptions, map_message
+from nats_otel.core.records import SpanKind, StatusCode
+
+from tests.core.factories import PARENT_ID, TRACE_ID, TRACEPARENT, egress, ingress, message, raw, ts
+
+
+def spans_of(doc, subject="trace.a", options=MappingOptions(), occurrence=0):
+    msg = decode(raw(doc))
+    return map_message(msg, trace_context(msg, subject), options, occurrence).spans
+
+
+@pytest.mark.parametrize(
+    "event, name, kind, attributes",
+    [
+        (egress(kind=0, name="worker", sub="orders.*", queue="q1"), "send orders.new", SpanKind.PRODUCER,
+         {"nats.connection.kind": "client", "nats.connection.name": "worker", "nats.subscription.subject": "orders.*",
+          "messaging.consumer.group.name": "q1", "nats.account": "A"}),
+        (egress(kind=1, name="s2", hop="1"), "send orders.new", SpanKind.PRODUCER,
+         {"nats.connection.kind": "router", "nats.trace.hop": "1", "nats.peer.server.name": "s2"}),
+        (egress(kind=2, name="w1", hop="2"), "send orders.new", SpanKind.PRODUCER, {"nats.connection.kind": "gateway"}),
+        (egress(kind=4, name="leaf", hop="3"), "send orders.new", SpanKind.PRODUCER, {"nats.connection.kind": "leaf"}),
+        ({"type": "sm", "ts": ts(150), "to": "orders.mapped"}, "map orders.mapped", SpanKind.INTERNAL,
+         {"nats.mapping.from": "orders.new", "nats.mapping.to": "orders.mapped"}),
+        ({"type": "se", "ts": ts(150), "acc": "B", "to": "froma.orders.new"}, "stream export B", SpanKind.INTERNAL,
+         {"nats.export.account": "B", "nats.export.subject": "froma.orders.new"}),
+        ({"type": "si", "ts": ts(150), "acc": "A", "from": "asvc.x", "to": "svc.x"}, "service import A", SpanKind.INTERNAL,
+         {"nats.import.account": "A", "nats.import.from": "asvc.x", "nats.import.to": "svc.x"}),
+        ({"type": "js", "ts": ts(150), "stream": "ORDERS", "subject": "orders.new"}, "store ORDERS", SpanKind.INTERNAL,
+         {"nats.jetstream.stream": "ORDERS", "nats.jetstream.no_interest": False}),
+        ({"type": "js", "ts": ts(150), "stream": "INTEREST", "nointerest": True}, "store INTEREST", SpanKind.INTERNAL,
+         {"nats.jetstream.no_interest": True, "nats.jetstream.subject": "orders.new"}),
+    ],
+)
+def test_event_mappers(event, name, kind, attributes):
+    server, child = spans_of(message(ingress(t=100), event))
+    assert (child.name, child.kind) == (name, kind)
+    assert child.parent_span_id == server.span_id
+    assert child.start_ns == server.start_ns and child.end_ns == server.end_ns
+    assert child.status_code == StatusCode.UNSET
+    for key, value in attributes.items():
+        assert child.attribute(key) == value, key
+
+
+def test_server_span():
+    doc = message(ingress(t=100), egress(t=300), egress(t=250, name="other"), hops=0)
+    server = spans_of(doc)[0]
+    assert server.name == "receive orders.new" and server.kind == SpanKind.CONSUMER
+    assert server.trace_id.hex() == TRACE_ID and server.parent_span_id.hex() == PARENT_ID
+    assert server.end_ns - server.start_ns == 200
+    assert server.resource.get("service.name") == "nats-server"
+    assert server.resource.get("nats.server.name") == "s1" and server.resource.get("nats.cluster") == "c1"
+    assert server.attribute("messaging.system") == "nats"
+    assert server.attribute("nats.header.traceparent") == (TRACEPARENT,)
+
+
+def test_subject_follows_mapping_and_service_import():
+    doc = message(
+        ingress(subj="a.b"),
+        {"type": "sm", "ts": ts(110), "to": "c.d"},
+        {"type": "si", "ts": ts(120), "acc": "B", "from": "c.d", "to": "svc.d"},
+        egress(t=130),
+    )
+    assert spans_of(doc)[-1].name == "send svc.d"
+    assert spans_of(doc)[-1].attribute("nats.account") == "B"
+
+
+def test_downstream_server_parent_is_upstream_egress_with_same_hop():
+    origin = message(ingress(), egress(kind=2, name="w1", hop="1"), server="e1")
+    down = message(
+        ingress(kind=2, name="e1", t=400),
+        egress(t=500),
+        server="w1",
+        headers={"traceparent": [TRACEPARENT], "Nats-Trace-Hop": ["1"]},
+    )
+    up_spans, down_spans = spans_of(origin), spans_of(down)
+    assert down_spans[0].parent_span_id == up_spans[1].span_id
+    assert up_spans[1].attribute("nats.trace.hop") == "1"
+
+
+def test_client_republish_with_stale_hop_header_is_an_origin():
+    doc = message(ingress(kind=0), egress(), headers={"traceparent": [TRACEPARENT], "Nats-Trace-Hop": ["1"]})
+    server = spans_of(doc)[0]
+    assert server.parent_span_id.hex() == PARENT_ID and server.attribute("nats.trace.hop") is None
+
+
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        ("Not delivered because subscription is closed", StatusCode.ERROR),
+        ("Not delivered because remote does not support message tracing", StatusCode.ERROR),
+        ("Message delivered but remote does not support message tracing so no trace event generated from there", StatusCode.UNSET),
+    ],
+)
+def test_egress_errors(error, code):
+    child = spans_of(message(ingress(), egress(kind=1, name="s2", hop="1", error=error)))[1]
+    assert child.status_code == code
+    if code == StatusCode.ERROR:
+        assert child.status_message == error
+    else:
+        assert child.attribute("nats.trace.note") == error
+
+
+def test_ingress_and_jetstream_errors():
+    server = spans_of(message(ingress(error='Permissions Violation for Publish to "x"')))[0]
+    assert server.status_code == StatusCode.ERROR and server.status_message.startswith("Permissions")
+    js = spans_of(message(ingress(), {"type": "js", "ts": ts(150), "stream": "S", "error": "insufficient resources"}))[1]
+    assert js.status_code == StatusCode.ERROR and js.status_message == "insufficient resources"
+
+
+def test_header_allow_list_keeps_application_headers_out():
+    headers = {"traceparent": [TRACEPARENT], "Authorization": ["Bearer secret"], "Nats-Msg-Id": ["m1"]}
+    server = spans_of(message(ingress(), headers=headers))[0]
+    keys = [k for k, _ in server.attributes]
+    assert "nats.header.authorization" not in keys and not any("secret" in str(v) for _, v in server.attributes)
+    assert server.attribute("nats.header.nats-msg-id") == ("m1",)
+    allowed = spans_of(message(ingress(), headers=headers), options=MappingOptions(header_allowlist=frozenset({"authorization"})))[0]
+    assert allowed.attribute("nats.header.authorization") == ("Bearer secret",)
+
+
+def test_occurrence_changes_every_span_id_but_keeps_the_trace():
+    doc = message(ingress(), egress(kind=1, name="s2", hop="1"), egress())
+    first, again = spans_of(doc), spans_of(doc, occurrence=1)
+    assert not {s.span_id for s in first} & {s.span_id for s in again}
+    assert {s.trace_id for s in again} == {first[0].trace_id}
+    assert again[0].attribute("nats.trace.reuse_occurrence") == 1
+
+
+def test_link_id_depends_on_every_field():
+    msg = decode(raw(message(ingress())))
+    ctx = trace_context(msg, "t")
+    base = link_span_id(ctx, "1", "a", "b", 0)
+    assert len({base, link_span_id(ctx, "2", "a", "b", 0), link_span_id(ctx, "1", "b", "a", 0),
+                link_span_id(ctx, "1", "a", "b", 1), link_span_id(ctx, "1a", "", "b", 0)}) == 5
+
+
+@pytest.mark.parametrize(
+    "headers, expected",
+    [
+        ({"Nats-Trace-Dest": ["t.x"], "Nats-Trace-Only": ["true"]}, True),
+        ({"Nats-Trace-Dest": ["t.x"], "Nats-Trace-Only": ["1"]}, True),
+        ({"Nats-Trace-Dest": ["t.x"]}, None),
+        # traced for its traceparent: the server ignores Nats-Trace-Only and delivers
+        ({"traceparent": [TRACEPARENT], "Nats-Trace-Only": ["true"]}, None),
+    ],
+)
+def test_trace_only_only_where_the_server_honours_it(headers, expected):
+    server = spans_of(message(ingress(), egress(), headers=headers))[0]
+    assert server.attribute("nats.trace.only") is expected

@@ -1,0 +1,124 @@
+"""The pure core imports no I/O: no NATS client, Spark, gRPC, OTel SDK or exporter,
+Prometheus client or asyncio; and the layers import one way (core <- bridge, devkit)."""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nats_otel
+import nats_otel.core
+
+PACKAGE = Path(nats_otel.__file__).parent
+FORBIDDEN_ROOTS = ("nats", "pyspark", "grpc", "asyncio", "prometheus_client")
+FORBIDDEN_PREFIXES = ("opentelemetry.sdk", "opentelemetry.exporter")
+
+
+def core_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.walk_packages(nats_otel.core.__path__, "nats_otel.core."))
+
+
+def test_the_core_package_has_the_modules_we_expect():
+    # Guards the test below against walking an empty package.
+    assert {"nats_otel.core.decode", "nats_otel.core.mapping", "nats_otel.core.encode"} <= set(core_modules())
+
+
+def test_core_imports_nothing_with_io():
+    code = (
+        f"import sys\nfor m in {core_modules()!r}: __import__(m)\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN_ROOTS!r}"
+        f" or m.startswith({FORBIDDEN_PREFIXES!r}))\n"
+        "print(','.join(bad))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ""
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute module names a source file imports (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+    return names
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "nats_otel" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+# Which layers each layer may import. The core imports only itself; tools for tests and
+# demos may use everything; nothing but the CLI and devkit imports devkit.
+ALLOWED = {
+    "core": {"core"},
+    "archive": {"core"},
+    "gc_tuning": set(),
+    "bridge": {"core", "bridge", "archive", "gc_tuning"},
+    "devkit": {"core", "bridge", "archive", "devkit"},
+    "commands": {"core", "bridge", "archive", "devkit", "gc_tuning", "commands"},
+    "cli": {"commands"},
+}
+
+
+def test_layers_import_one_way():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = layer_of(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        if own is None or own == "__init__":
+            continue
+        for name in imported_modules(path):
+            target = layer_of(name)
+            if target is not None and target not in ALLOWED[own]:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
+    assert wrong == []
+
+
+def module_graph() -> dict[str, set[str]]:
+    """nats_otel module -> the nats_otel modules it imports (anywhere in the file)."""
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in imported_modules(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and imported != "nats_otel":
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def test_no_import_cycle():
+    graph = module_graph()
+    assert "nats_otel.bridge.loop" in graph["nats_otel.commands.bridge"]  # the graph is not empty
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert cycles == []

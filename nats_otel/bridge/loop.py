@@ -1,7 +1,7 @@
 """The live loop: source -> Converter -> batch -> export -> ack (DESIGN §2, §6).
 
 The event loop only receives and settles; decoding, mapping, encoding and exporting run in
-one worker thread (so the Converter's reuse state is touched by one thread only, and the
+one worker thread (so the Converter's link state is touched by one thread only, and the
 NATS read path never waits on a backend), or with `batch.workers` > 1 in that many worker
 processes (`workers.py`: batches sharded by trace id, several batches in flight). The error
 policy lives in `_policy` and nowhere else:
@@ -50,6 +50,9 @@ log = logging.getLogger("nats_otel.bridge")
 
 _IDLE_POLL_S = 0.25  # how often an idle loop looks at the stop flag
 _FETCH_TIMEOUT_S = 1.0
+# Batches waiting out `link.wait`: a rate times the wait, a few dozen at most in practice;
+# this only bounds the pathological case (then intake backs up, and drops are counted).
+_DELAYED_BATCHES = 4096
 
 
 class Bridge:
@@ -163,7 +166,9 @@ class Bridge:
         log.info("bridge running", extra={"fields": {"mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
         if s.mode == "core":
-            workers = [asyncio.create_task(self._core_loop()) for _ in range(self._inflight)]
+            delayed: asyncio.Queue[tuple[float, list[Delivery]] | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
+            workers = [asyncio.create_task(self._core_intake(delayed))]
+            workers += [asyncio.create_task(self._core_worker(delayed)) for _ in range(self._inflight)]
         else:
             workers = [asyncio.create_task(self._jetstream_loop(src)) for src in self.sources
                        if isinstance(src, JetStreamSource)]
@@ -251,13 +256,47 @@ class Bridge:
 
     # -- core mode -------------------------------------------------------------------------
 
-    async def _core_loop(self) -> None:
+    async def _core_intake(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
+        """Collect batches, record their hop evidence at once, hand them on to wait."""
         while True:
             batch = await self._collect()
             if batch:
-                await self._process(batch)
+                await delayed.put((await self._observe(batch), batch))
             elif self._intake_done and self.queue.empty():
+                for _ in range(self._inflight):
+                    await delayed.put(None)
                 return
+
+    async def _core_worker(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
+        while (item := await delayed.get()) is not None:
+            ripe_at, batch = item
+            await self._until(ripe_at)
+            await self._process(batch)
+
+    # -- the link window: observe on arrival, map `link.wait` later ------------------------
+
+    async def _observe(self, deliveries: Sequence[Delivery]) -> float:
+        """Record the hop evidence of just-arrived messages; returns when they may be mapped.
+
+        Trace messages of one traced message arrive in any order (a downstream server's
+        often before its upstream's): mapping waits `link.wait`, so that both sides of a
+        hop are known when the downstream span's parent is decided (core/linking.py)."""
+        raws = [d.raw for d in deliveries]
+        if self.workers is None:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self.processor.observe, raws)
+        else:
+            self.workers.observe(raws)
+        return time.monotonic() + self.settings.link.wait
+
+    async def _until(self, ripe_at: float) -> None:
+        """Sleep until `ripe_at`; not at all once draining (what arrived is observed)."""
+        assert self._stopping is not None
+        left = ripe_at - time.monotonic()
+        if left > 0 and not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), left)
+            except asyncio.TimeoutError:
+                pass
 
     async def _collect(self) -> list[Delivery]:
         """Up to `max_messages` deliveries; waits at most `max_delay` after the first one."""
@@ -287,35 +326,11 @@ class Bridge:
     # -- JetStream mode --------------------------------------------------------------------
 
     async def _jetstream_loop(self, source: JetStreamSource) -> None:
-        if self.workers is not None:
-            await self._jetstream_pipelined(source)
-            return
-        js = self.settings.jetstream
+        """One fetcher and `_inflight` settlers; each batch waits `link.wait` after its hop
+        evidence was recorded, then is converted, exported and settled on its own
+        (max_ack_pending bounds what is in flight)."""
         assert self._stopping is not None
-        while not self._intake_done:
-            deliveries = await source.fetch(_FETCH_TIMEOUT_S)
-            if not deliveries:
-                continue
-            ack, nak, term = await self._process(deliveries)
-            delay = 0.0
-            if nak:
-                self._js_failures += 1
-                delay = min(js.nak_delay_initial * 2 ** (self._js_failures - 1), js.nak_delay_max)
-            else:
-                self._js_failures = 0
-            await source.settle(ack, nak, term, delay)
-            if nak and not self._intake_done:
-                # Backpressure: the backend is failing; fetching more would only nak more.
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), delay)
-                except asyncio.TimeoutError:
-                    pass
-
-    async def _jetstream_pipelined(self, source: JetStreamSource) -> None:
-        """Worker mode: one fetcher and several batches in the workers at once; each batch is
-        settled on its own after its export (max_ack_pending still bounds what is in flight)."""
-        assert self._stopping is not None
-        batches: asyncio.Queue[list[Delivery] | None] = asyncio.Queue(maxsize=self._inflight)
+        batches: asyncio.Queue[tuple[float, list[Delivery]] | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
         settlers = [asyncio.create_task(self._jetstream_settler(source, batches)) for _ in range(self._inflight)]
         try:
             while not self._intake_done:
@@ -329,16 +344,18 @@ class Bridge:
                     continue
                 deliveries = await source.fetch(_FETCH_TIMEOUT_S)
                 if deliveries:
-                    await batches.put(deliveries)
+                    await batches.put((await self._observe(deliveries), deliveries))
         finally:
             for _ in settlers:
                 await batches.put(None)
             await asyncio.gather(*settlers)
 
     async def _jetstream_settler(self, source: JetStreamSource,
-                                 batches: asyncio.Queue[list[Delivery] | None]) -> None:
+                                 batches: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
         js = self.settings.jetstream
-        while (deliveries := await batches.get()) is not None:
+        while (item := await batches.get()) is not None:
+            ripe_at, deliveries = item
+            await self._until(ripe_at)
             ack, nak, term = await self._process(deliveries)
             delay = 0.0
             if nak:
@@ -372,6 +389,7 @@ class Bridge:
         m = self.metrics
         decoded = 0
         issues: Counter[str] = Counter()
+        links: Counter[str] = Counter()
         for result in outcome.results:
             if isinstance(result, Rejected):
                 m.rejected.labels(result.reason).inc()
@@ -380,11 +398,17 @@ class Bridge:
             else:
                 decoded += 1
                 issues.update(i.split(":", 1)[0] for i in result.issues)
+                if result.link:
+                    links[result.link] += 1
         m.decoded.inc(decoded)
         for kind, count in issues.items():
             m.issues.labels(kind).inc(count)
-        if outcome.reused:
-            m.reused.inc(outcome.reused)
+        for result, count in links.items():
+            m.hop_links.labels(result).inc(count)
+        if outcome.evicted:
+            m.link_evicted.inc(outcome.evicted)
+            log.warning("link window full: hop evidence forgotten early (raise link.capacity)",
+                        extra={"fields": {"evicted": outcome.evicted}})
         for error in outcome.poisoned.values():
             m.dropped.labels("export_invalid").inc()
             log.warning("trace message dropped: the backend refused its spans as invalid",

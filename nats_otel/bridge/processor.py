@@ -40,7 +40,8 @@ class BatchOutcome:
     results: list[Converted | Rejected]
     exports: dict[str, ExportResult] = field(default_factory=dict)
     durations: dict[str, float] = field(default_factory=dict)
-    reused: int = 0
+    #: Hop evidence the linker forgot early (its capacity bound), since the last batch.
+    evicted: int = 0
     spans: int = -1  # set when the results no longer carry their spans (worker processes)
     #: Positions of messages whose spans a backend refused as invalid even when sent alone,
     #: with its error: never to be retried (terminated in JetStream mode), counted as lost.
@@ -64,19 +65,25 @@ class Processor:
     def __init__(self, settings: BridgeSettings, exporters: Sequence[Exporter]) -> None:
         allow = DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in settings.allow_headers}
         limits = DecodeLimits(**settings.limits.model_dump())
-        self.converter = Converter(MappingOptions(settings.service_name, allow), limits,
-                                   settings.reuse_capacity)
+        self.converter = Converter(MappingOptions(settings.service_name, allow), limits, settings.link.core())
         self.exporters = list(exporters)
         # Unbuffered, one write per batch: atomic with O_APPEND, so worker processes can share it.
         self._archive = open(settings.archive, "ab", buffering=0) if settings.archive else None  # noqa: SIM115
-        self._reused_seen = 0
+        self._evicted_seen = 0
+
+    def observe(self, raws: Sequence[RawTraceMessage]) -> None:
+        """Record the hop evidence of messages that just arrived (mapped `link.wait` later)."""
+        now = time.monotonic()
+        for raw in raws:
+            self.converter.observe(raw, now)
 
     def process(self, raws: Sequence[RawTraceMessage], deadline: float | None) -> BatchOutcome:
         if self._archive is not None:
             self._archive.write(b"".join(archive_record(raw) for raw in raws))
-        outcome = BatchOutcome([self.converter.convert(raw) for raw in raws])
-        reused = self.converter.reuse.reused
-        outcome.reused, self._reused_seen = reused - self._reused_seen, reused
+        now = time.monotonic()
+        outcome = BatchOutcome([self.converter.convert(raw, now) for raw in raws])
+        evicted = self.converter.linker.index.evicted
+        outcome.evicted, self._evicted_seen = evicted - self._evicted_seen, evicted
         spans = [s for r in outcome.results if isinstance(r, Converted) for s in r.spans]
         outcome.spans = len(spans)
         if spans:

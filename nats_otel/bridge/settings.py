@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from nats_otel.core.linking import LinkSettings
+
 __all__ = [
     "BatchSettings",
     "BridgeSettings",
@@ -119,7 +121,9 @@ class JetStreamSettings(_Model):
     durable: str = "nats-otel"
     create_stream: bool = False
     stream_max_age: float = Field(24 * 3600.0, gt=0, description="seconds kept, when created")
-    max_ack_pending: int = Field(1000, ge=1)
+    # Messages wait `link.wait` before they are mapped and acked: at 10k msgs/s and 1 s that
+    # is 10k in flight, so the default leaves room for bursts above that.
+    max_ack_pending: int = Field(20_000, ge=1)
     ack_wait: float = Field(30.0, gt=0, description="seconds before an unacked message is redelivered")
     fetch_batch: int = Field(256, ge=1)
     nak_delay_initial: float = Field(0.5, gt=0)
@@ -186,6 +190,30 @@ class BatchSettings(_Model):
                          "processes (sharded by trace id), for more than one core")
 
 
+class LinkSettingsModel(_Model):
+    """How downstream server spans find the upstream egress that forwarded their message
+    (the core's `LinkSettings`; docs/span-model.md). Defaults fit hours of traffic: the
+    window's memory is bounded by `retention` seconds and `capacity` entries."""
+
+    wait: float = Field(1.0, ge=0, description="seconds a trace message waits before it is mapped, so that "
+                        "the other side of its hops can arrive (trace messages arrive in any order)")
+    max_hop_latency: float = Field(2.0, gt=0, description="an egress at most this long before the ingress")
+    max_clock_skew: float = Field(0.5, ge=0, description="... or at most this long after it (server clocks)")
+    capacity: int = Field(1_000_000, ge=100, description="egresses and arrivals remembered (oldest dropped first, "
+                          "counted)")
+    retention: float = Field(30.0, gt=0, description="seconds an egress or arrival is remembered")
+
+    @model_validator(mode="after")
+    def _check(self) -> LinkSettingsModel:
+        if self.retention <= self.wait:
+            raise ValueError(f"link.retention ({self.retention}) must exceed link.wait ({self.wait})")
+        return self
+
+    def core(self) -> LinkSettings:
+        """The core's settings object."""
+        return LinkSettings(self.max_hop_latency, self.max_clock_skew, self.capacity, self.retention)
+
+
 class LimitsSettings(_Model):
     """Bounds on one trace message (the core's `DecodeLimits`): bigger ones are rejected `too_large`."""
 
@@ -218,11 +246,11 @@ class BridgeSettings(_Model):
     archive: Path | None = None
     batch: BatchSettings = BatchSettings()
     limits: LimitsSettings = LimitsSettings()
+    link: LinkSettingsModel = LinkSettingsModel()
     telemetry: TelemetrySettings = TelemetrySettings()
     log: LogSettings = LogSettings()
     service_name: str = "nats-server"
     allow_headers: list[str] = Field(default_factory=list)
-    reuse_capacity: int = Field(100_000, ge=1)
     drain_timeout: float = Field(10.0, gt=0)
     max_runtime: float | None = Field(None, gt=0, description="drain and exit after this many seconds")
 

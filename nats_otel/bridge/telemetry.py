@@ -36,8 +36,15 @@ class Metrics:
                                ["reason"], registry=r)
         self.issues = Counter("nats_otel_mapping_issues", "Oddities met while mapping (span kept), by kind",
                               ["kind"], registry=r)
-        self.reused = Counter("nats_otel_reused_traceparents", "Trace messages whose traceparent was reused",
-                              registry=r)
+        self.hop_links = Counter(
+            "nats_otel_hop_links",
+            "Downstream server spans by how their upstream egress was found: matched, unmatched (not seen "
+            "within the window), ambiguous (several candidates; hung under the producer span instead)",
+            ["result"], registry=r)
+        self.link_evicted = Counter(
+            "nats_otel_link_window_evicted",
+            "Hop evidence forgotten before its time because the link window was full (link.capacity)",
+            registry=r)
         self.spans_exported = Counter("nats_otel_spans_exported", "Spans accepted by an exporter",
                                       ["exporter"], registry=r)
         self.spans_rejected = Counter("nats_otel_spans_rejected_by_backend",

@@ -5,8 +5,8 @@ Each worker is a spawned process running the same `Processor` as the one-thread 
 (its own `Converter`, exporters and gRPC channel). The parent only receives, routes and
 settles. A batch is split by `shard_key` - the traceparent's trace id, or the arrival
 subject for ad-hoc traces and unusable traceparents - so every message of one trace goes
-to the same worker, in arrival order, and each worker's reused-traceparent detector sees
-all of them. A worker answers each sub-batch with a slim `BatchOutcome` (results without
+to the same worker, in arrival order, and each worker's linker sees all of them (hop
+evidence first, `observe`, then the batch `link.wait` later). A worker answers each sub-batch with a slim `BatchOutcome` (results without
 span records, the export results), so JetStream acks still follow the export.
 
 Pipes carry plain tuples both ways (subject, headers, payload, received_at in; packed
@@ -49,6 +49,7 @@ log = logging.getLogger("nats_otel.bridge.workers")
 # case is the publisher's (2.14+).
 _TRACEPARENT = re.compile(rb'"traceparent"\s*:\s*\[\s*"([^"]{1,128})"', re.IGNORECASE)
 _READY = "ready"
+_OBSERVE = "observe"  # a message that only records hop evidence: no answer
 _START_TIMEOUT_S = 60.0
 
 
@@ -111,12 +112,15 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
                 return  # the parent is gone
             if message is None:
                 return
+            if message[0] == _OBSERVE:
+                processor.observe([RawTraceMessage(*item) for item in message[1]])
+                continue
             batch_id, items, deadline = message
             try:
                 outcome = processor.process([RawTraceMessage(*item) for item in items], deadline)
                 # Span records stay here: the parent needs counts, issues and export results.
                 outbox.send((batch_id, (_pack(outcome.results), outcome.exports, outcome.durations,
-                                        outcome.reused, outcome.span_count, outcome.poisoned)))
+                                        outcome.evicted, outcome.span_count, outcome.poisoned)))
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
                 outbox.send((batch_id, f"worker {index}: {type(exc).__name__}: {exc}"))
     finally:
@@ -125,14 +129,14 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
 
 def _pack(results: Sequence[Converted | Rejected]) -> list[Any]:
     """Results as plain values (pickling 500 dataclasses cost more than converting them):
-    None for a clean conversion, (issues, occurrence) for an odd one, (reason, detail,
-    subject) for a rejection."""
+    None for an origin report without issues, (issues, link) for a downstream or odd one,
+    (reason, detail, subject) for a rejection."""
     out: list[Any] = []
     for r in results:
         if isinstance(r, Rejected):
             out.append((r.reason, r.detail, r.subject))
-        elif r.issues or r.occurrence:
-            out.append((r.issues, r.occurrence))
+        elif r.issues or r.link:
+            out.append((r.issues, r.link))
         else:
             out.append(None)
     return out
@@ -146,11 +150,15 @@ def _unpack(packed: Sequence[Any]) -> list[Converted | Rejected]:
 
 
 def _outcome(message: tuple[Any, ...]) -> Any:
-    packed, exports, durations, reused, spans, poisoned = message
-    return BatchOutcome(_unpack(packed), exports, durations, reused, spans, poisoned)
+    packed, exports, durations, evicted, spans, poisoned = message
+    return BatchOutcome(_unpack(packed), exports, durations, evicted, spans, poisoned)
 
 
 # --------------------------------------------------------------------------- the parent side
+
+
+def _item(raw: RawTraceMessage) -> tuple[Any, ...]:
+    return (raw.subject, raw.headers, raw.payload, raw.received_at)
 
 
 class _Worker:
@@ -194,6 +202,10 @@ class _Worker:
             self._pending[batch_id] = future
         self._outgoing.put((batch_id, items, deadline))
         return future
+
+    def send_observe(self, items: list[tuple[Any, ...]]) -> None:
+        if not self.dead:
+            self._outgoing.put((_OBSERVE, items))
 
     def _send_loop(self) -> None:
         while True:
@@ -256,9 +268,9 @@ class WorkerPool:
         self.size = workers
         self.limits = DecodeLimits(**settings.limits.model_dump())
         self._doc = settings.model_dump(mode="json")
-        # Each worker sees only its shard of the traces, so its share of the reused-traceparent
-        # window covers the same traces as one detector of the full size (at 1/N the memory).
-        self._doc["reuse_capacity"] = -(-settings.reuse_capacity // workers)
+        # Each worker sees only its shard of the traces, so its share of the link window
+        # covers the same traces as one window of the full size (at 1/N the memory).
+        self._doc["link"]["capacity"] = max(100, -(-settings.link.capacity // workers))
         self._ids = itertools.count()
         self._workers: list[_Worker] = []
         #: Called (from a reader thread) when a worker dies other than by `close`: a crash or
@@ -289,17 +301,28 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if w.process.pid is not None]
 
-    async def process(self, raws: Sequence[RawTraceMessage], deadline: float | None
-                      ) -> list[tuple[list[int], Any]]:
-        """(positions in `raws`, BatchOutcome or the exception) per worker that got some."""
+    def _shards(self, raws: Sequence[RawTraceMessage]) -> list[list[int]]:
         shards: list[list[int]] = [[] for _ in range(self.size)]
         for position, raw in enumerate(raws):
             shards[zlib.crc32(shard_key(raw, self.limits)) % self.size].append(position)
+        return shards
+
+    def observe(self, raws: Sequence[RawTraceMessage]) -> None:
+        """Send messages that just arrived to their workers' linkers (no answer; the pipe
+        keeps the order, so they are there before any later `process`)."""
+        for worker, positions in zip(self._workers, self._shards(raws), strict=True):
+            if positions:
+                worker.send_observe([_item(raws[p]) for p in positions])
+
+    async def process(self, raws: Sequence[RawTraceMessage], deadline: float | None
+                      ) -> list[tuple[list[int], Any]]:
+        """(positions in `raws`, BatchOutcome or the exception) per worker that got some."""
+        shards = self._shards(raws)
         futures = []
         for worker, positions in zip(self._workers, shards, strict=True):
             if not positions:
                 continue
-            items = [(r.subject, r.headers, r.payload, r.received_at) for r in (raws[p] for p in positions)]
+            items = [_item(raws[p]) for p in positions]
             futures.append((positions, asyncio.wrap_future(worker.submit(next(self._ids), items, deadline))))
         out: list[tuple[list[int], Any]] = []
         for positions, future in futures:

@@ -1,9 +1,12 @@
-"""Trace context of a trace message, and the deterministic span id scheme.
+"""Trace context of a trace message, and the deterministic span id scheme (v2).
 
-Every span id is a hash of the fields that identify the span, so a replay, a redelivery
-and the Spark backfill all produce the same ids without shared state, and a downstream
-server computes its parent (the upstream egress) from what it sees itself: the hop id, the
-upstream server's name (its ingress `name`) and its own name.
+Every span id is a hash of the trace context and of the report's `identity` (server id,
+ingress time, ingress connection), so a replay, a redelivery and the Spark backfill all
+produce the same ids without shared state, and two different messages never share one:
+not when a producer span publishes many messages under one traceparent, not when an
+ad-hoc destination is reused, not across server restarts (a restarted server has a new
+id). Which upstream egress a downstream server span hangs under is decided from evidence
+in `linking`, not computed from the hop id (which many messages share).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ __all__ = [
     "ID_SCHEME",
     "TraceContext",
     "TraceContextError",
+    "adhoc_trace_id",
     "event_span_id",
-    "link_span_id",
+    "identity",
     "parse_traceparent",
     "server_span_id",
     "trace_context",
@@ -28,7 +32,7 @@ __all__ = [
 ]
 
 # Bumping this changes every id; it is part of every hash input.
-ID_SCHEME = b"nats-otel/ids/v1"
+ID_SCHEME = b"nats-otel/ids/v2"
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?\Z")
 TRACE_DISABLED = "trace disabled"  # what servers write into Nats-Trace-Dest to disable it
@@ -77,12 +81,13 @@ def parse_traceparent(value: str) -> tuple[bytes, bytes, int]:
     return bytes.fromhex(trace_hex), bytes.fromhex(parent_hex), int(flags_hex, 16)
 
 
-def trace_context(msg: TraceMessage, arrival_subject: str | None, occurrence: int = 0) -> TraceContext:
-    """The trace this message belongs to: its traceparent, else its ad-hoc destination.
+def trace_context(msg: TraceMessage, arrival_subject: str | None) -> TraceContext:
+    """The trace context this message was traced for: its traceparent, else its ad-hoc destination.
 
     `arrival_subject` is the subject the trace message was received on: ad-hoc traces are
     correlated by it, because service imports rewrite the `Nats-Trace-Dest` header on the
-    way. `occurrence` > 0 (a reused ad-hoc destination) gives each reuse its own trace.
+    way. An ad-hoc context's `trace_id` names the group of messages traced to that
+    destination; each traced message gets a trace of its own (`adhoc_trace_id`).
     """
     traceparent = msg.header("traceparent")
     trace_state = msg.header("tracestate") or ""
@@ -100,9 +105,24 @@ def trace_context(msg: TraceMessage, arrival_subject: str | None, occurrence: in
             return TraceContext(trace_id, parent_id, trace_state, bool(flags & 1))
     if adhoc_key is None:
         raise TraceContextError("no traceparent and no ad-hoc trace destination")
-    digest = _hash(b"adhoc-trace", adhoc_key, str(occurrence))
-    trace_id = digest[:16] if any(digest[:16]) else b"\x00" * 15 + b"\x01"
-    return TraceContext(trace_id, b"", trace_state, True, adhoc_key)
+    return TraceContext(_trace_id(_hash(b"adhoc-group", adhoc_key)), b"", trace_state, True, adhoc_key)
+
+
+def adhoc_trace_id(ctx: TraceContext, origin: bytes) -> bytes:
+    """The trace id of one message traced ad hoc: its group and its origin report's identity."""
+    return _trace_id(hashlib.blake2b(_role(b"adhoc-trace") + ctx.id_fields + origin, digest_size=16).digest())
+
+
+def identity(msg: TraceMessage) -> bytes:
+    """What tells one server's report about one message from every other report.
+
+    The server id (new at every start, so restarts never collide), the ingress time in
+    nanoseconds and the ingress connection id (one connection's messages are read one
+    after the other, so never at the same nanosecond). A redelivered trace message has the
+    same identity, hence the same span ids.
+    """
+    ingress = msg.ingress
+    return _fields(msg.server.id, str(ingress.ts_ns), str(ingress.cid))
 
 
 def upstream_hop(msg: TraceMessage) -> str:
@@ -117,41 +137,25 @@ def upstream_hop(msg: TraceMessage) -> str:
     return ""
 
 
-def server_span_id(ctx: TraceContext, server_id: str, hop: str, occurrence: int) -> bytes:
+def server_span_id(ctx: TraceContext, ident: bytes) -> bytes:
     """Id of the span of one server's handling of the message."""
-    return _span_id(b"server", ctx, server_id, hop, str(occurrence))
+    return _span_id(b"server", ctx, ident)
 
 
-def link_span_id(ctx: TraceContext, hop: str, from_server: str, to_server: str, occurrence: int) -> bytes:
-    """Id of the egress span that forwards the message as `hop` from one server to another.
-
-    The upstream computes it from its egress; the downstream from its `Nats-Trace-Hop`,
-    ingress name and own name: the same inputs, so the same id, with no state.
-    """
-    return _span_id(b"hop", ctx, hop, from_server, to_server, str(occurrence))
+def event_span_id(ctx: TraceContext, ident: bytes, position: int) -> bytes:
+    """Id of the span of the event at `position` (1-based) in one server's report."""
+    return _span_id(b"event", ctx, ident, _POSITIONS[position] if position < 256 else _fields(str(position)))
 
 
-def event_span_id(ctx: TraceContext, server_id: str, hop: str, position: int, occurrence: int) -> bytes:
-    """Id of a non-forwarding event span, by its position in the server's event list."""
-    return _span_id(b"event", ctx, server_id, hop, str(position), str(occurrence))
-
-
-# Encoded trailing fields of span ids: (server id, hop, position, occurrence) and (hop,
-# from, to, occurrence) repeat across messages; only the trace context changes. Bounded.
-_encoded_fields: dict[tuple[str, ...], bytes] = {}
-
-
-def _span_id(role: bytes, ctx: TraceContext, *fields: str) -> bytes:
-    # Same bytes as _hash(role, trace hex, parent hex, *fields), with the prefix reused.
-    encoded = _encoded_fields.get(fields)
-    if encoded is None:
-        if len(_encoded_fields) >= 65_536:
-            _encoded_fields.clear()
-        encoded = _encoded_fields[fields] = _fields(*fields)
-    data = _ROLE_PREFIX[role] + ctx.id_fields + encoded
-    digest = hashlib.blake2b(data, digest_size=16).digest()[:8]
+def _span_id(role: bytes, ctx: TraceContext, *encoded: bytes) -> bytes:
+    # Same bytes as _hash(role, trace hex, parent hex, *fields), with the prefixes reused.
+    digest = hashlib.blake2b(_ROLE_PREFIX[role] + ctx.id_fields + b"".join(encoded), digest_size=16).digest()[:8]
     # An all-zero span id is invalid in OTLP; astronomically unlikely, but never emit one.
     return digest if any(digest) else b"\x00" * 7 + b"\x01"
+
+
+def _trace_id(digest: bytes) -> bytes:
+    return digest[:16] if any(digest[:16]) else b"\x00" * 15 + b"\x01"
 
 
 def _fields(*fields: str) -> bytes:
@@ -168,7 +172,8 @@ def _role(role: bytes) -> bytes:
     return ID_SCHEME + len(role).to_bytes(4, "big") + role
 
 
-_ROLE_PREFIX = {role: _role(role) for role in (b"server", b"hop", b"event")}
+_ROLE_PREFIX = {role: _role(role) for role in (b"server", b"event")}
+_POSITIONS = [_fields(str(position)) for position in range(256)]
 
 
 def _hash(role: bytes, *fields: str) -> bytes:

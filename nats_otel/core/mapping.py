@@ -2,17 +2,18 @@
 
 One server span per trace message (the message's stay in that server), one child span per
 later event. The origin server span is the child of the application's span named by the
-traceparent; a downstream server span is the child of the upstream egress span with the
-same hop id, whose id both sides compute alike (see `ids`).
+traceparent; a downstream server span is the child of the upstream egress span that
+forwarded that message, as `linking` decided (the `Placement` says where spans go).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from nats_otel import __version__
-from nats_otel.core.ids import TraceContext, event_span_id, link_span_id, server_span_id, upstream_hop
+from nats_otel.core.ids import TraceContext, event_span_id, server_span_id, upstream_hop
 from nats_otel.core.model import (
     ConnectionKind,
     Egress,
@@ -31,6 +32,7 @@ __all__ = [
     "HEADER_ATTRIBUTE_PREFIX",
     "MappingOptions",
     "MappingResult",
+    "Placement",
     "map_message",
     "server_resource",
 ]
@@ -67,14 +69,29 @@ class MappingResult:
     issues: list[str] = field(default_factory=list)
 
 
+class Placement(NamedTuple):
+    """Where one report's spans go, decided before mapping (`pipeline`, `linking`).
+
+    `link` is "" for an origin report (its parent is the producer's span) and the linking
+    result for a downstream one; `candidates` is how many egresses could have been its
+    parent when that was `ambiguous`.
+    """
+
+    ident: bytes
+    trace_id: bytes
+    parent_span_id: bytes
+    link: str = ""
+    candidates: int = 0
+
+
 @dataclass(slots=True)
 class _State:
     """What the event mappers share while walking one server's events."""
 
     ctx: TraceContext
     msg: TraceMessage
-    hop: str
-    occurrence: int
+    trace_id: bytes
+    ident: bytes
     server_span_id: bytes
     resource: Resource
     subject: str
@@ -84,8 +101,8 @@ class _State:
 def map_message(
     msg: TraceMessage,
     ctx: TraceContext,
+    placement: Placement,
     options: MappingOptions = MappingOptions(),
-    occurrence: int = 0,
 ) -> MappingResult:
     """Map one trace message to its spans. Same inputs, same spans, byte for byte."""
     hop = upstream_hop(msg)
@@ -93,18 +110,14 @@ def map_message(
     state = _State(
         ctx=ctx,
         msg=msg,
-        hop=hop,
-        occurrence=occurrence,
-        server_span_id=server_span_id(ctx, msg.server.id, hop, occurrence),
+        trace_id=placement.trace_id,
+        ident=placement.ident,
+        server_span_id=server_span_id(ctx, placement.ident),
         resource=server_resource(msg.server, options.service_name),
         subject=ingress.subject,
         account=ingress.account,
     )
     issues = [f"unknown_event: {u['problem']} at position {u['position']}" for u in msg.unknown_events]
-    if hop:
-        parent = link_span_id(ctx, hop, ingress.name, msg.server.name, occurrence)
-    else:
-        parent = ctx.parent_span_id
     children: list[SpanRecord] = []
     for position, event in enumerate(msg.events, start=1):
         mapper = _EVENT_MAPPERS[type(event)]
@@ -129,8 +142,11 @@ def map_message(
         attributes["nats.trace.only"] = True
     if ctx.adhoc_key is not None:
         attributes["nats.trace.adhoc_subject"] = ctx.adhoc_key
-    if occurrence:
-        attributes["nats.trace.reuse_occurrence"] = occurrence
+    if placement.link and placement.link != "matched":
+        # Not linked to an upstream egress: the span hangs under the producer's span.
+        attributes["nats.trace.link"] = placement.link
+        if placement.candidates:
+            attributes["nats.trace.link.candidates"] = placement.candidates
     if msg.unknown_events:
         attributes["nats.trace.unmapped_events"] = len(msg.unknown_events)
     if note:
@@ -140,9 +156,9 @@ def map_message(
         if lowered in options.header_allowlist:
             attributes[HEADER_ATTRIBUTE_PREFIX + lowered] = tuple(values)
     server_span = SpanRecord(
-        ctx.trace_id,
+        placement.trace_id,
         state.server_span_id,
-        parent,
+        placement.parent_span_id,
         f"receive {ingress.subject}" if ingress.subject else "receive",
         SpanKind.CONSUMER,
         ingress.ts_ns,
@@ -226,7 +242,7 @@ def _child(
     start_ns = state.msg.ingress.ts_ns
     # Positional: a NamedTuple is built faster so, and this runs for every span.
     return SpanRecord(
-        state.ctx.trace_id,
+        state.trace_id,
         span_id,
         state.server_span_id,  # parent
         name,
@@ -242,7 +258,7 @@ def _child(
 
 
 def _event_id(state: _State, position: int) -> bytes:
-    return event_span_id(state.ctx, state.msg.server.id, state.hop, position, state.occurrence)
+    return event_span_id(state.ctx, state.ident, position)
 
 
 def _map_egress(event: Egress, position: int, state: _State) -> SpanRecord:
@@ -263,9 +279,7 @@ def _map_egress(event: Egress, position: int, state: _State) -> SpanRecord:
     if event.forwards:
         attributes["nats.trace.hop"] = event.hop
         attributes["nats.peer.server.name"] = event.name
-        span_id = link_span_id(state.ctx, event.hop, state.msg.server.name, event.name, state.occurrence)
-    else:
-        span_id = _event_id(state, position)
+    span_id = _event_id(state, position)
     name = f"send {state.subject}" if state.subject else "send"
     return _child(state, span_id, name, SpanKind.PRODUCER, event.ts_ns, attributes, event.error)
 

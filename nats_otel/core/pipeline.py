@@ -1,46 +1,91 @@
-"""decode -> trace context -> reuse numbering -> map, for one raw trace message.
+"""decode -> trace context -> link -> map, for raw trace messages.
 
 The one path every program uses (bridge, `convert`, the Spark backfill), so they cannot
-drift apart. Still pure: the only state is the caller's `ReuseDetector`.
+drift apart. Still pure: the only state is the caller's `Linker`, and the live bridge's
+clock comes in as an argument.
+
+Two steps per message, because a downstream report's parent can only be decided once the
+upstream's report is known, and trace messages arrive in any order:
+
+1. `observe`: decode it, and record its hop evidence (its forwarding egresses, and if it
+   came from another server its arrival) in the `Linker`;
+2. `finish`: decide where its spans go (`Linker.place`) and map it.
+
+`convert_batch` observes the whole input, then finishes it: the result ignores the order.
+The live `Converter` observes each message on arrival and finishes it `link_wait` later.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decode
-from nats_otel.core.ids import TraceContext, trace_context, upstream_hop
-from nats_otel.core.mapping import MappingOptions, map_message
+from nats_otel.core.ids import TraceContext, adhoc_trace_id, event_span_id, identity, trace_context, upstream_hop
+from nats_otel.core.linking import (
+    AMBIGUOUS,
+    MATCHED,
+    Arrival,
+    Egress,
+    LinkIndex,
+    LinkKey,
+    LinkSettings,
+    body_size,
+)
+from nats_otel.core.mapping import MappingOptions, Placement, map_message
+from nats_otel.core.model import Egress as EgressEvent
 from nats_otel.core.model import TraceMessage
 from nats_otel.core.records import SpanRecord
-from nats_otel.core.reuse import ReuseDetector, ReuseKey, assign_occurrences
 
-__all__ = ["Converted", "Converter", "Prepared", "Rejected", "convert_batch", "prepare"]
+__all__ = ["Converted", "Converter", "Linker", "Prepared", "Rejected", "convert_batch", "finish", "prepare"]
+
+# An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
+# topology is deeper than this, and it bounds the walk.
+_MAX_DEPTH = 32
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A decoded trace message with its trace context: ready to be numbered and mapped."""
+    """A decoded trace message with its trace context and identity: ready to be linked and mapped."""
 
     raw: RawTraceMessage
     msg: TraceMessage
     ctx: TraceContext
+    ident: bytes
     issues: tuple[str, ...] = ()
 
     @property
-    def reuse_key(self) -> ReuseKey:
-        """What two messages share when their traceparent was reused (see `reuse`)."""
-        return (self.ctx.trace_id, self.ctx.parent_span_id, self.msg.server.id, upstream_hop(self.msg))
+    def arrival(self) -> tuple[LinkKey, Arrival] | None:
+        """Its hop key and arrival, when it came in from another server; None at the origin."""
+        hop = upstream_hop(self.msg)
+        if not hop:
+            return None
+        msg = self.msg
+        key = (self.ctx.id_fields, hop, msg.ingress.name, msg.server.name)
+        return key, Arrival(msg.ingress.ts_ns, body_size(msg.msg_size, msg.headers), self.ident)
+
+    def egresses(self) -> Iterator[tuple[LinkKey, Egress]]:
+        """Its egresses to other servers, with the span ids `map_message` gives them."""
+        msg = self.msg
+        size = body_size(msg.msg_size, msg.headers)
+        for position, event in enumerate(msg.events, start=1):
+            if isinstance(event, EgressEvent) and event.forwards:
+                key = (self.ctx.id_fields, event.hop, msg.server.name, event.name)
+                yield key, Egress(event.ts_ns, size, self.ident, event_span_id(self.ctx, self.ident, position))
 
 
 @dataclass(frozen=True, slots=True)
 class Converted:
-    """The spans of one trace message, and what was odd about it (logged and counted)."""
+    """The spans of one trace message, and what was odd about it (logged and counted).
+
+    `link` is "" for an origin report, else how its upstream egress was found
+    (`linking.MATCHED`, `UNMATCHED`, `AMBIGUOUS`).
+    """
 
     spans: list[SpanRecord]
     issues: list[str] = field(default_factory=list)
-    occurrence: int = 0
+    link: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,63 +104,147 @@ def prepare(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> Prep
     issues: tuple[str, ...] = ()
     if ctx.adhoc_key is not None and msg.header("traceparent") is not None:
         issues = ("bad_traceparent: malformed traceparent, correlated by ad-hoc destination",)
-    return Prepared(raw, msg, ctx, issues)
+    return Prepared(raw, msg, ctx, identity(msg), issues)
 
 
-def finish(prepared: Prepared, occurrence: int, options: MappingOptions) -> Converted:
-    """Map a prepared message as occurrence number `occurrence` of its reuse key."""
-    ctx = prepared.ctx
-    if occurrence and ctx.adhoc_key is not None:
-        # A reused ad-hoc destination: each reuse becomes a trace of its own.
-        ctx = trace_context(prepared.msg, prepared.raw.subject, occurrence)
-    result = map_message(prepared.msg, ctx, options, occurrence)
+class Linker:
+    """The hop evidence of observed messages, and where each message's spans go."""
+
+    __slots__ = ("_adhoc_arrivals", "index")
+
+    def __init__(self, settings: LinkSettings = LinkSettings()) -> None:
+        self.index = LinkIndex(settings)
+        # Ad-hoc reports only: identity -> its arrival (None at the origin), to find the
+        # origin whose identity names the trace. Bounded like the index.
+        self._adhoc_arrivals: dict[bytes, tuple[LinkKey, Arrival] | None] = {}
+
+    def observe(self, prepared: Prepared, now: float = 0.0) -> None:
+        """Record a message's hop evidence (idempotent: a redelivery changes nothing)."""
+        arrival = prepared.arrival
+        if arrival is not None:
+            self.index.add_arrival(*arrival, now)
+        for key, egress in prepared.egresses():
+            self.index.add_egress(key, egress, now)
+        if prepared.ctx.adhoc_key is not None:
+            adhoc = self._adhoc_arrivals
+            adhoc[prepared.ident] = arrival
+            if len(adhoc) > self.index.settings.capacity:
+                del adhoc[next(iter(adhoc))]
+
+    def place(self, prepared: Prepared) -> Placement:
+        """Trace id and parent of a message's spans, from what was observed."""
+        ctx, ident = prepared.ctx, prepared.ident
+        arrival = prepared.arrival
+        if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
+            trace_id = ctx.trace_id if ctx.adhoc_key is None else adhoc_trace_id(ctx, ident)
+            return Placement(ident, trace_id, ctx.parent_span_id)
+        link = self.index.resolve(*arrival)
+        if link.result == MATCHED and link.egress is not None:
+            trace_id = ctx.trace_id if ctx.adhoc_key is None else self._adhoc_trace(ctx, link.egress.ident)
+            return Placement(ident, trace_id, link.egress.span_id, MATCHED)
+        # Never under another message's egress: under the producer's span, which is an
+        # ancestor whatever the path was; an ad-hoc report becomes a trace of its own.
+        trace_id = ctx.trace_id if ctx.adhoc_key is None else adhoc_trace_id(ctx, ident)
+        candidates = link.candidates if link.result == AMBIGUOUS else 0
+        return Placement(ident, trace_id, ctx.parent_span_id, link.result, candidates)
+
+    def _adhoc_trace(self, ctx: TraceContext, ident: bytes) -> bytes:
+        """The trace id of the ad-hoc message whose report `ident` is: its origin's."""
+        for _ in range(_MAX_DEPTH):
+            arrival = self._adhoc_arrivals.get(ident)
+            if arrival is None:  # the origin (or forgotten: then this report names the trace)
+                break
+            link = self.index.resolve(*arrival)
+            if link.result != MATCHED or link.egress is None:
+                break
+            ident = link.egress.ident
+        return adhoc_trace_id(ctx, ident)
+
+
+def finish(prepared: Prepared, linker: Linker, options: MappingOptions) -> Converted:
+    """Map an observed message where the linker places it."""
+    placement = linker.place(prepared)
+    result = map_message(prepared.msg, prepared.ctx, placement, options)
     issues = [*prepared.issues, *result.issues]
-    if occurrence:
-        issues.append(f"reused_traceparent: occurrence {occurrence} of its trace context on this server")
-    return Converted(result.spans, issues, occurrence)
+    if placement.link and placement.link != MATCHED:
+        issues.append(f"hop_{placement.link}: no single upstream egress for hop "
+                      f"{upstream_hop(prepared.msg)} from {prepared.msg.ingress.name}"
+                      + (f" ({placement.candidates} candidates)" if placement.candidates else ""))
+    return Converted(result.spans, issues, placement.link)
 
 
 class Converter:
-    """Streaming conversion (the live bridge): arrival order, bounded reuse memory."""
+    """Streaming conversion (the live bridge): `observe` on arrival, `convert` later.
+
+    Between the two, the message's decoded form waits here (bounded); the linker's memory
+    is bounded in time and entries (`LinkSettings`), with what it had to drop counted.
+    """
 
     def __init__(
         self,
         options: MappingOptions = MappingOptions(),
         limits: DecodeLimits = DecodeLimits(),
-        reuse_capacity: int = 100_000,
+        link: LinkSettings = LinkSettings(),
+        pending_capacity: int = 200_000,
     ) -> None:
         self.options = options
         self.limits = limits
-        self.reuse = ReuseDetector(reuse_capacity)
+        self.linker = Linker(link)
+        self._pending: dict[tuple[str | None, bytes], Prepared | Rejected] = {}
+        self._pending_capacity = pending_capacity
 
-    def convert(self, raw: RawTraceMessage) -> Converted | Rejected:
-        """Spans of one received trace message, or why it gave none. Never raises on input."""
+    def observe(self, raw: RawTraceMessage, now: float = 0.0) -> None:
+        """Decode a message that just arrived and record its hop evidence."""
+        key = (raw.subject, raw.payload)
+        if key in self._pending:
+            return
+        result = self._prepare(raw, now)
+        pending = self._pending
+        pending[key] = result
+        if len(pending) > self._pending_capacity:  # decoded again when its turn comes
+            del pending[next(iter(pending))]
+
+    def convert(self, raw: RawTraceMessage, now: float = 0.0) -> Converted | Rejected:
+        """Spans of an observed (or not yet observed) message, or why it gave none. Never raises."""
+        result = self._pending.pop((raw.subject, raw.payload), None)
+        if result is None:
+            result = self._prepare(raw, now)
+        self.linker.index.expire(now)
+        if isinstance(result, Rejected):
+            return result
+        return finish(result, self.linker, self.options)
+
+    def _prepare(self, raw: RawTraceMessage, now: float) -> Prepared | Rejected:
         try:
             prepared = prepare(raw, self.limits)
         except DecodeError as exc:
             return Rejected(exc.reason, exc.detail, raw.subject)
-        occurrence = self.reuse.occurrence(prepared.reuse_key, prepared.msg.ingress.ts_ns)
-        return finish(prepared, occurrence, self.options)
+        self.linker.observe(prepared, now)
+        return prepared
 
 
 def convert_batch(
     raws: Iterable[RawTraceMessage | Rejected],
     options: MappingOptions = MappingOptions(),
     limits: DecodeLimits = DecodeLimits(),
+    link: LinkSettings = LinkSettings(),
 ) -> list[Converted | Rejected]:
     """Whole-input conversion (`convert`, backfill): the result ignores the input order.
 
     Rejected items passed in (e.g. archive lines that did not parse) are passed through.
     """
+    # The whole input is the window here: nothing is forgotten, nothing expires.
+    linker = Linker(dataclasses.replace(link, capacity=1 << 62))
     prepared: list[Prepared | Rejected] = []
     for raw in raws:
         if isinstance(raw, Rejected):
             prepared.append(raw)
             continue
         try:
-            prepared.append(prepare(raw, limits))
+            p = prepare(raw, limits)
         except DecodeError as exc:
             prepared.append(Rejected(exc.reason, exc.detail, raw.subject))
-    good = [p for p in prepared if isinstance(p, Prepared)]
-    occurrences = iter(assign_occurrences((p.reuse_key, p.msg.ingress.ts_ns) for p in good))
-    return [p if isinstance(p, Rejected) else finish(p, next(occurrences), options) for p in prepared]
+            continue
+        linker.observe(p)
+        prepared.append(p)
+    return [p if isinstance(p, Rejected) else finish(p, linker, options) for p in prepared]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.encode import to_otlp_json_line, to_protobuf_bytes
+from nats_otel.core.linking import LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, Rejected
 from nats_otel.bridge.settings import load_settings
 
@@ -107,7 +108,7 @@ def check(converter: Converter, raw: RawTraceMessage) -> Converted | Rejected:
     return result
 
 
-CONVERTER = Converter(limits=LIMITS, reuse_capacity=1000)
+CONVERTER = Converter(limits=LIMITS, link=LinkSettings(capacity=1000))
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -5,16 +5,19 @@ from __future__ import annotations
 import pytest
 
 from nats_otel.core.decode import decode
-from nats_otel.core.ids import link_span_id, trace_context
-from nats_otel.core.mapping import MappingOptions, map_message
+from nats_otel.core.ids import event_span_id, identity, server_span_id, trace_context
+from nats_otel.core.mapping import MappingOptions, Placement, map_message
+from nats_otel.core.pipeline import convert_batch
 from nats_otel.core.records import SpanKind, StatusCode
 
 from tests.core.factories import PARENT_ID, TRACE_ID, TRACEPARENT, egress, ingress, message, raw, ts
 
 
-def spans_of(doc, subject="trace.a", options=MappingOptions(), occurrence=0):
+def spans_of(doc, subject="trace.a", options=MappingOptions(), placement=None):
     msg = decode(raw(doc))
-    return map_message(msg, trace_context(msg, subject), options, occurrence).spans
+    ctx = trace_context(msg, subject)
+    placement = placement or Placement(identity(msg), ctx.trace_id, ctx.parent_span_id)
+    return map_message(msg, ctx, placement, options).spans
 
 
 @pytest.mark.parametrize(
@@ -80,8 +83,10 @@ def test_downstream_server_parent_is_upstream_egress_with_same_hop():
         server="w1",
         headers={"traceparent": [TRACEPARENT], "Nats-Trace-Hop": ["1"]},
     )
-    up_spans, down_spans = spans_of(origin), spans_of(down)
+    up, down_result = convert_batch([raw(origin), raw(down)])
+    up_spans, down_spans = up.spans, down_result.spans
     assert down_spans[0].parent_span_id == up_spans[1].span_id
+    assert down_result.link == "matched" and down_spans[0].attribute("nats.trace.link") is None
     assert up_spans[1].attribute("nats.trace.hop") == "1"
 
 
@@ -125,20 +130,43 @@ def test_header_allow_list_keeps_application_headers_out():
     assert allowed.attribute("nats.header.authorization") == ("Bearer secret",)
 
 
-def test_occurrence_changes_every_span_id_but_keeps_the_trace():
-    doc = message(ingress(), egress(kind=1, name="s2", hop="1"), egress())
-    first, again = spans_of(doc), spans_of(doc, occurrence=1)
+def test_two_messages_under_one_traceparent_share_no_span_id():
+    # Same traceparent, same server, same hop: only the ingress time differs (a batch
+    # published under one producer span). Nothing may be shared but the trace and parent.
+    first = spans_of(message(ingress(), egress(kind=1, name="s2", hop="1"), egress()))
+    again = spans_of(message(ingress(t=101), egress(kind=1, name="s2", hop="1"), egress()))
     assert not {s.span_id for s in first} & {s.span_id for s in again}
-    assert {s.trace_id for s in again} == {first[0].trace_id}
-    assert again[0].attribute("nats.trace.reuse_occurrence") == 1
+    assert {s.trace_id for s in first + again} == {bytes.fromhex(TRACE_ID)}
+    assert first[0].parent_span_id == again[0].parent_span_id == bytes.fromhex(PARENT_ID)
 
 
-def test_link_id_depends_on_every_field():
+def test_a_restarted_server_gives_new_ids_for_the_same_times():
+    # A restart changes the server id and keeps its name; even an identical report differs.
+    before = spans_of(message(ingress(), egress(kind=1, name="s2", hop="1")))
+    after = spans_of(message(ingress(), egress(kind=1, name="s2", hop="1"), server_id="NRESTARTED"))
+    assert not {s.span_id for s in before} & {s.span_id for s in after}
+
+
+def test_span_ids_depend_on_identity_and_position():
     msg = decode(raw(message(ingress())))
     ctx = trace_context(msg, "t")
-    base = link_span_id(ctx, "1", "a", "b", 0)
-    assert len({base, link_span_id(ctx, "2", "a", "b", 0), link_span_id(ctx, "1", "b", "a", 0),
-                link_span_id(ctx, "1", "a", "b", 1), link_span_id(ctx, "1a", "", "b", 0)}) == 5
+    ident = identity(msg)
+    other = identity(decode(raw(message(ingress(cid=99)))))
+    ids = {server_span_id(ctx, ident), server_span_id(ctx, other), event_span_id(ctx, ident, 1),
+           event_span_id(ctx, ident, 2), event_span_id(ctx, other, 1), event_span_id(ctx, ident, 300)}
+    assert len(ids) == 6
+
+
+def test_placement_sets_parent_trace_and_link_attributes():
+    doc = message(ingress(kind=1, name="s1"), headers={"traceparent": [TRACEPARENT], "Nats-Trace-Hop": ["1"]})
+    msg = decode(raw(doc))
+    placement = Placement(identity(msg), b"\x07" * 16, b"\x05" * 8, "ambiguous", 3)
+    server = spans_of(doc, placement=placement)[0]
+    assert (server.trace_id, server.parent_span_id) == (b"\x07" * 16, b"\x05" * 8)
+    assert server.attribute("nats.trace.link") == "ambiguous"
+    assert server.attribute("nats.trace.link.candidates") == 3
+    matched = spans_of(doc, placement=placement._replace(link="matched", candidates=0))[0]
+    assert matched.attribute("nats.trace.link") is None
 
 
 @pytest.mark.parametrize(

@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args(argv)
     rnd = random.Random(args.seed)
-    converter = Converter(limits=LIMITS, reuse_capacity=10_000)
+    converter = Converter(limits=LIMITS)
     outcomes: Counter[str] = Counter()
     by_family: Counter[tuple[str, str]] = Counter()
     crashes: list[str] = []

@@ -105,14 +105,14 @@ def _convert(spark, args: argparse.Namespace) -> int:
         service_name=args.service_name,
         header_allowlist=DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in args.allow_header},
     )
-    rows, reused, persisted = transform.convert(lines, transform.ConvertSettings(options=options))
+    rows, persisted = transform.convert(lines, transform.ConvertSettings(options=options))
     try:
-        return _load(spark, args, rows, reused, started)
+        return _load(spark, args, rows, started)
     finally:
         persisted.unpersist()
 
 
-def _load(spark, args: argparse.Namespace, rows, reused: int, started: float) -> int:
+def _load(spark, args: argparse.Namespace, rows, started: float) -> int:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -134,8 +134,8 @@ def _load(spark, args: argparse.Namespace, rows, reused: int, started: float) ->
             name = issue.split(":")[0]
             issues[name] = issues.get(name, 0) + r["n"]
     log.info(
-        "converted %d trace messages to %d spans; %d rejected %s; %d reused-traceparent occurrences; issues %s (%.1fs)",
-        messages, spans_total, sum(rejects.values()), dict(sorted(rejects.items())), reused,
+        "converted %d trace messages to %d spans; %d rejected %s; issues %s (%.1fs)",
+        messages, spans_total, sum(rejects.values()), dict(sorted(rejects.items())),
         dict(sorted(issues.items())), time.monotonic() - started,
     )
 

@@ -1,16 +1,18 @@
 """Transform: archive lines -> span rows, by the nats_otel core running in the executors.
 
-One decode per record. `convert_batch` numbers reused traceparents over the whole input
-(`nats_otel.core.reuse.assign_occurrences`: per reuse key, distinct ingress times ranked in time
-order), which a partition cannot know; but reuse is rare (an application bug). So:
+Which upstream egress a downstream server span hangs under is decided from the reports
+of the same trace context (`nats_otel.core.linking`: hop id, server names, time, size),
+so the records are grouped by trace context before they are converted:
 
-1. every record is mapped as occurrence 0, and its server row also carries its reuse key,
-   ingress time and a hash of its archive line (`line_hash`, computed by Spark);
-2. a small aggregation finds the keys seen with several ingress times; only those come
-   back to the driver, as {(key, ingress ns): occurrence > 0};
-3. if there are any, the rows of those records (by line hash) are dropped, and just those
-   lines are read and mapped again with their true occurrence. A hash collision only
-   re-maps an innocent line to the very rows it had.
+1. `_key_batches` decodes each record once for its context key (trace id + parent span
+   id, or the ad-hoc group; rejects get the empty key);
+2. the lines are partitioned by that key and sorted within partitions, so each context's
+   records are contiguous in one partition;
+3. `_convert_groups` runs `convert_batch` - the very function of `nats-otel convert` - on
+   each context's records: the same spans, byte for byte, in any input order.
+
+A context's records meet in one executor: a traceparent reused by millions of messages
+is one group (its memory: ~1.5 KB per trace message while it converts).
 
 Batches are Arrow record batches built from column lists (`mapInArrow`): no pandas, no
 per-row dicts. Each span's OTLP/JSON is encoded here, while its `SpanRecord` exists
@@ -29,9 +31,8 @@ import orjson
 
 from nats_otel.core.decode import DecodeError, DecodeLimits, parse_archive_line
 from nats_otel.core.mapping import MappingOptions
-from nats_otel.core.pipeline import Converted, Rejected, finish, prepare
+from nats_otel.core.pipeline import Converted, Rejected, convert_batch, prepare
 from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord
-from nats_otel.core.reuse import ReuseKey
 
 from spark_backfill.fragments import span_pieces
 
@@ -45,10 +46,7 @@ __all__ = [
     "convert",
     "convert_lines",
     "ddl",
-    "occurrence_table",
     "resource_from_json",
-    "reuse_key_text",
-    "with_line_hash",
     "row_to_span",
     "span_rows",
 ]
@@ -65,13 +63,11 @@ ROW_SCHEMA = (
     "attributes map<string,string>, resource_attributes map<string,string>, "
     "attributes_json string, resource_json string, issues array<string>, source string, "
     "otlp_resource string, otlp_span string, "
-    "reuse_key string, ingress_ns long, line_hash long, "
     "reject_reason string, reject_detail string, record string"
 )
 _TYPES = dict(part.strip().split(" ", 1) for part in ROW_SCHEMA.split(", "))
 _COLUMNS = list(_TYPES)
-_INTERNAL = ("row_type", "otlp_resource", "otlp_span", "reuse_key", "ingress_ns", "line_hash",
-             "reject_reason", "reject_detail", "record")  # fmt: skip
+_INTERNAL = ("row_type", "otlp_resource", "otlp_span", "reject_reason", "reject_detail", "record")
 # The columns of the Parquet span table (and what `row_to_span` needs).
 SPAN_COLUMNS = [c for c in _COLUMNS if c not in _INTERNAL]
 # Each span's resource and span as OTLP/JSON text: what the OTLP/JSON sink splices.
@@ -84,12 +80,6 @@ class ConvertSettings:
 
     options: MappingOptions = field(default_factory=MappingOptions)
     limits: DecodeLimits = field(default_factory=DecodeLimits)
-
-
-def reuse_key_text(key: ReuseKey) -> str:
-    """A reuse key as one string column (fields never contain the unit separator)."""
-    trace_id, parent, server_id, hop = key
-    return "\x1f".join((trace_id.hex(), parent.hex(), server_id, hop))
 
 
 def _text(value: AttrValue | None) -> str:
@@ -177,45 +167,31 @@ def reject_row(rejected: Rejected, source: str, line: str) -> dict[str, Any]:
     }
 
 
-def convert_lines(
-    lines: Sequence[str],
-    sources: Sequence[str],
-    settings: ConvertSettings,
-    occurrences: Mapping[tuple[str, int], int],
-    hashes: Sequence[int] | None = None,
-) -> list[dict[str, Any]]:
-    """Rows of a batch of archive lines. Pure: the same lines give the same rows.
-
-    A record's server row carries its reuse key and ingress time; every row of a record
-    carries `hashes[i]` (Spark's hash of the line) as `line_hash`.
-    """
+def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: ConvertSettings) -> list[dict[str, Any]]:
+    """Rows of the archive lines of one trace context (or of any lines, linked among
+    themselves). Pure: the same lines give the same rows, in any order."""
+    raws: list[Any] = []
+    for line in lines:
+        try:
+            raws.append(parse_archive_line(line))
+        except DecodeError as exc:
+            raws.append(Rejected(exc.reason, exc.detail))
     rows: list[dict[str, Any]] = []
-    for i, (line, source) in enumerate(zip(lines, sources, strict=True)):
-        line_hash = hashes[i] if hashes is not None else None
-        try:
-            raw = parse_archive_line(line)
-        except DecodeError as exc:
-            row = reject_row(Rejected(exc.reason, exc.detail), source, line)
-            row["line_hash"] = line_hash
-            rows.append(row)
-            continue
-        try:
-            prepared = prepare(raw, settings.limits)
-        except DecodeError as exc:
-            row = reject_row(Rejected(exc.reason, exc.detail, raw.subject), source, line)
-            row["line_hash"] = line_hash
-            rows.append(row)
-            continue
-        key = reuse_key_text(prepared.reuse_key)
-        ingress_ns = prepared.msg.ingress.ts_ns
-        occurrence = occurrences.get((key, ingress_ns), 0) if occurrences else 0
-        converted = span_rows(finish(prepared, occurrence, settings.options), source)
-        converted[0]["reuse_key"] = key
-        converted[0]["ingress_ns"] = ingress_ns
-        for row in converted:
-            row["line_hash"] = line_hash
-        rows.extend(converted)
+    results = convert_batch(raws, settings.options, settings.limits)
+    for line, source, result in zip(lines, sources, results, strict=True):
+        if isinstance(result, Rejected):
+            rows.append(reject_row(result, source, line))
+        else:
+            rows.extend(span_rows(result, source))
     return rows
+
+
+def context_key(line: str, settings: ConvertSettings) -> bytes:
+    """The trace context a record belongs to (b"" for a record that gives no spans)."""
+    try:
+        return prepare(parse_archive_line(line), settings.limits).ctx.id_fields
+    except DecodeError:
+        return b""
 
 
 def ddl(columns: Sequence[str]) -> str:
@@ -243,74 +219,57 @@ def arrow_batch(rows: Sequence[Mapping[str, Any]], schema: str) -> Any:
     )
 
 
-def _convert_batches(batches: Iterable[Any], settings: ConvertSettings, occurrences: Any) -> Iterator[Any]:
-    table = occurrences.value if hasattr(occurrences, "value") else occurrences
+def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[Any]:
+    import pyarrow as pa
+
+    for batch in batches:
+        values = batch.column("value").to_pylist()
+        keys = pa.array([context_key(v, settings) for v in values], type=pa.binary())
+        yield pa.RecordBatch.from_arrays([batch.column("value"), batch.column("source"), keys],
+                                         names=["value", "source", "ctx_key"])
+
+
+def _convert_groups(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[Any]:
+    """Rows of a partition sorted by context key: each run of one key is converted together
+    (a run may span Arrow batches, so the current one is carried over)."""
+    key: bytes | None = None
+    lines: list[str] = []
+    sources: list[str] = []
     for batch in batches:
         columns = batch.to_pydict()
-        rows = convert_lines(columns["value"], columns["source"], settings, table, columns.get("line_hash"))
-        yield arrow_batch(rows, ROW_SCHEMA)
-
-
-def _map(lines_df: Any, settings: ConvertSettings, table: Any) -> Any:
-    fn = functools.partial(_convert_batches, settings=settings, occurrences=table)
-    return lines_df.mapInArrow(fn, ROW_SCHEMA)
-
-
-def with_line_hash(lines_df: Any) -> Any:
-    """`lines_df` (`value`, `source`) with the hash that finds a record again."""
-    from pyspark.sql import functions as F
-
-    return lines_df.select("value", "source", F.xxhash64("value").alias("line_hash"))
-
-
-def occurrence_table(rows: Any) -> dict[tuple[str, int], int]:
-    """{(reuse key, ingress ns): occurrence} for the occurrences > 0 in the whole input."""
-    from pyspark.sql import functions as F
-
-    reused = (
-        rows.filter(F.col("reuse_key").isNotNull())
-        .groupBy("reuse_key")
-        .agg(F.array_sort(F.collect_set("ingress_ns")).alias("times"))
-        .filter(F.size("times") > 1)
-    )
-    table: dict[tuple[str, int], int] = {}
-    for row in reused.toLocalIterator():
-        for rank, ns in enumerate(row["times"]):
-            if rank:
-                table[(row["reuse_key"], ns)] = rank
-    return table
+        for value, source, ctx_key in zip(columns["value"], columns["source"], columns["ctx_key"], strict=True):
+            if ctx_key != key and lines:
+                yield arrow_batch(convert_lines(lines, sources, settings), ROW_SCHEMA)
+                lines, sources = [], []
+            key = ctx_key
+            lines.append(value)
+            sources.append(source)
+    if lines:
+        yield arrow_batch(convert_lines(lines, sources, settings), ROW_SCHEMA)
 
 
 class Conversion(NamedTuple):
-    """What `convert` gives: the rows, reused occurrences numbered, the persisted frame."""
+    """What `convert` gives: the rows and the persisted frame (the caller unpersists it)."""
 
     rows: Any
-    reused: int
     persisted: Any
 
 
 def convert(lines_df: Any, settings: ConvertSettings, persist: Any = None) -> Conversion:
     """Rows (ROW_SCHEMA) of every record of `lines_df` (columns `value`, `source`).
 
-    The first mapping is persisted with `persist` (a StorageLevel; default memory and disk):
-    the reuse check, the counts and every sink read it instead of mapping again (and
-    range partitioning samples it). The caller unpersists it when done.
+    The mapping is persisted with `persist` (a StorageLevel; default memory and disk): the
+    counts and every sink read it instead of mapping again (and range partitioning samples
+    it). The caller unpersists it when done.
     """
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
-    hashed = with_line_hash(lines_df)
-    first = _map(hashed, settings, {}).persist(persist or StorageLevel.MEMORY_AND_DISK)
-    table = occurrence_table(first)
-    if not table:
-        return Conversion(first, 0, first)
-    spark = lines_df.sparkSession
-    redo = {h for (h,) in first.filter(F.col("reuse_key").isin(list({k for k, _ in table})))
-            .select("line_hash").distinct().collect()}
-    shipped = spark.sparkContext.broadcast(table)
-    kept = first.filter(~F.col("line_hash").isin(list(redo)))
-    again = _map(hashed.filter(F.col("line_hash").isin(list(redo))), settings, shipped)
-    return Conversion(kept.unionByName(again), len(table), first)
+    keyed = lines_df.mapInArrow(functools.partial(_key_batches, settings=settings),
+                                "value string, source string, ctx_key binary")
+    grouped = keyed.repartition(keyed.rdd.getNumPartitions() or 1, "ctx_key").sortWithinPartitions("ctx_key")
+    rows = grouped.mapInArrow(functools.partial(_convert_groups, settings=settings), ROW_SCHEMA)
+    rows = rows.persist(persist or StorageLevel.MEMORY_AND_DISK)
+    return Conversion(rows, rows)
 
 
 # --- back to span records ----------------------------------------------------------------

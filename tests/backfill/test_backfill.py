@@ -26,7 +26,7 @@ def test_otlp_json_is_byte_equal_to_nats_otel_convert(corpus_run, workdir):
     assert len(list((corpus_run["out"] / "otlp").glob("part-*"))) >= 2
 
 
-def test_reused_traceparent_scenario_numbers_occurrences_like_convert(corpus_run):
+def test_reused_traceparent_scenario_links_like_convert(corpus_run):
     lines = [parse_archive_line(line) for line in (CORPUS / "22_traceparent_reused_3x.jsonl").read_bytes().splitlines()]
     expected = convert_batch(lines)
     trace_ids = {s.trace_id.hex() for r in expected if isinstance(r, Converted) for s in r.spans}
@@ -36,8 +36,8 @@ def test_reused_traceparent_scenario_numbers_occurrences_like_convert(corpus_run
         trace_id = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"]
         by_trace[trace_id] = line + b"\n"
     spans = [s for r in expected if isinstance(r, Converted) for s in r.spans]
-    reused = [s for s in spans if s.attribute("nats.trace.reuse_occurrence")]
-    assert reused, "scenario 22 must contain reused occurrences"
+    assert len({s.span_id for s in spans}) == len(spans) == 12  # three messages, one traceparent
+    assert sorted(r.link for r in expected if isinstance(r, Converted)) == ["", "", "", "matched", "matched", "matched"]
     for trace in split_by_trace(spans):
         assert by_trace[trace[0].trace_id.hex()] == to_otlp_json_line(trace)
     assert trace_ids <= set(by_trace)

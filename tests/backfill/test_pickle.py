@@ -25,7 +25,7 @@ def test_shipped_functions_and_settings_pickle_and_behave_the_same():
     lines = [line.decode() for line in open(corpus_files()[1], "rb") if line.strip()]
     settings = transform.ConvertSettings()
     shipped = [
-        functools.partial(transform._convert_batches, settings=settings, occurrences={}),
+        functools.partial(transform._convert_groups, settings=settings),
         sinks.otlp_json_lines,
         functools.partial(sinks._export_batches, settings=sinks.OtlpExportSettings("http://127.0.0.1:1")),
         functools.partial(completeness._placeholder_batches, schema=transform.ddl(transform.SPAN_COLUMNS)),
@@ -34,7 +34,8 @@ def test_shipped_functions_and_settings_pickle_and_behave_the_same():
     ]
     for obj in shipped:
         assert _roundtrip(obj) is not None
-    batch = pa.RecordBatch.from_pydict({"value": lines, "source": ["x"] * len(lines), "line_hash": list(range(len(lines)))})
+    keys = [transform.context_key(line, settings) for line in lines]
+    batch = pa.RecordBatch.from_pydict({"value": lines, "source": ["x"] * len(lines), "ctx_key": keys})
     direct = list(shipped[0]([batch]))[0]
     again = list(_roundtrip(shipped[0])([batch]))[0]
     assert direct.num_rows > len(lines)

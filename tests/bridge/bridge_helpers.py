@@ -39,6 +39,11 @@ def span_values(requests: Iterable[ExportTraceServiceRequest]) -> set[bytes]:
     return out
 
 
+def span_ids(requests: Iterable[ExportTraceServiceRequest]) -> set[bytes]:
+    """Every exported span id."""
+    return {span.span_id for r in requests for rs in r.resource_spans for ss in rs.scope_spans for span in ss.spans}
+
+
 def spans_by_trace(requests: Iterable[ExportTraceServiceRequest]) -> dict[str, list[tuple[dict, object]]]:
     """trace id hex -> [(resource attributes as dict, span)] (duplicates removed)."""
     seen: set[bytes] = set()
@@ -71,6 +76,11 @@ def archive_lines(path: Path) -> int:
     if not path.exists():
         return 0
     return sum(1 for line in path.read_bytes().splitlines() if line.strip())
+
+
+def expected_ids_from_archive(path: Path) -> set[bytes]:
+    """The span ids `convert` gives the archived raw messages."""
+    return {s.span_id for r in convert_batch(read_archive([str(path)])) if isinstance(r, Converted) for s in r.spans}
 
 
 def expected_from_archive(path: Path) -> tuple[set[bytes], int]:

@@ -197,8 +197,8 @@ class LinkSettingsModel(_Model):
 
     wait: float = Field(1.0, ge=0, description="seconds a trace message waits before it is mapped, so that "
                         "the other side of its hops can arrive (trace messages arrive in any order)")
-    max_hop_latency: float = Field(2.0, gt=0, description="an egress at most this long before the ingress")
-    max_clock_skew: float = Field(0.5, ge=0, description="... or at most this long after it (server clocks)")
+    max_hop_latency: float = Field(0.5, gt=0, description="an egress at most this long before the ingress")
+    max_clock_skew: float = Field(0.1, ge=0, description="... or at most this long after it (server clocks)")
     capacity: int = Field(1_000_000, ge=100, description="egresses and arrivals remembered (oldest dropped first, "
                           "counted)")
     retention: float = Field(30.0, gt=0, description="seconds an egress or arrival is remembered")

@@ -88,8 +88,8 @@ class Link(NamedTuple):
 class LinkSettings:
     """The matching window and the live bridge's memory bound. Defaults: see docs/span-model.md."""
 
-    max_hop_latency_s: float = 2.0
-    max_clock_skew_s: float = 0.5
+    max_hop_latency_s: float = 0.5
+    max_clock_skew_s: float = 0.1
     #: Live only: entries (egresses + arrivals) kept; the oldest go first past it (counted).
     capacity: int = 1_000_000
     #: Live only: how long an entry stays after it was observed (seconds of the caller's clock).

@@ -187,8 +187,8 @@ def role_naive(args: argparse.Namespace) -> None:
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from nats_otel.core.pipeline import Converted, Converter
     from nats_otel.bridge.sources.connection import raw_from_msg
+    from nats_otel.core.pipeline import Converted, Converter
 
     processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=args.endpoint, insecure=True))
     converter = Converter()
@@ -218,9 +218,9 @@ class Receiver:
     """A real OTLP/gRPC TraceService counting spans and, per trace id, the first arrival."""
 
     def __init__(self) -> None:
-        import grpc
         from concurrent.futures import ThreadPoolExecutor
 
+        import grpc
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
             ExportTraceServiceResponse,
@@ -364,7 +364,8 @@ def total(metrics: dict[str, float], prefix: str) -> float:
 
 class Bench:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        from nats_otel.devkit.embedded import single_server, start_topology
+        from nats_otel.devkit.processes import start_topology
+        from nats_otel.devkit.topology import single_server
 
         self.args = args
         self.workdir = workdir
@@ -463,7 +464,7 @@ class Bench:
     def start_bridge(self, name: str, workers: int, mode: str = "core", subject: str = "bench.core",
                      extra: list[str] | None = None, src: Path | None = None) -> tuple[subprocess.Popen, int]:
         """Start `nats-otel bridge`; `src`: run the `nats_otel` of that checkout instead of ours."""
-        from nats_otel.devkit.embedded import free_ports
+        from nats_otel.devkit.server_config import free_ports
 
         mport = free_ports(1)[0]
         argv = [PY, "-m", "nats_otel.cli", "bridge", "--nats-url", self.url, "--subject", subject,

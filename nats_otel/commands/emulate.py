@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from nats_otel.devkit.emulate import EmulationOptions, default_user, emulate, emulation_topology
-    from nats_otel.devkit.embedded import TopologyError, start_topology
+    from nats_otel.devkit.processes import TopologyError, start_topology
 
     if args.connections < 1 or args.rate <= 0 or args.duration <= 0:
         print("nats-otel emulate: --connections, --rate and --duration must be positive", file=sys.stderr)

@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from nats_otel.core.decode import parse_archive_line
-
 from tests.backfill.conftest import corpus_files, nats_otel_convert, read_parts
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -44,7 +43,8 @@ async def _consumers(url: str) -> int:
 
 
 def test_jetstream_ranges_give_the_same_spans_as_convert(spark, workdir):
-    from nats_otel.devkit.embedded import single_server, start_topology
+    from nats_otel.devkit.processes import start_topology
+    from nats_otel.devkit.topology import single_server
     from spark_backfill import sources
     from spark_backfill.__main__ import run
 

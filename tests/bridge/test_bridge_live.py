@@ -12,11 +12,11 @@ import nats
 import pytest
 
 from nats_otel.bridge.loop import Bridge
-from nats_otel.devkit.embedded import full_topology, start_topology, wait_for_interest
-from nats_otel.core.records import SpanKind, StatusCode
 from nats_otel.bridge.settings import load_settings
+from nats_otel.core.records import SpanKind, StatusCode
+from nats_otel.devkit.processes import start_topology, wait_for_interest
 from nats_otel.devkit.receivers import OTLPGrpcReceiver, OTLPHttpReceiver
-
+from nats_otel.devkit.topology import full_topology
 from tests.bridge.bridge_helpers import (
     archive_lines,
     archived,

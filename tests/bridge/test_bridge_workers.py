@@ -13,12 +13,12 @@ from pathlib import Path
 import nats
 import pytest
 
-from nats_otel.devkit.embedded import single_server, start_topology
-from nats_otel.core.pipeline import Converted, convert_batch
-from nats_otel.bridge.settings import load_settings
 from nats_otel.archive import read_archive
+from nats_otel.bridge.settings import load_settings
+from nats_otel.core.pipeline import Converted, convert_batch
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-
+from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import (
     archive_lines,
     expected_from_archive,

@@ -14,9 +14,9 @@ from pathlib import Path
 import nats
 import pytest
 
-from nats_otel.devkit.embedded import find_nats_server, free_ports
+from nats_otel.devkit.processes import find_nats_server
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-
+from nats_otel.devkit.server_config import free_ports
 from tests.bridge.bridge_helpers import scrape, spans_by_trace, traceparent, wait_until
 from tests.bridge.jwt_creds import operator_setup
 

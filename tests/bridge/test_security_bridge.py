@@ -25,12 +25,12 @@ import nats
 import nkeys
 import pytest
 
-from nats_otel.devkit.embedded import find_nats_server, free_ports
 from nats_otel.bridge.export.otlp import GrpcExporter
-from nats_otel.core.mapping import map_message  # noqa: F401 - the header allow-list lives there
 from nats_otel.bridge.settings import OtlpSettings, load_settings
+from nats_otel.core.mapping import map_message  # noqa: F401 - the header allow-list lives there
+from nats_otel.devkit.processes import find_nats_server
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-
+from nats_otel.devkit.server_config import free_ports
 from tests.bridge.bridge_helpers import metric, scrape, start_bridge, stop_bridge, traceparent, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -1,4 +1,5 @@
-"""Real nats-server topologies from nats_otel.devkit.embedded, checked from the outside.
+"""Real nats-server topologies (nats_otel.devkit.topology, started by devkit.processes),
+checked from the outside.
 
 The monitoring endpoints are read here with plain urllib (not the module's own
 readiness code), and trace events are received the way the bridge will receive them.
@@ -18,18 +19,20 @@ from pathlib import Path
 import nats
 import pytest
 
-from nats_otel.devkit.embedded import (
+from nats_otel.devkit.processes import (
     RunningTopology,
-    ServerSpec,
-    Topology,
     TopologyError,
-    cluster,
-    demo_topology,
     find_nats_server,
-    full_topology,
-    single_server,
     start_topology,
     wait_for_interest,
+)
+from nats_otel.devkit.topology import (
+    ServerSpec,
+    Topology,
+    cluster,
+    demo_topology,
+    full_topology,
+    single_server,
 )
 
 pytestmark = pytest.mark.integration

@@ -46,7 +46,7 @@ BRIDGE_SERVER = "east-1"
 PRODUCER_SERVER = "east-2"
 CONSUMER_SERVERS = ("east-3", "leaf-1")
 TRACE_SUBJECT = "trace.a"
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "traced_app.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "traced_app.py"
 
 
 class DemoError(RuntimeError):

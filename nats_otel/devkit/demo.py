@@ -201,7 +201,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoReport:
     try:
         with contextlib.ExitStack() as stack:
             receiver = stack.enter_context(OTLPGrpcReceiver(max_workers=8))
-            workdir = options.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nats-otel-demo-")))
+            workdir = options.workdir or Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="nats-otel-demo-")))
             print(f"OTLP receiver on {receiver.endpoint}; starting nats-servers in {workdir} ...", file=out, flush=True)
             try:
                 topo = stack.enter_context(start_topology(demo_topology(), workdir))
@@ -250,7 +251,8 @@ async def _drive(options: DemoOptions, example: ModuleType, topo: Any, receiver:
         await _until(lambda: bridge.ready()[0] or bridge_task.done(), 15, "the bridge to connect")
         if bridge_task.done():
             raise DemoError(f"the bridge stopped at start-up (exit code {bridge_task.result()})")
-        print(f"bridge on {BRIDGE_SERVER} subscribed to {TRACE_SUBJECT}, exporting to the receiver", file=out, flush=True)
+        print(f"bridge on {BRIDGE_SERVER} subscribed to {TRACE_SUBJECT}, exporting to the receiver",
+              file=out, flush=True)
 
         async def connect(server: str, name: str) -> Any:
             nc = await nats.connect(topo.client_url(server, "a"), name=name, max_reconnect_attempts=0)
@@ -297,7 +299,7 @@ async def _drive(options: DemoOptions, example: ModuleType, topo: Any, receiver:
               f"consumers on {', '.join(CONSUMER_SERVERS)}", file=out, flush=True)
         try:
             await asyncio.wait_for(all_received.wait(), options.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise DemoError(f"consumers got {sum(received.values())} of "
                             f"{options.messages * len(CONSUMER_SERVERS)} deliveries in {options.timeout}s") from None
         for p in providers:

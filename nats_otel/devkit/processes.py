@@ -197,7 +197,7 @@ def _stop_all_live() -> None:
 class RunningTopology:
     """Started servers of a :class:`Topology`; a context manager that stops them on exit."""
 
-    __slots__ = ("spec", "workdir", "servers", "binary", "startup_seconds", "_own_workdir")
+    __slots__ = ("_own_workdir", "binary", "servers", "spec", "startup_seconds", "workdir")
 
     def __init__(self, spec: Topology, workdir: Path, servers: dict[str, RunningServer],
                  binary: str, own_workdir: bool) -> None:
@@ -440,7 +440,7 @@ async def wait_for_interest(publisher: Any, subscriber: Any, *, timeout: float =
             try:
                 await sub.next_msg(timeout=0.1)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no interest for {subject} after {timeout}s") from None
     finally:

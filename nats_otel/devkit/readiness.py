@@ -62,7 +62,8 @@ def unmet_formation(spec: Topology, servers: Mapping[str, MonitoredServer]) -> l
     unmet: list[tuple[str, str]] = []
     up = [n for n, s in servers.items() if s.wanted]
     clusters = {c: [m.name for m in ms if m.name in up] for c, ms in spec.clusters().items()}
-    gw_clusters = {s.cluster for s in spec.servers if s.gateway and s.name in up}
+    # (Topology.validate: every gateway server has a cluster.)
+    gw_clusters = {s.cluster for s in spec.servers if s.gateway and s.cluster and s.name in up}
     for n in up:
         s, sp = servers[n], servers[n].spec
         if sp.jetstream and spec.wait_jetstream:
@@ -84,25 +85,25 @@ def unmet_formation(spec: Topology, servers: Mapping[str, MonitoredServer]) -> l
 
 
 def _links(spec: Topology, s: MonitoredServer, n: str, clusters: dict[str, list[str]],
-           gw_clusters: set[str | None], up: list[str]) -> list[tuple[str, str]]:
+           gw_clusters: set[str], up: list[str]) -> list[tuple[str, str]]:
     sp, unmet = s.spec, []
     if sp.cluster:
         # Route pooling gives several routes per peer (4 by default); count peers.
-        have = {r.get("remote_name") for r in (s.monitor("routez") or {}).get("routes") or []}
-        missing = set(clusters[sp.cluster]) - {n} - have
-        if missing:
-            unmet.append((n, f"no route to {sorted(missing)}"))
+        routed = {r.get("remote_name") for r in (s.monitor("routez") or {}).get("routes") or []}
+        no_route = set(clusters[sp.cluster]) - {n} - routed
+        if no_route:
+            unmet.append((n, f"no route to {sorted(no_route)}"))
     if sp.gateway:
         out = (s.monitor("gatewayz") or {}).get("outbound_gateways") or {}
-        missing = gw_clusters - {sp.cluster} - set(out)
-        if missing:
-            unmet.append((n, f"no outbound gateway to {sorted(missing)}"))
+        no_gateway = gw_clusters - {sp.cluster} - set(out)
+        if no_gateway:
+            unmet.append((n, f"no outbound gateway to {sorted(no_gateway)}"))
     if sp.leaf_remotes or sp.leaf_listen:
-        have = {lf.get("name") for lf in (s.monitor("leafz") or {}).get("leafs") or []}
+        leafed = {lf.get("name") for lf in (s.monitor("leafz") or {}).get("leafs") or []}
         want = {r.hub for r in sp.leaf_remotes} | {
             o.name for o in spec.servers if any(r.hub == n for r in o.leaf_remotes)
         }
-        missing = (want & set(up)) - have
-        if missing:
-            unmet.append((n, f"no leafnode connection with {sorted(missing)}"))
+        no_leaf = (want & set(up)) - leafed
+        if no_leaf:
+            unmet.append((n, f"no leafnode connection with {sorted(no_leaf)}"))
     return unmet

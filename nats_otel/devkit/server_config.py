@@ -149,7 +149,7 @@ def _solicits(spec: Topology, local: str | None, remote: str) -> bool:
     clusters = spec.clusters()
     js_local = any(m.jetstream for m in clusters.get(local or "", []))
     js_remote = any(m.jetstream for m in clusters[remote])
-    if js_local and js_remote:
+    if js_local and js_remote and local is not None:
         order = list(clusters)
         return order.index(local) > order.index(remote)  # only the later cluster dials
     return not js_local
@@ -158,14 +158,14 @@ def _solicits(spec: Topology, local: str | None, remote: str) -> bool:
 def allocate_ports(spec: Topology) -> dict[str, Ports]:
     """Server name -> free ports for each listener that server's spec configures."""
     needs = [(s.name, bool(s.cluster), s.gateway, s.leaf_listen) for s in spec.servers]
-    pool = iter(free_ports(sum(2 + c + g + l for _, c, g, l in needs), spec.host))
+    pool = iter(free_ports(sum(2 + c + g + lf for _, c, g, lf in needs), spec.host))
     return {
         name: Ports(
             client=next(pool),
             http=next(pool),
             cluster=next(pool) if c else None,
             gateway=next(pool) if g else None,
-            leaf=next(pool) if l else None,
+            leaf=next(pool) if lf else None,
         )
-        for name, c, g, l in needs
+        for name, c, g, lf in needs
     }

@@ -85,7 +85,7 @@ def role_publish(args: argparse.Namespace) -> None:
         while True:
             now = time.time()
             elapsed = now - started
-            if duration and elapsed >= duration or not duration and sent >= n:
+            if (duration and elapsed >= duration) or (not duration and sent >= n):
                 break
             due = int(elapsed * args.rate) - sent
             if due > 0:

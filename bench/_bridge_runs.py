@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bridge_meters import Receiver, Sampler, scrape, total  # noqa: E402
-from _bridge_roles import build_pool  # noqa: E402
+from _bridge_meters import Receiver, Sampler, scrape, total
+from _bridge_roles import build_pool
 
 ROLES = Path(__file__).resolve().with_name("_bridge_roles.py")
 PY = sys.executable
@@ -92,9 +92,11 @@ class Bench:
         self.stop(proc)
         st = json.loads(out.read_text())
         dur = max(st["last"] - st["first"], 1e-6)
-        r = {"msgs": st["n"], "rate": st["n"] / dur, "sent": pub["sent"], "pub_rate": pub["sent"] / (pub["ended"] - pub["started"])}
+        r = {"msgs": st["n"], "rate": st["n"] / dur, "sent": pub["sent"],
+             "pub_rate": pub["sent"] / (pub["ended"] - pub["started"])}
         self.results["raw"] = r
-        print(f"raw receive : {r['rate']:10,.0f} msgs/s  ({r['msgs']:,} of {r['sent']:,}; publisher {r['pub_rate']:,.0f}/s)", flush=True)
+        print(f"raw receive : {r['rate']:10,.0f} msgs/s  ({r['msgs']:,} of {r['sent']:,}; "
+              f"publisher {r['pub_rate']:,.0f}/s)", flush=True)
 
     def phase_naive(self) -> None:
         out = self.workdir / "naive.json"
@@ -117,12 +119,13 @@ class Bench:
         # Spans the BatchSpanProcessor dropped (queue full) were not carried: scale them out.
         carried = min(1.0, self.rx.spans / st["spans"]) if st.get("spans") else 0.0
         r = {"spans": self.rx.spans, "span_rate": st["spans"] / dur * carried, "rate": st["n"] / dur * carried,
-             "sent": pub["sent"], "received": st["n"], "spans_made": st["spans"], "span_loss": st["spans"] - self.rx.spans,
+             "sent": pub["sent"], "received": st["n"], "spans_made": st["spans"],
+             "span_loss": st["spans"] - self.rx.spans,
              "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss}
         self.results["naive"] = r
-        print(f"naive SDK   : {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  (received {r['received']:,} of "
-              f"{r['sent']:,}; spans made {r['spans_made']:,}, arrived {r['spans']:,}; CPU {r['cpu']:.0%}, "
-              f"RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
+        print(f"naive SDK   : {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  "
+              f"(received {r['received']:,} of {r['sent']:,}; spans made {r['spans_made']:,}, arrived {r['spans']:,}; "
+              f"CPU {r['cpu']:.0%}, RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
 
     def start_bridge(self, name: str, workers: int, mode: str = "core", subject: str = "bench.core",
                      extra: list[str] | None = None, src: Path | None = None) -> tuple[subprocess.Popen, int]:
@@ -178,9 +181,9 @@ class Bench:
              "decoded": total(m, "nats_otel_messages_decoded"), "dropped": total(m, "nats_otel_messages_dropped"),
              "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers}
         self.keep(name, r)
-        print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  (received {r['received']:,.0f} "
-              f"of {r['sent']:,}, decoded {r['decoded']:,.0f}, dropped {r['dropped']:,.0f}; CPU {r['cpu']:.0%}, "
-              f"peak RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
+        print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  "
+              f"(received {r['received']:,.0f} of {r['sent']:,}, decoded {r['decoded']:,.0f}, "
+              f"dropped {r['dropped']:,.0f}; CPU {r['cpu']:.0%}, peak RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
 
     def phase_pair(self, workers: int, round_number: int = 0, rate: float = 0) -> None:
         """Two bridge processes in one queue group: do they carry more than one?"""
@@ -209,7 +212,8 @@ class Bench:
              "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sum(x.peak_rss for x in samplers), "workers": workers}
         self.keep(name, r)
         print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  (received {r['split']} of "
-              f"{r['sent']:,}, dropped {r['dropped']:,.0f}; CPU {r['cpu']:.0%}, RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
+              f"{r['sent']:,}, dropped {r['dropped']:,.0f}; CPU {r['cpu']:.0%}, RSS {r['rss'] / 2**20:.0f} MB)",
+              flush=True)
 
     def phase_latency(self, workers: int, rate: float) -> None:
         name = f"latency-w{workers}"
@@ -233,7 +237,8 @@ class Bench:
 
         r = {"offered": rate, "sent": pub["sent"], "traces": len(pub["times"]), "missing_traces": missing,
              "p50": q(0.50), "p99": q(0.99), "max": lat[-1] if lat else float("nan"),
-             "dropped": total(m, "nats_otel_messages_dropped"), "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss}
+             "dropped": total(m, "nats_otel_messages_dropped"), "cpu": cpu / max(self.rx.last - t0, 1e-6),
+             "rss": sampler.peak_rss}
         self.results[name] = r
         print(f"latency w{workers} at {rate:,.0f} msgs/s: p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, "
               f"max {r['max'] * 1000:.0f} ms  ({r['traces']:,} traces, {missing} without spans, dropped "
@@ -287,7 +292,8 @@ class Bench:
         asyncio.run(delete())
         dur = max(self.rx.last - self.rx.first, 1e-6)
         r = {"waiting": waiting, "spans": self.rx.spans, "span_rate": self.rx.spans / dur,
-             "rate": self.rx.spans / dur / self.spans_per_msg, "acked": total(m, 'nats_otel_jetstream_acks_total{kind="ack"}'),
+             "rate": self.rx.spans / dur / self.spans_per_msg,
+             "acked": total(m, 'nats_otel_jetstream_acks_total{kind="ack"}'),
              "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers}
         self.results[name] = r
         print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  ({waiting:,} waiting in the "

@@ -43,13 +43,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bridge_runs import Bench  # noqa: E402
+from _bridge_runs import Bench
 
 
 def report(results: dict[str, dict], workers: list[int]) -> None:
     raw, naive = results.get("raw"), results.get("naive")
     print("\n== summary (same run, same machine) ==")
-    print(f"{'what':<22}{'msgs/s':>10}{'spans/s':>10}{'vs naive':>10}{'vs raw':>9}{'CPU':>7}{'RSS MB':>8}{'dropped':>9}")
+    print(f"{'what':<22}{'msgs/s':>10}{'spans/s':>10}{'vs naive':>10}{'vs raw':>9}{'CPU':>7}{'RSS MB':>8}"
+          f"{'dropped':>9}")
     for name, r in results.items():
         if "rate" not in r:
             continue
@@ -96,10 +97,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a ~1 minute run (smaller pool, shorter phases)")
     parser.add_argument("--messages", type=int, help="pool size: trace messages per burst (default 200k, quick 30k)")
     parser.add_argument("--naive-messages", type=int, help="burst for the naive pipeline (default 60k, quick 8k)")
-    parser.add_argument("--workers", type=int, action="append", help="bridge --workers values (repeatable; default 1 and 2)")
-    parser.add_argument("--latency-seconds", type=float, help="duration of the half-rate latency phase (default 30, quick 6)")
+    parser.add_argument("--workers", type=int, action="append",
+                        help="bridge --workers values (repeatable; default 1 and 2)")
+    parser.add_argument("--latency-seconds", type=float,
+                        help="duration of the half-rate latency phase (default 30, quick 6)")
     parser.add_argument("--rate", type=float, help="latency phase rate (default: half the best measured core rate)")
-    parser.add_argument("--js-messages", type=int, help="messages waiting in the stream (default 1M, quick 30k; 0 skips)")
+    parser.add_argument("--js-messages", type=int,
+                        help="messages waiting in the stream (default 1M, quick 30k; 0 skips)")
     parser.add_argument("--js-workers", type=int, action="append",
                         help="bridge --workers values for the JetStream phase (repeatable; default 2)")
     parser.add_argument("--sustain-seconds", type=float, help="paced core phases: seconds (default 20, quick 4)")
@@ -107,7 +111,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path,
                         help="a checkout of another version (e.g. a git worktree): its bridge runs the core "
                              "phases too, alternated with ours, and the summary gives ours/baseline")
-    parser.add_argument("--skip", action="append", default=[], choices=["raw", "naive", "core", "pair", "latency", "js"])
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["raw", "naive", "core", "pair", "latency", "js"])
     args = parser.parse_args()
     q = args.quick
     args.messages = args.messages or (30_000 if q else 200_000)

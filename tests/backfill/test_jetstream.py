@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -49,7 +50,8 @@ def test_jetstream_ranges_give_the_same_spans_as_convert(spark, workdir):
     from spark_backfill.__main__ import run
 
     files = corpus_files()
-    raws = [parse_archive_line(line) for f in files for line in open(f, "rb") if line.strip()]
+    raws = [parse_archive_line(line) for f in files for line in Path(f).read_bytes().splitlines(keepends=True)
+            if line.strip()]
     with start_topology(single_server(jetstream=True)) as topo:
         url = topo.client_url("n1", user="a")
         first, last = asyncio.run(_fill(url, raws))
@@ -61,7 +63,8 @@ def test_jetstream_ranges_give_the_same_spans_as_convert(spark, workdir):
         status = run(
             spark,
             ["convert", "--jetstream-url", url, "--stream", STREAM, "--jetstream-ranges", "5",
-             "--otlp-json-out", str(out / "otlp"), "--rejects-out", str(out / "rejects"), "--otlp-json-partitions", "2"],
+             "--otlp-json-out", str(out / "otlp"), "--rejects-out", str(out / "rejects"),
+             "--otlp-json-partitions", "2"],
         )
         assert status == 0
         assert asyncio.run(_consumers(url)) == 0, "the ranges left consumers behind"

@@ -116,7 +116,7 @@ def start_bridge_process(config: Path, port: int, log: Path) -> subprocess.Popen
     return subprocess.Popen(
         [sys.executable, "-m", "nats_otel.cli", "bridge", "--config", str(config), "--metrics-port", str(port),
          "--mode", "jetstream", "--create-stream"],
-        stdout=subprocess.DEVNULL, stderr=open(log, "ab"), start_new_session=True,  # noqa: SIM115
+        stdout=subprocess.DEVNULL, stderr=open(log, "ab"), start_new_session=True,
     )
 
 

@@ -31,7 +31,7 @@ from tests.bridge.bridge_helpers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from corpus_replay import replicate  # noqa: E402
+from corpus_replay import replicate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -7,7 +7,6 @@ readiness code), and trace events are received the way the bridge will receive t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -74,7 +73,7 @@ async def collect_traces(sub, trace_id: str, expected: set[str], timeout: float 
             return found
         try:
             msg = await sub.next_msg(timeout=end - now)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return found
         event = json.loads(msg.data)
         header = {k.lower(): v for k, v in event["request"]["header"].items()}

@@ -111,5 +111,6 @@ def start_phoenix(binary: str, workdir: Path, timeout: float = 120.0) -> Phoenix
         except (OSError, ValueError):
             if time.monotonic() > deadline:
                 phoenix.stop()
-                raise RuntimeError(f"phoenix did not answer within {timeout}s:\n{log_path.read_text()[-3000:]}") from None
+                tail = log_path.read_text()[-3000:]
+                raise RuntimeError(f"phoenix did not answer within {timeout}s:\n{tail}") from None
             time.sleep(0.5)

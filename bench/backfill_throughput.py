@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import glob
 import json
 import os
@@ -42,24 +43,24 @@ def _templates() -> list[tuple[str, str, str]]:
 
     In the templates {T} is the trace id and {R} the replica number.
     """
-    from nats_otel.core.decode import DecodeLimits, RawTraceMessage, decompress, parse_archive_line
+    from nats_otel.core.decode import DecodeLimits, decode, decompress, parse_archive_line
     from nats_otel.core.ids import trace_context
-    from nats_otel.core.decode import decode
 
     out = []
     for path in sorted(glob.glob(str(CORPUS / "*.jsonl"))):
-        for line in open(path, "rb"):
-            raw = parse_archive_line(line)
-            text = decompress(raw.payload, raw.header("Content-Encoding"), DecodeLimits()).decode()
-            ctx = trace_context(decode(raw), raw.subject)
-            subject = raw.subject or ""
-            if ctx.adhoc_key is None:
-                text = text.replace(ctx.trace_id.hex(), "{T}")
-            else:
-                text = text.replace(ctx.adhoc_key, ctx.adhoc_key + ".r{R}")
-                subject = subject.replace(ctx.adhoc_key, ctx.adhoc_key + ".r{R}")
-            text = text.replace("{", "{{").replace("}", "}}").replace("{{T}}", "{T}").replace("{{R}}", "{R}")
-            out.append((subject, text, ctx.trace_id.hex()))
+        with open(path, "rb") as f:
+            for line in f:
+                raw = parse_archive_line(line)
+                text = decompress(raw.payload, raw.header("Content-Encoding"), DecodeLimits()).decode()
+                ctx = trace_context(decode(raw), raw.subject)
+                subject = raw.subject or ""
+                if ctx.adhoc_key is None:
+                    text = text.replace(ctx.trace_id.hex(), "{T}")
+                else:
+                    text = text.replace(ctx.adhoc_key, ctx.adhoc_key + ".r{R}")
+                    subject = subject.replace(ctx.adhoc_key, ctx.adhoc_key + ".r{R}")
+                text = text.replace("{", "{{").replace("}", "}}").replace("{{T}}", "{T}").replace("{{R}}", "{R}")
+                out.append((subject, text, ctx.trace_id.hex()))
     return out
 
 
@@ -67,24 +68,23 @@ def generate(folder: Path, messages: int, files: int = 16) -> int:
     """Write `messages` archive lines into `files` JSONL files; returns bytes written."""
     templates = _templates()
     folder.mkdir(parents=True, exist_ok=True)
-    outs = [open(folder / f"part-{i:03d}.jsonl", "wb") for i in range(files)]
     written = replica = count = 0
-    while count < messages:
-        fresh: dict[str, str] = {}
-        for subject, template, original in templates:
-            if count >= messages:
-                break
-            # A fresh trace id per corpus trace and replica: same trace structure, new traces.
-            trace = fresh.setdefault(original, os.urandom(16).hex())
-            payload = template.format(T=trace, R=replica).encode()
-            line = orjson.dumps({"subject": subject.format(R=replica) if "{R}" in subject else subject,
-                                 "headers": {}, "payload_b64": base64.b64encode(payload).decode()}) + b"\n"
-            outs[count % files].write(line)
-            written += len(line)
-            count += 1
-        replica += 1
-    for f in outs:
-        f.close()
+    with contextlib.ExitStack() as stack:
+        outs = [stack.enter_context(open(folder / f"part-{i:03d}.jsonl", "wb")) for i in range(files)]
+        while count < messages:
+            fresh: dict[str, str] = {}
+            for subject, template, original in templates:
+                if count >= messages:
+                    break
+                # A fresh trace id per corpus trace and replica: same trace structure, new traces.
+                trace = fresh.setdefault(original, os.urandom(16).hex())
+                payload = template.format(T=trace, R=replica).encode()
+                line = orjson.dumps({"subject": subject.format(R=replica) if "{R}" in subject else subject,
+                                     "headers": {}, "payload_b64": base64.b64encode(payload).decode()}) + b"\n"
+                outs[count % files].write(line)
+                written += len(line)
+                count += 1
+            replica += 1
     return written
 
 
@@ -95,7 +95,7 @@ def _rss_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of a process in KiB."""
     values = {}
     try:
-        for line in open(f"/proc/{pid}/status"):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(("VmRSS:", "VmHWM:")):
                 values[line.split(":")[0]] = int(line.split()[1])
     except OSError:
@@ -107,7 +107,7 @@ def _children(pid: int) -> list[int]:
     kids = []
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
-            fields = open(stat).read().rsplit(")", 1)[1].split()
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[1]) == pid:
@@ -122,7 +122,7 @@ def _java_pids() -> list[int]:
         for kid in _children(pid):
             todo.append(kid)
             try:
-                if "java" in open(f"/proc/{kid}/comm").read():
+                if "java" in Path(f"/proc/{kid}/comm").read_text():
                     found.append(kid)
             except OSError:
                 pass
@@ -143,14 +143,15 @@ def child_spark(folder: str, master: str, out: str) -> dict:
     elapsed = time.monotonic() - start
     jvm = [_rss_kib(p) for p in _java_pids()]
     spark.stop()
-    return {"status": status, "seconds": elapsed, "driver_py_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    return {"status": status, "seconds": elapsed,
+            "driver_py_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "driver_jvm_rss_mib": sum(r for r, _ in jvm) / 1024, "driver_jvm_hwm_mib": sum(h for _, h in jvm) / 1024}
 
 
 def child_single(folder: str, out: str) -> dict:
+    from nats_otel.archive import expand_inputs, read_archive
     from nats_otel.core.encode import split_by_trace, to_otlp_json_line
     from nats_otel.core.pipeline import Converted, convert_batch
-    from nats_otel.archive import expand_inputs, read_archive
 
     start = time.monotonic()
     results = convert_batch(read_archive(expand_inputs([folder])))
@@ -164,7 +165,7 @@ def child_single(folder: str, out: str) -> dict:
 
 def _load() -> str:
     """The 1-minute load average and the busiest processes not ours: this box is shared."""
-    load = open("/proc/loadavg").read().split()[0]
+    load = Path("/proc/loadavg").read_text().split()[0]
     top = subprocess.run(["top", "-bn1", "-w", "200"], capture_output=True, text=True).stdout.splitlines()
     mine = {os.getpid(), *(_children(os.getpid()))}
     busy = []
@@ -231,8 +232,8 @@ def main() -> None:
     print(f"local[2]/convert_batch throughput ratio: {two['rate'] / single['rate']:.2f}")
     growth = [r for r in rows if r["label"] == "spark local[2]"]
     print("driver memory by input size (local[2]): "
-          + ", ".join(f"{r['messages']}: python {r['driver_py_maxrss_mib']:.0f} MiB, jvm {r['driver_jvm_hwm_mib']:.0f} MiB"
-                      for r in growth))
+          + ", ".join(f"{r['messages']}: python {r['driver_py_maxrss_mib']:.0f} MiB, "
+                      f"jvm {r['driver_jvm_hwm_mib']:.0f} MiB" for r in growth))
     (work / "results.json").write_text(json.dumps(rows, indent=2))
     print(f"results in {work / 'results.json'}")
 

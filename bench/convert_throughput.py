@@ -20,15 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus_replay import replicate  # noqa: E402
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
-from opentelemetry.sdk.resources import Resource as SdkResource  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags  # noqa: E402
+from corpus_replay import replicate
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource as SdkResource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from nats_otel.core.encode import to_protobuf_bytes  # noqa: E402
-from nats_otel.core.pipeline import Converted, Converter  # noqa: E402
+from nats_otel.core.encode import to_protobuf_bytes
+from nats_otel.core.pipeline import Converted, Converter
 
 BATCH = 512
 _KINDS = {1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT, 4: SpanKind.PRODUCER, 5: SpanKind.CONSUMER}
@@ -56,9 +56,10 @@ def _readable(span, resources) -> ReadableSpan:
     resource = resources.get(span.resource)
     if resource is None:
         resource = resources[span.resource] = SdkResource(dict(span.resource.attributes))
-    context = SpanContext(int.from_bytes(span.trace_id, "big"), int.from_bytes(span.span_id, "big"), True, TraceFlags(1))
+    trace_id = int.from_bytes(span.trace_id, "big")
+    context = SpanContext(trace_id, int.from_bytes(span.span_id, "big"), True, TraceFlags(1))
     parent = (
-        SpanContext(int.from_bytes(span.trace_id, "big"), int.from_bytes(span.parent_span_id, "big"), True, TraceFlags(1))
+        SpanContext(trace_id, int.from_bytes(span.parent_span_id, "big"), True, TraceFlags(1))
         if span.parent_span_id
         else None
     )
@@ -131,7 +132,8 @@ def main() -> None:
             elapsed = time.perf_counter() - started
             rate = len(raws) / elapsed
             best[name] = max(best[name], rate)
-            print(f"round {round_number} {name:5}: {rate:10,.0f} msgs/s  {spans[name] / elapsed:10,.0f} spans/s  ({size:,} bytes)", flush=True)
+            print(f"round {round_number} {name:5}: {rate:10,.0f} msgs/s  {spans[name] / elapsed:10,.0f} spans/s  "
+                  f"({size:,} bytes)", flush=True)
     assert spans["ours"] == spans["naive"], "both paths must produce the same number of spans"
     converter = Converter()
     records = [s for raw in raws for s in converter.convert(raw).spans]
@@ -141,7 +143,8 @@ def main() -> None:
             gc.collect()
             encode_best[name] = min(encode_best[name], encode_stage(records, name == "naive"))
     print(f"\nencode stage only ({len(records):,} spans): ours {len(records) / encode_best['ours']:,.0f} spans/s, "
-          f"naive {len(records) / encode_best['naive']:,.0f} spans/s, ratio {encode_best['naive'] / encode_best['ours']:.2f}x")
+          f"naive {len(records) / encode_best['naive']:,.0f} spans/s, "
+          f"ratio {encode_best['naive'] / encode_best['ours']:.2f}x")
     print(f"\nbest ours : {best['ours']:10,.0f} trace messages/s")
     print(f"best naive: {best['naive']:10,.0f} trace messages/s")
     print(f"ratio ours/naive: {best['ours'] / best['naive']:.2f}x  (target >= 3x)")

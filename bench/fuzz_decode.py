@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import cramjam
-import orjson
 
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.encode import to_otlp_json_line, to_protobuf_bytes

@@ -25,8 +25,8 @@ def measure(side: str, messages: int) -> float:
     from corpus_replay import replicate
 
     from nats_otel.core.encode import to_protobuf_bytes
-    from nats_otel.gc_tuning import tune_gc_for_throughput
     from nats_otel.core.pipeline import Converted, Converter
+    from nats_otel.gc_tuning import tune_gc_for_throughput
 
     raws = replicate(messages)
     if side == "tuned":

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import nats
 
-from nats_otel.devkit.embedded import free_ports, single_server, start_topology
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
+from nats_otel.devkit.server_config import free_ports
+from nats_otel.devkit.topology import single_server
 
 CONSUMER = 5  # OTLP SpanKind.SPAN_KIND_CONSUMER: the server span, one per trace message
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))

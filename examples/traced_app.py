@@ -176,7 +176,7 @@ async def run(args: argparse.Namespace) -> int:
             await asyncio.wait_for(received.wait(), args.timeout)
         elif args.role == "consumer":
             await received.wait()  # until Ctrl-C
-    except asyncio.TimeoutError:
+    except TimeoutError:
         print(f"consumer: only {count} of {args.messages} messages within {args.timeout}s", file=sys.stderr)
         return 1
     finally:

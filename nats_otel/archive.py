@@ -35,7 +35,7 @@ def expand_inputs(inputs: Iterable[str]) -> list[str]:
     return paths
 
 
-def _open(path: str) -> IO[bytes]:
+def _open(path: str) -> IO[bytes] | gzip.GzipFile:
     if path == "-":
         return sys.stdin.buffer
     if path.endswith(".gz"):

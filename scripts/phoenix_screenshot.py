@@ -66,7 +66,8 @@ def main() -> int:
             while True:
                 spans = [s for s in get_json(f"{url}/v1/projects/default/spans?limit=1000")["data"]
                          if s["context"]["trace_id"] == trace_id]
-                servers = [s for s in spans if s["attributes"].get("nats.trace.hop") and s["name"].startswith("receive")]
+                servers = [s for s in spans
+                           if s["attributes"].get("nats.trace.hop") and s["name"].startswith("receive")]
                 if len(servers) >= 3:
                     break
                 if time.monotonic() > deadline:

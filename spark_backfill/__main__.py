@@ -82,7 +82,6 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _convert(spark, args: argparse.Namespace) -> int:
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     from spark_backfill import sources, transform
 
@@ -163,7 +162,8 @@ def _load(spark, args: argparse.Namespace, rows, started: float) -> int:
             batch_spans=args.otlp_batch, spans_per_second=args.otlp_rate,
         )
         sent, failed, error = sinks.export_otlp(spans, settings, spark.sparkContext.defaultParallelism)
-        log.info("exported %d spans to %s; %d failed%s", sent, settings.url, failed, f" (last error: {error})" if failed else "")
+        log.info("exported %d spans to %s; %d failed%s", sent, settings.url, failed,
+                 f" (last error: {error})" if failed else "")
         status = 1 if failed else 0
     log.info("done in %.1fs", time.monotonic() - started)
     return status

@@ -1,9 +1,10 @@
 """Completeness: traces where a server forwarded the message but the next server's trace
 message never arrived (trace messages are at most once, DESIGN §1).
 
-A forwarding egress span's id is, by construction (`nats_otel.core.ids.link_span_id`), the parent
-id of the downstream server span. So a forwarding egress (role `egress` with a hop id)
-whose span id is nobody's parent in its trace is a missing hop. With the flag, such
+A forwarding egress span is the parent of the downstream server span it was linked to
+(`nats_otel.core.linking`). So a forwarding egress (role `egress` with a hop id) whose span
+id is nobody's parent in its trace is a missing hop: the downstream report never arrived,
+or could not be linked to it (`nats.trace.link` on that server span says which). With the flag, such
 egress spans get `nats.trace.downstream_missing = true`, every span of such a trace gets
 `trace_incomplete = true` in the table, and optionally a placeholder server span for the
 missing server is added under the egress, so the tree still reads right.
@@ -19,8 +20,7 @@ from typing import Any
 import orjson
 
 from nats_otel.core.pipeline import Converted
-from nats_otel.core.records import Resource, SpanKind, SpanRecord
-
+from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord
 from spark_backfill.transform import ENCODED_COLUMNS, SPAN_COLUMNS, arrow_batch, ddl, row_to_span, span_rows
 
 __all__ = ["MISSING_ATTRIBUTE", "mark_incomplete", "placeholder_span"]
@@ -43,7 +43,7 @@ def placeholder_span(egress: SpanRecord) -> SpanRecord:
     peer = str(egress.attribute("nats.peer.server.name") or egress.attribute("nats.connection.name") or "")
     service = egress.resource.get("service.name") or "nats-server"
     subject = egress.attribute("messaging.destination.name")
-    attributes = [
+    attributes: list[tuple[str, AttrValue]] = [
         ("messaging.system", "nats"),
         ("nats.trace.placeholder", True),
         ("nats.trace.hop", str(egress.attribute("nats.trace.hop") or "")),

@@ -143,8 +143,8 @@ def edges_svg(edges: Sequence[Edge], clusters: dict[str, str], size: int = 720) 
     pos = _layout(names, clusters, size)
     esc = html.escape
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{size}" height="{size + 40}" '
-        f'viewBox="0 0 {size} {size + 40}" font-family="sans-serif" font-size="11">',
+        (f'<svg xmlns="http://www.w3.org/2000/svg" width="{size}" height="{size + 40}" '
+         f'viewBox="0 0 {size} {size + 40}" font-family="sans-serif" font-size="11">'),
         '<rect width="100%" height="100%" fill="white"/>',
         "<defs>"
         + "".join(
@@ -153,8 +153,8 @@ def edges_svg(edges: Sequence[Edge], clusters: dict[str, str], size: int = 720) 
             for k, c in {**_KIND_COLOURS, "other": "#777"}.items()
         )
         + "</defs>",
-        f'<text x="10" y="20" font-size="14" font-weight="bold">Observed NATS network: hop latency '
-        f"(p50 / p99 ms, count)</text>",
+        ('<text x="10" y="20" font-size="14" font-weight="bold">Observed NATS network: hop latency '
+         "(p50 / p99 ms, count)</text>"),
     ]
     node_r = 34
     for e in edges:

@@ -21,7 +21,6 @@ from typing import Any
 
 from nats_otel.core.encode import to_protobuf
 from nats_otel.core.records import Resource, SpanRecord
-
 from spark_backfill.fragments import TracePiece, span_pieces, trace_line
 from spark_backfill.transform import ENCODED_COLUMNS, SPAN_COLUMNS, resource_from_json, row_to_span
 
@@ -59,7 +58,8 @@ def _batch(columns: dict[str, list[Any]], schema: str) -> Any:
     from spark_backfill.transform import arrow_batch
 
     names = list(columns)
-    return arrow_batch([dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)], schema)
+    rows = [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    return arrow_batch(rows, schema)
 
 
 # --- OTLP/JSON files ---------------------------------------------------------------------
@@ -91,11 +91,12 @@ def otlp_json_lines(batches: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
 
     # Spans group by `Resource` equality, as `group_by_resource` does: rebuilt once per text.
-    resources: dict[str, Resource] = {}
+    resources: dict[object, Resource] = {}
 
     def resource_key(text: object) -> Resource:
-        resource = resources.get(text)  # type: ignore[call-overload]
+        resource = resources.get(text)
         if resource is None:
+            # Each piece's resource key is its row's resource_json text.
             resource = resources[text] = resource_from_json(text)  # type: ignore[arg-type]
         return resource
 
@@ -114,11 +115,13 @@ def otlp_json_lines(batches: Iterator[Any]) -> Iterator[Any]:
         yield pa.RecordBatch.from_arrays([pa.array([trace_line(pending, resource_key)], pa.string())], names=["value"])
 
 
-def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "errorifexists", compression: str = "none") -> None:
+def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "errorifexists",
+                    compression: str = "none") -> None:
     """OTLP/JSON lines, `partitions` files range-partitioned by trace id, each sorted."""
     from pyspark.sql import functions as F
 
-    rebuild = [F.when(F.col("otlp_span").isNull(), F.col(c)).alias(c) for c in _REBUILD_COLUMNS if c not in _PIECE_COLUMNS]
+    rebuild = [F.when(F.col("otlp_span").isNull(), F.col(c)).alias(c)
+               for c in _REBUILD_COLUMNS if c not in _PIECE_COLUMNS]
     df = spans.select(*_PIECE_COLUMNS, *rebuild)
     df = df.repartitionByRange(partitions, F.col("trace_id")).sortWithinPartitions("trace_id")
     lines = df.mapInArrow(otlp_json_lines, "value string")

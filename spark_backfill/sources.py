@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nats_otel.core.decode import RawTraceMessage
 from nats_otel.archive import archive_record, expand_inputs
+from nats_otel.core.decode import RawTraceMessage
 
 __all__ = [
     "JetStreamRange",
@@ -210,7 +210,7 @@ async def _read(source: JetStreamSource, part: JetStreamRange) -> list[tuple[str
         while not done:
             try:
                 msgs = await sub.fetch(batch=source.fetch_batch, timeout=source.timeout)
-            except (NatsTimeout, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeout):
                 break  # nothing more in the stream
             for msg in msgs:
                 seq = msg.metadata.sequence.stream

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from nats_otel.core.decode import RawTraceMessage, decompress, DecodeLimits
+from nats_otel.core.decode import DecodeLimits, RawTraceMessage, decompress
 from nats_otel.core.timestamps import parse_rfc3339_ns
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
@@ -40,7 +40,8 @@ def _hex_ids_to_base64(node):
     # OTLP/JSON uses hex ids where the generic protobuf JSON mapping expects base64.
     if isinstance(node, dict):
         return {
-            k: base64.b64encode(bytes.fromhex(v)).decode() if k in _ID_FIELDS and isinstance(v, str) else _hex_ids_to_base64(v)
+            k: (base64.b64encode(bytes.fromhex(v)).decode() if k in _ID_FIELDS and isinstance(v, str)
+                else _hex_ids_to_base64(v))
             for k, v in node.items()
         }
     if isinstance(node, list):
@@ -106,18 +107,19 @@ def check_span_model(spans: list[FlatSpan], raws: list[RawTraceMessage]) -> None
     docs = raw_documents(raws)
     assert len(servers) == len(docs), f"{len(servers)} server spans for {len(docs)} trace messages"
     # One server span per message: match by (server id, ingress ts), then check it.
-    by_key = Counter((s.resource["service.instance.id"], s.start_ns) for s in servers)
     for doc in docs:
         ingress = doc["events"][0]
         start = parse_rfc3339_ns(ingress["ts"])
         end = max(parse_rfc3339_ns(e["ts"]) for e in doc["events"])
-        matches = [s for s in servers if s.resource["service.instance.id"] == doc["server"]["id"] and s.start_ns == start]
+        matches = [s for s in servers
+                   if s.resource["service.instance.id"] == doc["server"]["id"] and s.start_ns == start]
         assert matches, f"no server span for {doc['server']['name']} at {ingress['ts']}"
         # (several only for a reused traceparent with identical ingress time: not in data)
         span = matches[0]
         assert span.end_ns == end, "server span must end at the last event ts"
         children = [c for c in spans if c.parent_span_id == span.span_id and c.kind != 5]
-        assert len(children) == len(doc["events"]) - 1, f"{len(children)} event spans for {len(doc['events']) - 1} events"
+        assert len(children) == len(doc["events"]) - 1, (
+            f"{len(children)} event spans for {len(doc['events']) - 1} events")
         header = {k.lower(): v for k, v in doc["request"].get("header", {}).items()}
         hop = header.get("nats-trace-hop", [""])[0] if ingress["kind"] in (1, 2, 4) else ""
         if "traceparent" in header:
@@ -128,16 +130,19 @@ def check_span_model(spans: list[FlatSpan], raws: list[RawTraceMessage]) -> None
         if hop:
             parent = by_id.get(span.parent_span_id)
             if parent is not None:
-                assert parent.kind == 4 and parent.attributes.get("nats.trace.hop") == hop, "parent must be the egress with the same hop id"
+                assert parent.kind == 4 and parent.attributes.get("nats.trace.hop") == hop, (
+                    "parent must be the egress with the same hop id")
         if ingress.get("error"):
             assert span.status_code == 2 and span.status_message == ingress["error"]
         for child in children:
             assert child.start_ns == start and child.end_ns >= start
-        errors = [e["error"] for e in doc["events"][1:] if e.get("error") and not e["error"].startswith("Message delivered")]
+        errors = [e["error"] for e in doc["events"][1:]
+                  if e.get("error") and not e["error"].startswith("Message delivered")]
         assert sorted(c.status_message for c in children if c.status_code == 2) == sorted(errors)
 
 
 def orphan_parents(spans: list[FlatSpan], external_parents: set[str]) -> list[FlatSpan]:
     """Spans whose parent is neither in the output nor an application span."""
     ids = {s.span_id for s in spans}
-    return [s for s in spans if s.parent_span_id and s.parent_span_id not in ids and s.parent_span_id not in external_parents]
+    return [s for s in spans
+            if s.parent_span_id and s.parent_span_id not in ids and s.parent_span_id not in external_parents]

@@ -25,24 +25,15 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from nats_otel.core.decode import DecodeLimits, RawTraceMessage
-from nats_otel.bridge.export.file import FileExporter
-from nats_otel.bridge.export.otlp import make_otlp_exporter
 from nats_otel.bridge.export.result import ExportResult
-from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from nats_otel.core.pipeline import Converted, Converter, Rejected
-from nats_otel.core.records import SpanRecord
+from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
-from nats_otel.archive import archive_record
 from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSource
 from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
-from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
 from nats_otel.bridge.telemetry import HealthServer, Metrics
 from nats_otel.bridge.workers import WorkerDied, WorkerPool
+from nats_otel.core.pipeline import Converted, Rejected
 
 __all__ = ["Bridge", "run_bridge"]
 
@@ -174,7 +165,7 @@ class Bridge:
                        if isinstance(src, JetStreamSource)]
         try:
             await asyncio.wait_for(self._stopping.wait(), s.max_runtime)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.info("max runtime reached: draining")
             self._stopping.set()
         code = await self._drain(workers)
@@ -295,7 +286,7 @@ class Bridge:
         if left > 0 and not self._stopping.is_set():
             try:
                 await asyncio.wait_for(self._stopping.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _collect(self) -> list[Delivery]:
@@ -304,7 +295,7 @@ class Bridge:
         self.metrics.queue_depth.set(self.queue.qsize())
         try:
             first = await asyncio.wait_for(self.queue.get(), _IDLE_POLL_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return []
         batch = [first]
         flush_at = time.monotonic() + (0 if self._intake_done else b.max_delay)
@@ -319,7 +310,7 @@ class Bridge:
                 break
             try:
                 batch.append(await asyncio.wait_for(self.queue.get(), left))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         return batch
 
@@ -339,7 +330,7 @@ class Bridge:
                     # Backpressure: the backend is failing; fetching more would only nak more.
                     try:
                         await asyncio.wait_for(self._stopping.wait(), pause)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                     continue
                 deliveries = await source.fetch(_FETCH_TIMEOUT_S)
@@ -374,7 +365,7 @@ class Bridge:
         ack: list[Delivery] = []
         nak: list[Delivery] = []
         term: list[Delivery] = []
-        for position, (delivery, result) in enumerate(zip(deliveries, outcome.results)):
+        for position, (delivery, result) in enumerate(zip(deliveries, outcome.results, strict=True)):
             if isinstance(result, Rejected) or position in outcome.poisoned:
                 term.append(delivery)  # bad input, or spans the backend refused: never redeliver
             elif outcome.exported:
@@ -403,8 +394,8 @@ class Bridge:
         m.decoded.inc(decoded)
         for kind, count in issues.items():
             m.issues.labels(kind).inc(count)
-        for result, count in links.items():
-            m.hop_links.labels(result).inc(count)
+        for link, count in links.items():
+            m.hop_links.labels(link).inc(count)
         if outcome.evicted:
             m.link_evicted.inc(outcome.evicted)
             log.warning("link window full: hop evidence forgotten early (raise link.capacity)",
@@ -414,17 +405,17 @@ class Bridge:
             log.warning("trace message dropped: the backend refused its spans as invalid",
                         extra={"fields": {"error": error[:300]}})
         spans = outcome.span_count
-        for name, result in outcome.exports.items():
+        for name, export in outcome.exports.items():
             m.export_latency.labels(name).observe(outcome.durations.get(name, 0.0))
-            if result.ok:
-                m.spans_exported.labels(name).inc(spans - result.rejected_spans)
-                if result.rejected_spans:
-                    m.spans_rejected.labels(name).inc(result.rejected_spans)
+            if export.ok:
+                m.spans_exported.labels(name).inc(spans - export.rejected_spans)
+                if export.rejected_spans:
+                    m.spans_rejected.labels(name).inc(export.rejected_spans)
             else:
                 m.export_failures.labels(name).inc()
                 log.warning("export failed", extra={"fields": {
-                    "exporter": name, "error": result.error, "attempts": result.attempts, "spans": spans,
-                    "retryable": result.retryable}})
+                    "exporter": name, "error": export.error, "attempts": export.attempts, "spans": spans,
+                    "retryable": export.retryable}})
         if outcome.exports:
             was_ok, self._export_ok = self._export_ok, outcome.exported
             if self._export_ok and not was_ok:

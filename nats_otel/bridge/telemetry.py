@@ -141,7 +141,8 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     """Logs of the `nats_otel` loggers to stderr, as JSON lines or plain text."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("nats_otel")
     logger.handlers[:] = [handler]
     logger.setLevel(level)

@@ -6,8 +6,9 @@ Each worker is a spawned process running the same `Processor` as the one-thread 
 settles. A batch is split by `shard_key` - the traceparent's trace id, or the arrival
 subject for ad-hoc traces and unusable traceparents - so every message of one trace goes
 to the same worker, in arrival order, and each worker's linker sees all of them (hop
-evidence first, `observe`, then the batch `link.wait` later). A worker answers each sub-batch with a slim `BatchOutcome` (results without
-span records, the export results), so JetStream acks still follow the export.
+evidence first, `observe`, then the batch `link.wait` later). A worker answers each
+sub-batch with a slim `BatchOutcome` (results without span records, the export results),
+so JetStream acks still follow the export.
 
 Pipes carry plain tuples both ways (subject, headers, payload, received_at in; packed
 results out): pickling one dataclass per message cost more than converting it. A sender
@@ -35,11 +36,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from nats_otel.bridge.processor import BatchOutcome, Processor, make_exporters
+from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decompress
 from nats_otel.core.ids import parse_traceparent
 from nats_otel.core.pipeline import Converted, Rejected
-from nats_otel.bridge.processor import BatchOutcome, Processor, make_exporters
-from nats_otel.bridge.settings import BridgeSettings
 
 __all__ = ["WorkerDied", "WorkerPool", "shard_key", "shard_of"]
 
@@ -165,7 +166,7 @@ class _Worker:
     """One worker process with its pipes, sender thread and reader thread."""
 
     def __init__(self, ctx: Any, settings_doc: dict[str, Any], index: int,
-                 on_death: Callable[[str], None]) -> None:
+                 on_death: Callable[[str], object]) -> None:
         self.index = index
         self._on_death = on_death
         self._closing = False
@@ -275,7 +276,7 @@ class WorkerPool:
         self._workers: list[_Worker] = []
         #: Called (from a reader thread) when a worker dies other than by `close`: a crash or
         #: an OOM kill. The bridge stops on it, so that its supervisor restarts it.
-        self.on_death: Callable[[str], None] = lambda reason: None
+        self.on_death: Callable[[str], object] = lambda reason: None
 
     def start(self) -> None:
         """Spawn the workers and wait until each has built its exporters (blocking)."""

@@ -97,9 +97,9 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from nats_otel.bridge.loop import run_bridge
-    from nats_otel.gc_tuning import tune_gc_for_throughput
     from nats_otel.bridge.settings import SettingsError, load_settings
     from nats_otel.bridge.telemetry import configure_logging
+    from nats_otel.gc_tuning import tune_gc_for_throughput
 
     try:
         settings = load_settings(args.config, overrides_from(args))

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections import Counter
 
 import orjson
 
+from nats_otel.archive import expand_inputs, read_archive
 from nats_otel.core.decode import DecodeLimits
 from nats_otel.core.encode import split_by_trace, to_otlp_json_line
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 from nats_otel.core.pipeline import Converted, Rejected, convert_batch
-from nats_otel.archive import expand_inputs, read_archive
 
 HELP = "convert archived trace messages (JSON Lines) to OTLP/JSON, one request per trace"
 
@@ -90,15 +91,10 @@ def run(args: argparse.Namespace) -> int:
     tune_gc_for_throughput()
     results = convert_inputs(args)
     spans = [span for r in results if isinstance(r, Converted) for span in r.spans]
-    out = sys.stdout.buffer if args.output == "-" else open(args.output, "wb")
-    try:
+    with contextlib.nullcontext(sys.stdout.buffer) if args.output == "-" else open(args.output, "wb") as out:
         for trace in split_by_trace(spans):
             out.write(to_otlp_json_line(trace))
-    finally:
-        if out is not sys.stdout.buffer:
-            out.close()
-        else:
-            out.flush()
+        out.flush()
     if args.rejects:
         write_rejects(args.rejects, results)
     text, rejects = summary(results)

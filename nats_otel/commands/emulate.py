@@ -8,6 +8,10 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # devkit is imported in run(): loading this module for its help line stays cheap
+    from nats_otel.devkit.emulate import EmulationReport
 
 HELP = ("publish traced messages over N client connections at a set rate, on an embedded topology of "
         "K nats-servers or an existing network, and report what was published")
@@ -24,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load = parser.add_argument_group("load")
     load.add_argument("--connections", type=int, default=10, metavar="N", help="client connections (default 10)")
     load.add_argument("--rate", type=float, default=100.0, help="traced messages per second in total (default 100)")
-    load.add_argument("--duration", type=float, default=10.0, metavar="SECONDS", help="how long to publish (default 10)")
+    load.add_argument("--duration", type=float, default=10.0, metavar="SECONDS",
+                      help="how long to publish (default 10)")
     load.add_argument("--subject-prefix", default="emulate", help="subjects <prefix>.<connection> (default emulate)")
     load.add_argument("--trace-dest", metavar="SUBJ", help="add Nats-Trace-Dest: SUBJ (ad-hoc tracing)")
     load.add_argument("--payload-size", type=int, default=64, metavar="BYTES")
@@ -39,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from nats_otel.devkit.emulate import EmulationOptions, default_user, emulate, emulation_topology
-    from nats_otel.devkit.embedded import TopologyError, start_topology
+    from nats_otel.devkit.processes import TopologyError, start_topology
 
     if args.connections < 1 or args.rate <= 0 or args.duration <= 0:
         print("nats-otel emulate: --connections, --rate and --duration must be positive", file=sys.stderr)
@@ -75,6 +80,6 @@ def run(args: argparse.Namespace) -> int:
         topo.stop()
 
 
-def _report(report) -> int:  # noqa: ANN001 - EmulationReport, imported lazily
+def _report(report: EmulationReport) -> int:
     print(json.dumps(report.as_dict()), flush=True)
     return 0

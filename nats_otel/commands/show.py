@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nats_otel.commands.convert import convert_inputs, report_rejects, summary
 from nats_otel.core.pipeline import Converted
 from nats_otel.core.render import render_traces
-from nats_otel.commands.convert import convert_inputs, report_rejects, summary
 
 HELP = "draw the traces of archived trace messages as trees (servers, hops, latency, errors)"
 

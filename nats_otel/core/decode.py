@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 import cramjam
-import orjson
 import msgspec
+import orjson
 
 from nats_otel.core.model import (
     EVENT_MODELS,
@@ -162,7 +162,7 @@ def decompress(payload: bytes, content_encoding: str | None, limits: DecodeLimit
     if encoding == "snappy":
         try:
             data = bytes(cramjam.snappy.decompress(payload))
-        except Exception as exc:  # cramjam raises its own DecompressionError
+        except cramjam.DecompressionError as exc:
             raise CompressionError(f"corrupt snappy (framed) payload: {exc}") from None
         if len(data) > limits.max_decompressed_bytes:
             raise TooLargeError(f"decompressed payload over {limits.max_decompressed_bytes}")
@@ -301,7 +301,7 @@ def _decode_fast(data: bytes, limits: DecodeLimits) -> TraceMessage | None:
         msg_size=doc.request.msgsize,
         hops=doc.hops,
         ingress=events[0],
-        events=tuple(events[1:]),  # type: ignore[arg-type] - no Ingress left (checked)
+        events=tuple(events[1:]),  # type: ignore[arg-type]  # no Ingress left (checked above)
     )
 
 

@@ -66,7 +66,7 @@ def _pb_span(span: SpanRecord) -> Span:
         trace_id=span.trace_id,
         span_id=span.span_id,
         name=span.name,
-        kind=span.kind,
+        kind=Span.SpanKind.ValueType(span.kind),
         start_time_unix_nano=span.start_ns,
         end_time_unix_nano=span.end_ns,
         attributes=_pb_attributes(span.attributes),
@@ -76,7 +76,7 @@ def _pb_span(span: SpanRecord) -> Span:
     if span.trace_state:
         pb.trace_state = span.trace_state
     if span.status_code:
-        pb.status.CopyFrom(Status(code=span.status_code, message=span.status_message))
+        pb.status.CopyFrom(Status(code=Status.StatusCode.ValueType(span.status_code), message=span.status_message))
     return pb
 
 

@@ -80,11 +80,12 @@ UInt64 = Annotated[int, Meta(ge=0)]
 class _Wire(Struct, frozen=True, kw_only=True):
     # msgspec validates while it parses, in C: 5x faster than the pydantic models this
     # replaced (docs/performance.md). Its defaults are ours: extra keys are ignored
-    # (servers add fields over time) and types are not coerced.
+    # (servers add fields over time) and types are not coerced. Subclasses repeat
+    # frozen=True: msgspec inherits it, type checkers only see it where it is written.
     pass
 
 
-class ServerInfo(_Wire, rename={"version": "ver"}):
+class ServerInfo(_Wire, rename={"version": "ver"}, frozen=True):
     """The `server` block: which server published this trace message."""
 
     name: str
@@ -106,7 +107,7 @@ class ServerInfo(_Wire, rename={"version": "ver"}):
             force_setattr(self, "time_ns", _timestamp(self.time))
 
 
-class _Event(_Wire, tag_field="type"):
+class _Event(_Wire, tag_field="type", frozen=True):
     """An event: `ts` is the server's RFC 3339 text, `ts_ns` the nanoseconds it names."""
 
     ts: str
@@ -116,7 +117,7 @@ class _Event(_Wire, tag_field="type"):
         force_setattr(self, "ts_ns", _timestamp(self.ts))
 
 
-class Ingress(_Event, tag="in", rename={"account": "acc", "subject": "subj"}, kw_only=True):
+class Ingress(_Event, tag="in", rename={"account": "acc", "subject": "subj"}, kw_only=True, frozen=True):
     """`in`: how the message entered this server. Always the first event."""
 
     kind: int
@@ -131,20 +132,20 @@ class Ingress(_Event, tag="in", rename={"account": "acc", "subject": "subj"}, kw
         super().__post_init__()
 
 
-class SubjectMapping(_Event, tag="sm"):
+class SubjectMapping(_Event, tag="sm", frozen=True):
     """`sm`: the subject was rewritten by an account mapping."""
 
     to: str = ""
 
 
-class StreamExport(_Event, tag="se", rename={"account": "acc"}):
+class StreamExport(_Event, tag="se", rename={"account": "acc"}, frozen=True):
     """`se`: the message crossed into another account through a stream export."""
 
     account: str = ""
     to: str = ""
 
 
-class ServiceImport(_Event, tag="si", rename={"account": "acc", "from_subject": "from"}):
+class ServiceImport(_Event, tag="si", rename={"account": "acc", "from_subject": "from"}, frozen=True):
     """`si`: the message crossed into another account through a service import."""
 
     account: str = ""
@@ -152,7 +153,7 @@ class ServiceImport(_Event, tag="si", rename={"account": "acc", "from_subject": 
     to: str = ""
 
 
-class JetStreamEvent(_Event, tag="js", rename={"no_interest": "nointerest"}):
+class JetStreamEvent(_Event, tag="js", rename={"no_interest": "nointerest"}, frozen=True):
     """`js`: the message was offered to a stream."""
 
     stream: str = ""
@@ -161,7 +162,7 @@ class JetStreamEvent(_Event, tag="js", rename={"no_interest": "nointerest"}):
     error: str = ""
 
 
-class Egress(_Event, tag="eg", rename={"account": "acc", "subscription": "sub"}, kw_only=True):
+class Egress(_Event, tag="eg", rename={"account": "acc", "subscription": "sub"}, kw_only=True, frozen=True):
     """`eg`: the message left this server, to a client or to another server (with a hop id)."""
 
     kind: int
@@ -186,7 +187,7 @@ class Egress(_Event, tag="eg", rename={"account": "acc", "subscription": "sub"},
 TraceEvent = SubjectMapping | StreamExport | ServiceImport | JetStreamEvent | Egress
 
 # Event type tag on the wire -> model. `in` is handled apart: it must come first.
-EVENT_MODELS: dict[str, type[_Event]] = {
+EVENT_MODELS: dict[str, type[TraceEvent]] = {
     "sm": SubjectMapping,
     "se": StreamExport,
     "si": ServiceImport,

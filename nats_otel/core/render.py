@@ -61,7 +61,8 @@ def _server(span, children, indent, lines, paint, upstream_egress) -> None:
     if cluster and cluster != server:
         head += f" [{cluster}]"
     hop = span.attribute("nats.trace.hop")
-    head += f"  in {kind} {conn!s}  acc {span.attribute('nats.account')}  subj {span.attribute('messaging.destination.name')}"
+    subject = span.attribute("messaging.destination.name")
+    head += f"  in {kind} {conn!s}  acc {span.attribute('nats.account')}  subj {subject}"
     if hop:
         head += f"  hop {hop}"
     if upstream_egress is not None:
@@ -86,7 +87,8 @@ def _server(span, children, indent, lines, paint, upstream_egress) -> None:
                 if event.attribute("nats.trace.note"):
                     text = "remote server does not trace"
                 else:
-                    text = f"MISSING: no trace message from {event.attribute('nats.peer.server.name')} (hop {event_hop})"
+                    peer = event.attribute("nats.peer.server.name")
+                    text = f"MISSING: no trace message from {peer} (hop {event_hop})"
                 lines.append(f"{indent}{cont}└─ {paint(text, _YELLOW)}")
 
 

@@ -2,8 +2,8 @@
 
 It starts, in this order, and stops again in reverse (also on Ctrl-C, SIGTERM and errors):
 
-1. an in-process OTLP/gRPC receiver (`nats_otel.testing`) that every span is sent to;
-2. real nats-servers (`embedded.demo_topology()`): cluster ``east`` of 3 plus ``leaf-1``, a
+1. an in-process OTLP/gRPC receiver (`nats_otel.devkit.receivers`) that every span is sent to;
+2. real nats-servers (`devkit.topology.demo_topology()`): cluster ``east`` of 3 plus ``leaf-1``, a
    leafnode of east-1; account A traces every message with a sampled traceparent to ``trace.a``;
 3. the bridge (in-process `Bridge`) on east-1, subscribed to ``trace.a``;
 4. the instrumented app from ``examples/traced_app.py``: consumers on east-3 and leaf-1, the
@@ -189,8 +189,9 @@ def _iter_spans(requests: list[ExportTraceServiceRequest]) -> Iterator[tuple[Any
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoReport:
     """Run the demo; print trees and summary to ``out``; raise `DemoError` if it cannot."""
-    from nats_otel.devkit.embedded import TopologyError, demo_topology, start_topology
+    from nats_otel.devkit.processes import TopologyError, start_topology
     from nats_otel.devkit.receivers import OTLPGrpcReceiver
+    from nats_otel.devkit.topology import demo_topology
 
     example = load_example()
     previous = signal.getsignal(signal.SIGTERM)
@@ -200,7 +201,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoReport:
     try:
         with contextlib.ExitStack() as stack:
             receiver = stack.enter_context(OTLPGrpcReceiver(max_workers=8))
-            workdir = options.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nats-otel-demo-")))
+            workdir = options.workdir or Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="nats-otel-demo-")))
             print(f"OTLP receiver on {receiver.endpoint}; starting nats-servers in {workdir} ...", file=out, flush=True)
             try:
                 topo = stack.enter_context(start_topology(demo_topology(), workdir))
@@ -232,8 +234,8 @@ async def _drive(options: DemoOptions, example: ModuleType, topo: Any, receiver:
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     from nats_otel.bridge.loop import Bridge
-    from nats_otel.devkit.embedded import wait_for_interest
     from nats_otel.bridge.settings import load_settings
+    from nats_otel.devkit.processes import wait_for_interest
 
     settings = load_settings(env={}, overrides={
         "sources": [{"name": "A", "urls": [topo.client_url(BRIDGE_SERVER, "a")], "subjects": [TRACE_SUBJECT]}],
@@ -249,7 +251,8 @@ async def _drive(options: DemoOptions, example: ModuleType, topo: Any, receiver:
         await _until(lambda: bridge.ready()[0] or bridge_task.done(), 15, "the bridge to connect")
         if bridge_task.done():
             raise DemoError(f"the bridge stopped at start-up (exit code {bridge_task.result()})")
-        print(f"bridge on {BRIDGE_SERVER} subscribed to {TRACE_SUBJECT}, exporting to the receiver", file=out, flush=True)
+        print(f"bridge on {BRIDGE_SERVER} subscribed to {TRACE_SUBJECT}, exporting to the receiver",
+              file=out, flush=True)
 
         async def connect(server: str, name: str) -> Any:
             nc = await nats.connect(topo.client_url(server, "a"), name=name, max_reconnect_attempts=0)
@@ -296,7 +299,7 @@ async def _drive(options: DemoOptions, example: ModuleType, topo: Any, receiver:
               f"consumers on {', '.join(CONSUMER_SERVERS)}", file=out, flush=True)
         try:
             await asyncio.wait_for(all_received.wait(), options.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise DemoError(f"consumers got {sum(received.values())} of "
                             f"{options.messages * len(CONSUMER_SERVERS)} deliveries in {options.timeout}s") from None
         for p in providers:

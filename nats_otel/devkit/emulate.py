@@ -21,15 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nats_otel.devkit.embedded import (
-    DEFAULT_PASSWORD,
-    LEAF_ACCOUNTS,
-    LeafRemote,
-    ServerSpec,
-    Topology,
-    cluster,
-    wait_for_interest,
-)
+from nats_otel.devkit.processes import wait_for_interest
+from nats_otel.devkit.topology import DEFAULT_PASSWORD, LEAF_ACCOUNTS, LeafRemote, ServerSpec, Topology, cluster
 
 __all__ = ["EmulationOptions", "EmulationReport", "emulate", "emulation_topology"]
 

@@ -61,8 +61,17 @@ class Received:
 class _Recorder:
     """What both receivers share: the record, the outage switch, waiting for spans."""
 
-    __slots__ = ("_cond", "_received", "_span_count", "_rejected", "unavailable",
-                 "retry_after", "response_delay", "keep_requests", "refuse")
+    __slots__ = (
+        "_cond",
+        "_received",
+        "_rejected",
+        "_span_count",
+        "keep_requests",
+        "refuse",
+        "response_delay",
+        "retry_after",
+        "unavailable",
+    )
 
     def __init__(self, keep_requests: bool = True) -> None:
         self._cond = threading.Condition()
@@ -205,7 +214,7 @@ class OTLPGrpcReceiver(_Recorder):
     an exporter configured once sees the same endpoint come back after :meth:`stop`.
     """
 
-    __slots__ = ("host", "port", "max_workers", "tls", "_server")
+    __slots__ = ("_server", "host", "max_workers", "port", "tls")
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, max_workers: int = 4,
                  keep_requests: bool = True, tls: tuple[bytes, bytes, bytes | None] | None = None) -> None:
@@ -322,7 +331,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server naming
+    def do_POST(self) -> None:
         rx = self.server.receiver
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path.split("?", 1)[0] != rx.path:
@@ -392,7 +401,7 @@ class OTLPHttpReceiver(_Recorder):
     deflate. ``port=0`` picks a free port at the first :meth:`start`; restarts reuse it.
     """
 
-    __slots__ = ("host", "port", "path", "_server", "_thread")
+    __slots__ = ("_server", "_thread", "host", "path", "port")
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/v1/traces",
                  keep_requests: bool = True) -> None:

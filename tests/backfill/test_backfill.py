@@ -7,11 +7,10 @@ import json
 import orjson
 import pytest
 
+from nats_otel.archive import read_archive
 from nats_otel.core.decode import parse_archive_line
 from nats_otel.core.encode import split_by_trace, to_otlp_json_line
 from nats_otel.core.pipeline import Converted, convert_batch
-from nats_otel.archive import read_archive
-
 from tests.backfill.conftest import CORPUS, GARBAGE_LINES, corpus_files, nats_otel_convert, read_parts
 
 pytestmark = pytest.mark.spark
@@ -46,10 +45,12 @@ def test_reused_traceparent_scenario_links_like_convert(corpus_run):
 def test_rejects_have_reasons_and_are_counted(corpus_run, workdir):
     from nats_otel.cli import main
 
-    rows = [json.loads(line) for p in (corpus_run["out"] / "rejects").glob("part-*") for line in p.read_text().splitlines()]
+    rows = [json.loads(line) for p in (corpus_run["out"] / "rejects").glob("part-*")
+            for line in p.read_text().splitlines()]
     assert len(rows) == len(GARBAGE_LINES)
     reference = workdir / "reference-rejects.jsonl"
-    assert main(["convert", *corpus_run["inputs"], "-o", str(workdir / "r.jsonl"), "--rejects", str(reference), "--quiet"]) == 0
+    assert main(["convert", *corpus_run["inputs"], "-o", str(workdir / "r.jsonl"), "--rejects", str(reference),
+                 "--quiet"]) == 0
     expected = [json.loads(line)["reason"] for line in reference.read_text().splitlines()]
     assert sorted(r["reason"] for r in rows) == sorted(expected)
     assert {"bad_record", "bad_json", "bad_compression"} <= {r["reason"] for r in rows}

@@ -14,7 +14,6 @@ import nats
 import pytest
 
 from nats_otel.core.decode import parse_archive_line
-
 from tests.bridge.test_security_bridge import APP_PASSWORD, denied, nats_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -54,7 +53,7 @@ def test_backfill_reads_ranges_with_the_least_privilege_user(tmp_path: Path) -> 
     from spark_backfill.sources import JetStreamSource, plan_ranges, read_range, stream_bounds
 
     raws = [parse_archive_line(line) for f in sorted(glob.glob(str(CORPUS / "*.jsonl")))
-            for line in open(f, "rb") if line.strip()][:40]
+            for line in Path(f).read_bytes().splitlines(keepends=True) if line.strip()][:40]
     users = (f'      {{ user: backfill, password: "{BACKFILL_PASSWORD}", '
              f"permissions: {BACKFILL_PERMISSIONS} }}")
     with nats_server(tmp_path, users, jetstream=True) as hostport:

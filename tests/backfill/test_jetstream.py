@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from nats_otel.core.decode import parse_archive_line
-
 from tests.backfill.conftest import corpus_files, nats_otel_convert, read_parts
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -44,12 +44,14 @@ async def _consumers(url: str) -> int:
 
 
 def test_jetstream_ranges_give_the_same_spans_as_convert(spark, workdir):
-    from nats_otel.devkit.embedded import single_server, start_topology
+    from nats_otel.devkit.processes import start_topology
+    from nats_otel.devkit.topology import single_server
     from spark_backfill import sources
     from spark_backfill.__main__ import run
 
     files = corpus_files()
-    raws = [parse_archive_line(line) for f in files for line in open(f, "rb") if line.strip()]
+    raws = [parse_archive_line(line) for f in files for line in Path(f).read_bytes().splitlines(keepends=True)
+            if line.strip()]
     with start_topology(single_server(jetstream=True)) as topo:
         url = topo.client_url("n1", user="a")
         first, last = asyncio.run(_fill(url, raws))
@@ -61,7 +63,8 @@ def test_jetstream_ranges_give_the_same_spans_as_convert(spark, workdir):
         status = run(
             spark,
             ["convert", "--jetstream-url", url, "--stream", STREAM, "--jetstream-ranges", "5",
-             "--otlp-json-out", str(out / "otlp"), "--rejects-out", str(out / "rejects"), "--otlp-json-partitions", "2"],
+             "--otlp-json-out", str(out / "otlp"), "--rejects-out", str(out / "rejects"),
+             "--otlp-json-partitions", "2"],
         )
         assert status == 0
         assert asyncio.run(_consumers(url)) == 0, "the ranges left consumers behind"

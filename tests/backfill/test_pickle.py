@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import pickle
+from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
 
 from spark_backfill import completeness, sinks, sources, transform
-
 from tests.backfill.conftest import corpus_files
 
 pytestmark = pytest.mark.spark
@@ -22,7 +22,7 @@ def _roundtrip(obj):
 def test_shipped_functions_and_settings_pickle_and_behave_the_same():
     import pyarrow as pa
 
-    lines = [line.decode() for line in open(corpus_files()[1], "rb") if line.strip()]
+    lines = [line.decode() for line in Path(corpus_files()[1]).read_bytes().splitlines(keepends=True) if line.strip()]
     settings = transform.ConvertSettings()
     shipped = [
         functools.partial(transform._convert_groups, settings=settings),
@@ -36,8 +36,8 @@ def test_shipped_functions_and_settings_pickle_and_behave_the_same():
         assert _roundtrip(obj) is not None
     keys = [transform.context_key(line, settings) for line in lines]
     batch = pa.RecordBatch.from_pydict({"value": lines, "source": ["x"] * len(lines), "ctx_key": keys})
-    direct = list(shipped[0]([batch]))[0]
-    again = list(_roundtrip(shipped[0])([batch]))[0]
+    direct = next(iter(shipped[0]([batch])))
+    again = next(iter(_roundtrip(shipped[0])([batch])))
     assert direct.num_rows > len(lines)
     assert direct.equals(again)
     assert _roundtrip(settings) == settings

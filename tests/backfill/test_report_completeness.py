@@ -7,14 +7,14 @@ import threading
 import xml.etree.ElementTree as ET
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import ClassVar
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from nats_otel.archive import read_archive
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.core.records import SpanKind
-from nats_otel.archive import read_archive
-
 from tests.backfill.conftest import CORPUS, corpus_files
 
 pytestmark = pytest.mark.spark
@@ -38,13 +38,15 @@ def test_report_edges_errors_and_svg(spark, corpus_run, workdir):
 
     out = workdir / "report"
     assert run(spark, ["report", "--spans", str(corpus_run["out"] / "spans"), "--out", str(out)]) == 0
-    rows = list(csv.DictReader(open(out / "edges.csv")))
+    with open(out / "edges.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
     got = Counter({(r["source"], r["target"], r["kind"]): int(r["count"]) for r in rows})
     expected = _expected_edges()
     assert got == expected
     assert {k for _, _, k in expected} >= {"router", "gateway", "leaf"}
     assert all(float(r["p50_ms"]) <= float(r["p99_ms"]) <= float(r["max_ms"]) for r in rows)
-    errors = list(csv.DictReader(open(out / "errors.csv")))
+    with open(out / "errors.csv", newline="") as f:
+        errors = list(csv.DictReader(f))
     assert errors and all(int(e["count"]) > 0 and e["account"] for e in errors)
     svg = ET.parse(out / "network.svg").getroot()
     drawn = [g for g in svg.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "edge"]
@@ -62,7 +64,7 @@ def test_missing_downstream_hop_is_marked_with_a_placeholder(spark, workdir):
     results = convert_batch(read_archive([str(whole)]))
     downstream = [i for i, r in enumerate(results) if r.spans[0].attribute("nats.trace.hop")]
     assert downstream
-    cut.write_bytes(b"\n".join(l for i, l in enumerate(lines) if i != downstream[0]) + b"\n")
+    cut.write_bytes(b"\n".join(line for i, line in enumerate(lines) if i != downstream[0]) + b"\n")
     # The egress whose downstream message is gone: its id is the dropped server span's parent.
     lost_parent = results[downstream[0]].spans[0].parent_span_id.hex()
     for name, path in (("whole", whole), ("cut", cut)):
@@ -81,10 +83,10 @@ def test_missing_downstream_hop_is_marked_with_a_placeholder(spark, workdir):
 
 
 class _Collector(BaseHTTPRequestHandler):
-    requests: list = []
+    requests: ClassVar[list] = []
     failures_left = 1
 
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         if type(self).failures_left > 0:  # one transient failure: the exporter must retry
             type(self).failures_left -= 1
@@ -123,4 +125,5 @@ def test_otlp_export_from_executors_retries_and_delivers_every_span(spark, workd
                        for s in r.spans)
     assert got == expected
     assert _Collector.failures_left == 0
-    assert all(sum(len(ss.spans) for rs in r.resource_spans for ss in rs.scope_spans) <= 50 for r in _Collector.requests)
+    assert all(sum(len(ss.spans) for rs in r.resource_spans for ss in rs.scope_spans) <= 50
+               for r in _Collector.requests)

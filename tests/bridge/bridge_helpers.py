@@ -13,10 +13,10 @@ from pathlib import Path
 import nats
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from nats_otel.archive import read_archive
 from nats_otel.bridge.loop import Bridge
 from nats_otel.core.encode import to_protobuf
 from nats_otel.core.pipeline import Converted, convert_batch
-from nats_otel.archive import read_archive
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

@@ -27,7 +27,8 @@ def _keypair(prefix: int) -> tuple[bytes, nkeys.KeyPair]:
 
 def _jwt(claims: dict, issuer: nkeys.KeyPair) -> str:
     claims = {"iat": int(time.time()), "iss": issuer.public_key.decode(), **claims}
-    claims["jti"] = base64.b32encode(hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).digest()).decode().rstrip("=")
+    digest = hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).digest()
+    claims["jti"] = base64.b32encode(digest).decode().rstrip("=")
     header = _b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
     payload = _b64(json.dumps(claims).encode())
     signature = _b64(issuer.sign(f"{header}.{payload}".encode()))
@@ -65,13 +66,16 @@ def operator_setup(workdir: Path, bridge_subjects: list[str]) -> OperatorSetup:
     _, account = _keypair(nkeys.PREFIX_BYTE_ACCOUNT)
     op_pub, acc_pub = operator.public_key.decode(), account.public_key.decode()
     operator_jwt = _jwt({"sub": op_pub, "name": "test-operator", "nats": {"type": "operator", "version": 2}}, operator)
-    limits = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1}
-    account_jwt = _jwt({"sub": acc_pub, "name": "A", "nats": {"limits": limits, "type": "account", "version": 2}}, operator)
+    limits = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": True, "conn": -1,
+              "leaf": -1}
+    account_jwt = _jwt({"sub": acc_pub, "name": "A", "nats": {"limits": limits, "type": "account", "version": 2}},
+                       operator)
     # The servers send trace messages through their internal (system account) send loop:
     # without a system account no trace message is ever published.
     _, system = _keypair(nkeys.PREFIX_BYTE_ACCOUNT)
     sys_pub = system.public_key.decode()
-    system_jwt = _jwt({"sub": sys_pub, "name": "SYS", "nats": {"limits": limits, "type": "account", "version": 2}}, operator)
+    system_jwt = _jwt({"sub": sys_pub, "name": "SYS", "nats": {"limits": limits, "type": "account", "version": 2}},
+                      operator)
     bridge_creds, bridge_seed = _user(
         workdir, "bridge", account, {"sub": {"allow": bridge_subjects}, "pub": {"deny": [">"]}}
     )

@@ -18,10 +18,11 @@ import pytest
 import yaml
 
 from nats_otel.bridge.loop import Bridge
-from nats_otel.devkit.embedded import free_ports, single_server, start_topology
 from nats_otel.bridge.settings import load_settings
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver, OTLPHttpReceiver
-
+from nats_otel.devkit.server_config import free_ports
+from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import (
     archived,
     expected_from_archive,
@@ -115,7 +116,7 @@ def start_bridge_process(config: Path, port: int, log: Path) -> subprocess.Popen
     return subprocess.Popen(
         [sys.executable, "-m", "nats_otel.cli", "bridge", "--config", str(config), "--metrics-port", str(port),
          "--mode", "jetstream", "--create-stream"],
-        stdout=subprocess.DEVNULL, stderr=open(log, "ab"), start_new_session=True,  # noqa: SIM115
+        stdout=subprocess.DEVNULL, stderr=open(log, "ab"), start_new_session=True,
     )
 
 

@@ -12,11 +12,11 @@ import nats
 import pytest
 
 from nats_otel.bridge.loop import Bridge
-from nats_otel.devkit.embedded import full_topology, start_topology, wait_for_interest
-from nats_otel.core.records import SpanKind, StatusCode
 from nats_otel.bridge.settings import load_settings
+from nats_otel.core.records import SpanKind, StatusCode
+from nats_otel.devkit.processes import start_topology, wait_for_interest
 from nats_otel.devkit.receivers import OTLPGrpcReceiver, OTLPHttpReceiver
-
+from nats_otel.devkit.topology import full_topology
 from tests.bridge.bridge_helpers import (
     archive_lines,
     archived,
@@ -112,7 +112,7 @@ def check_topology(by_trace: dict, scenarios: dict[str, tuple[str, str, set[str]
         assert len(origin) == 1 and origin[0].parent_span_id.hex() == parent, scenario
         assert origin[0].name == ("receive secret.x" if scenario == "denied" else f"receive bridge.{scenario}")
         egress = {attrs(s).get("nats.trace.hop"): s for _, s in spans if s.kind == SpanKind.PRODUCER}
-        for res, down in servers:
+        for _, down in servers:
             hop = attrs(down).get("nats.trace.hop")
             if hop is not None:
                 assert down.parent_span_id == egress[hop].span_id, (scenario, hop)
@@ -178,7 +178,8 @@ async def test_core_mode_http_gzip_and_second_account(topo, tmp_path: Path) -> N
             expected, _ = expected_from_archive(archive)
             await wait_until(lambda: rx.span_count >= len(expected), 10, "spans over OTLP/HTTP")
             assert span_values(rx.requests) == expected
-            assert rx.received[0].headers.get("Content-Encoding", rx.received[0].headers.get("content-encoding")) == "gzip"
+            headers = rx.received[0].headers
+            assert headers.get("Content-Encoding", headers.get("content-encoding")) == "gzip"
             (spans,) = spans_by_trace(rx.requests).values()
             server = next(s for _, s in spans if s.kind == SpanKind.CONSUMER)
             assert server.trace_id.hex() == trace_id and server.parent_span_id.hex() == parent

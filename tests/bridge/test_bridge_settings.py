@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nats_otel.commands import bridge as bridge_command
 from nats_otel.bridge.settings import BridgeSettings, SettingsError, load_settings
+from nats_otel.commands import bridge as bridge_command
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import nats
 import pytest
 
-from nats_otel.devkit.embedded import single_server, start_topology
-from nats_otel.core.pipeline import Converted, convert_batch
-from nats_otel.bridge.settings import load_settings
 from nats_otel.archive import read_archive
+from nats_otel.bridge.settings import load_settings
+from nats_otel.core.pipeline import Converted, convert_batch
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-
+from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import (
     archive_lines,
     expected_from_archive,
@@ -33,7 +33,7 @@ from tests.bridge.bridge_helpers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from corpus_replay import replicate  # noqa: E402
+from corpus_replay import replicate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

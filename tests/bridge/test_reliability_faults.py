@@ -21,14 +21,14 @@ from pathlib import Path
 import nats
 import pytest
 
+from nats_otel.bridge.settings import load_settings
 from nats_otel.core.decode import RawTraceMessage
-from nats_otel.devkit.embedded import Topology, cluster, single_server, start_topology, wait_for_interest
 from nats_otel.core.encode import to_protobuf
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.core.records import SpanKind
-from nats_otel.bridge.settings import load_settings
+from nats_otel.devkit.processes import start_topology, wait_for_interest
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-
+from nats_otel.devkit.topology import Topology, cluster, single_server
 from tests.bridge.bridge_helpers import (
     publish_traced,
     span_values,

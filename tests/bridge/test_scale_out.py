@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from nats_otel.devkit.embedded import free_ports, single_server, start_topology
-from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.archive import read_archive
+from nats_otel.core.pipeline import Converted, convert_batch
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-
+from nats_otel.devkit.server_config import free_ports
+from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import archive_lines, metric, scrape, wait_until
 from tests.bridge.test_bridge_workers import publish_raws
 

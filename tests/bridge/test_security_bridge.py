@@ -25,12 +25,12 @@ import nats
 import nkeys
 import pytest
 
-from nats_otel.devkit.embedded import find_nats_server, free_ports
 from nats_otel.bridge.export.otlp import GrpcExporter
-from nats_otel.core.mapping import map_message  # noqa: F401 - the header allow-list lives there
 from nats_otel.bridge.settings import OtlpSettings, load_settings
+from nats_otel.core.mapping import map_message  # noqa: F401 - the header allow-list lives there
+from nats_otel.devkit.processes import find_nats_server
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-
+from nats_otel.devkit.server_config import free_ports
 from tests.bridge.bridge_helpers import metric, scrape, start_bridge, stop_bridge, traceparent, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -166,7 +166,7 @@ async def test_mutual_tls_to_nats_and_to_otlp_grpc(tmp_path: Path, pki: dict[str
         app_tls.load_cert_chain(str(pki["client_pem"]), str(pki["client_key"]))
         # Without a client certificate the server refuses the connection.
         no_cert = ssl.create_default_context(cafile=str(pki["ca_pem"]))
-        with pytest.raises(Exception):  # noqa: B017,PT011 - nats-py raises various errors here
+        with pytest.raises(Exception):  # noqa: B017 - nats-py raises various errors here
             await nats.connect(url, tls=no_cert, allow_reconnect=False, max_reconnect_attempts=0,
                                connect_timeout=2)
         # ... and so does the OTLP receiver (the bridge's own exporter, without client cert).
@@ -234,7 +234,7 @@ async def test_nkey_least_privilege_core_mode(tmp_path: Path) -> None:
         app_url = f"nats://app:{APP_PASSWORD}@{hostport}"
         # The nkey is the only way in for this user: without it (or with another) no access.
         _, other = new_nkey_user(tmp_path, "other")
-        with pytest.raises(Exception):  # noqa: B017,PT011
+        with pytest.raises(Exception):  # noqa: B017
             await nats.connect(url, nkeys_seed=str(other), allow_reconnect=False, max_reconnect_attempts=0)
         assert "permissions violation" in await denied(
             url, lambda nc: nc.subscribe("app.work"), nkeys_seed=str(seed))

@@ -20,9 +20,9 @@ from nats_otel.core.decode import parse_archive_line
 from nats_otel.core.linking import MATCHED
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.core.records import SpanKind, SpanRecord
-from nats_otel.devkit.embedded import full_topology, start_topology, wait_for_interest
+from nats_otel.devkit.processes import start_topology, wait_for_interest
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-
+from nats_otel.devkit.topology import full_topology
 from tests.bridge.bridge_helpers import (
     archive_lines,
     expected_from_archive,

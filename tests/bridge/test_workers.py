@@ -8,8 +8,8 @@ import json
 import cramjam
 import pytest
 
-from nats_otel.core.decode import RawTraceMessage
 from nats_otel.bridge.workers import shard_key, shard_of
+from nats_otel.core.decode import RawTraceMessage
 
 TID = "4bf92f3577b34da6a3ce929d0e0e4736"
 

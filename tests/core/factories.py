@@ -24,7 +24,8 @@ def message(
     cluster: str = "c1",
 ) -> dict:
     doc = {
-        "server": {"name": server, "id": server_id or f"ID-{server}", "cluster": cluster, "ver": "2.15.1", "host": "127.0.0.1"},
+        "server": {"name": server, "id": server_id or f"ID-{server}", "cluster": cluster, "ver": "2.15.1",
+                   "host": "127.0.0.1"},
         "request": {"header": headers if headers is not None else {"traceparent": [TRACEPARENT]}, "msgsize": 100},
         "events": list(events),
     }

@@ -52,7 +52,7 @@ def test_whole_corpus_has_no_orphans_and_no_shared_ids(corpus_raws):
     app_parents = set()
     for raw in corpus_raws:
         results = convert_batch([raw])
-        msg_tp = [r for r in results if isinstance(r, Converted)][0].spans[0].attribute("nats.header.traceparent")
+        msg_tp = next(r for r in results if isinstance(r, Converted)).spans[0].attribute("nats.header.traceparent")
         if msg_tp:
             app_parents.add(parse_traceparent(msg_tp[0])[1].hex())
     assert len({s.span_id for s in spans}) == len(spans)
@@ -101,7 +101,8 @@ def test_reused_traceparent_gets_distinct_ids_and_linked_hops():
     for child in downstream:
         egress = by_id[child.parent_span_id]
         origin = by_id[egress.parent_span_id]
-        assert child.attribute("messaging.message.envelope.size") - origin.attribute("messaging.message.envelope.size") == 19
+        size = "messaging.message.envelope.size"
+        assert child.attribute(size) - origin.attribute(size) == 19
 
 
 def test_shuffled_input_gives_identical_bytes(corpus_raws):

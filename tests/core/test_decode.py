@@ -23,7 +23,6 @@ from nats_otel.core.decode import (
 )
 from nats_otel.core.ids import TraceContextError, parse_traceparent, trace_context
 from nats_otel.core.timestamps import parse_rfc3339_ns
-
 from tests.core.factories import PARENT_ID, TRACE_ID, egress, ingress, message, raw
 
 DOC = message(ingress(), egress())
@@ -106,7 +105,8 @@ def test_nanosecond_timestamps(text, ns):
     assert parse_rfc3339_ns(text) == ns
 
 
-@pytest.mark.parametrize("text", ["", "2026-11-22", "2026-13-22T02:16:30Z", "2026-11-22T02:16:30.1234567890Z", "x" * 100])
+@pytest.mark.parametrize(
+    "text", ["", "2026-11-22", "2026-13-22T02:16:30Z", "2026-11-22T02:16:30.1234567890Z", "x" * 100])
 def test_bad_timestamps(text):
     with pytest.raises(ValueError):
         parse_rfc3339_ns(text)
@@ -144,7 +144,8 @@ def test_malformed_traceparent_without_adhoc_dest_is_an_error():
 
 
 def test_adhoc_trace_correlates_by_arrival_subject():
-    downstream = decode(raw(message(ingress(kind=1), headers={"Nats-Trace-Dest": ["_R_.rewritten"], "Nats-Trace-Hop": ["1"]})))
+    headers = {"Nats-Trace-Dest": ["_R_.rewritten"], "Nats-Trace-Hop": ["1"]}
+    downstream = decode(raw(message(ingress(kind=1), headers=headers)))
     origin = decode(raw(message(ingress(), headers={"Nats-Trace-Dest": ["my.trace"]})))
     a, b = trace_context(origin, "my.trace"), trace_context(downstream, "my.trace")
     assert a.trace_id == b.trace_id and a.parent_span_id == b"" and a.adhoc_key == "my.trace"

@@ -15,12 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nats_otel.bridge.settings import load_settings
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.encode import to_otlp_json_line, to_protobuf_bytes
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, Rejected
-from nats_otel.bridge.settings import load_settings
-
 from tests.core.factories import TRACEPARENT, egress, ingress, message
 
 LIMITS = DecodeLimits(max_payload_bytes=64 * 1024, max_decompressed_bytes=128 * 1024, max_events=200)
@@ -33,7 +32,8 @@ json_leaf = st.one_of(
 )
 json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4)
                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
-odd_hop = st.sampled_from(["1..2", "", ".", "1.", "a", "1" * 5000, "1." * 500 + "1", "\u0661", "-1", "0"]) | st.text(max_size=20)
+odd_hop = (st.sampled_from(["1..2", "", ".", "1.", "a", "1" * 5000, "1." * 500 + "1", "\u0661", "-1", "0"])
+           | st.text(max_size=20))
 event_type = st.sampled_from(["in", "sm", "se", "si", "js", "eg", "zz", ""]) | json_value
 
 

@@ -12,7 +12,6 @@ from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import AMBIGUOUS, MATCHED, UNMATCHED, LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, convert_batch
 from nats_otel.core.timestamps import parse_rfc3339_ns
-
 from tests.core.factories import TRACEPARENT
 from tests.core.test_properties import _ts, traced_message_trees
 
@@ -129,7 +128,7 @@ def test_one_adhoc_destination_gives_each_message_its_own_trace(tree, gaps, rnd)
 @settings(max_examples=40, deadline=None)
 @given(traced_message_trees(), offsets, st.data())
 def test_redelivered_reports_keep_their_ids(tree, gaps, data):
-    raws, parent = tree
+    raws, _ = tree
     sent = copies_of(raws, [g * 1_000_000 for g in gaps])
     again = data.draw(st.lists(st.sampled_from(sent), max_size=len(sent)))
     once = {s for r in convert_batch(sent, link=WINDOW) for s in r.spans}

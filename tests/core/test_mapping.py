@@ -9,7 +9,6 @@ from nats_otel.core.ids import event_span_id, identity, server_span_id, trace_co
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
 from nats_otel.core.pipeline import convert_batch
 from nats_otel.core.records import SpanKind, StatusCode
-
 from tests.core.factories import PARENT_ID, TRACE_ID, TRACEPARENT, egress, ingress, message, raw, ts
 
 
@@ -34,8 +33,8 @@ def spans_of(doc, subject="trace.a", options=MappingOptions(), placement=None):
          {"nats.mapping.from": "orders.new", "nats.mapping.to": "orders.mapped"}),
         ({"type": "se", "ts": ts(150), "acc": "B", "to": "froma.orders.new"}, "stream export B", SpanKind.INTERNAL,
          {"nats.export.account": "B", "nats.export.subject": "froma.orders.new"}),
-        ({"type": "si", "ts": ts(150), "acc": "A", "from": "asvc.x", "to": "svc.x"}, "service import A", SpanKind.INTERNAL,
-         {"nats.import.account": "A", "nats.import.from": "asvc.x", "nats.import.to": "svc.x"}),
+        ({"type": "si", "ts": ts(150), "acc": "A", "from": "asvc.x", "to": "svc.x"}, "service import A",
+         SpanKind.INTERNAL, {"nats.import.account": "A", "nats.import.from": "asvc.x", "nats.import.to": "svc.x"}),
         ({"type": "js", "ts": ts(150), "stream": "ORDERS", "subject": "orders.new"}, "store ORDERS", SpanKind.INTERNAL,
          {"nats.jetstream.stream": "ORDERS", "nats.jetstream.no_interest": False}),
         ({"type": "js", "ts": ts(150), "stream": "INTEREST", "nointerest": True}, "store INTEREST", SpanKind.INTERNAL,
@@ -101,7 +100,8 @@ def test_client_republish_with_stale_hop_header_is_an_origin():
     [
         ("Not delivered because subscription is closed", StatusCode.ERROR),
         ("Not delivered because remote does not support message tracing", StatusCode.ERROR),
-        ("Message delivered but remote does not support message tracing so no trace event generated from there", StatusCode.UNSET),
+        ("Message delivered but remote does not support message tracing so no trace event generated from there",
+         StatusCode.UNSET),
     ],
 )
 def test_egress_errors(error, code):
@@ -116,7 +116,8 @@ def test_egress_errors(error, code):
 def test_ingress_and_jetstream_errors():
     server = spans_of(message(ingress(error='Permissions Violation for Publish to "x"')))[0]
     assert server.status_code == StatusCode.ERROR and server.status_message.startswith("Permissions")
-    js = spans_of(message(ingress(), {"type": "js", "ts": ts(150), "stream": "S", "error": "insufficient resources"}))[1]
+    js_event = {"type": "js", "ts": ts(150), "stream": "S", "error": "insufficient resources"}
+    js = spans_of(message(ingress(), js_event))[1]
     assert js.status_code == StatusCode.ERROR and js.status_message == "insufficient resources"
 
 
@@ -126,7 +127,8 @@ def test_header_allow_list_keeps_application_headers_out():
     keys = [k for k, _ in server.attributes]
     assert "nats.header.authorization" not in keys and not any("secret" in str(v) for _, v in server.attributes)
     assert server.attribute("nats.header.nats-msg-id") == ("m1",)
-    allowed = spans_of(message(ingress(), headers=headers), options=MappingOptions(header_allowlist=frozenset({"authorization"})))[0]
+    options = MappingOptions(header_allowlist=frozenset({"authorization"}))
+    allowed = spans_of(message(ingress(), headers=headers), options=options)[0]
     assert allowed.attribute("nats.header.authorization") == ("Bearer secret",)
 
 

@@ -33,7 +33,8 @@ def traced_message_trees(draw):
         n_forward = draw(st.integers(0, 3 if depth < 3 else 0))
         n_clients = draw(st.integers(0, 2))
         kind = 0 if upstream is None else draw(st.sampled_from([1, 2, 4]))
-        events = [{"type": "in", "ts": _ts(t), "kind": kind, "cid": 1, "name": upstream or "app", "acc": "A", "subj": "x.y"}]
+        events = [{"type": "in", "ts": _ts(t), "kind": kind, "cid": 1, "name": upstream or "app", "acc": "A",
+                   "subj": "x.y"}]
         if draw(st.booleans()):
             events.append({"type": "sm", "ts": _ts(t + 1), "to": "x.z"})
         t_event = t + 2
@@ -50,7 +51,8 @@ def traced_message_trees(draw):
         headers = {"traceparent": [traceparent]}
         if hop:
             headers["Nats-Trace-Hop"] = [hop]
-        doc = {"server": {"name": name, "id": f"ID{name}"}, "request": {"header": headers, "msgsize": 10}, "events": events}
+        doc = {"server": {"name": name, "id": f"ID{name}"}, "request": {"header": headers, "msgsize": 10},
+               "events": events}
         if n_forward:
             doc["hops"] = n_forward
         docs.append(doc)

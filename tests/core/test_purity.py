@@ -113,7 +113,7 @@ def test_no_import_cycle():
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycles.append(path[path.index(nxt):] + [nxt])
+                cycles.append([*path[path.index(nxt):], nxt])
             elif nxt not in state:
                 visit(nxt, [*path, nxt])
         state[node] = 2

@@ -19,8 +19,9 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from nats_otel.devkit.embedded import single_server, start_topology
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
+from nats_otel.devkit.topology import single_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

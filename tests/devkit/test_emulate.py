@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from nats_otel.devkit.emulate import EmulationOptions, default_user, emulate, emulation_topology
-from nats_otel.devkit.embedded import start_topology
 from nats_otel.bridge.settings import load_settings
+from nats_otel.devkit.emulate import EmulationOptions, default_user, emulate, emulation_topology
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-
 from tests.bridge.bridge_helpers import archived, spans_by_trace, start_bridge, stop_bridge, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

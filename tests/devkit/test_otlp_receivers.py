@@ -87,9 +87,8 @@ def test_grpc_receiver_outage_and_restart_on_same_port() -> None:
                                   channel_options=(("grpc.use_local_subchannel_pool", 1),))
 
         rx.unavailable, rx.retry_after = True, 0.01
-        with grpc.insecure_channel(f"{rx.host}:{rx.port}") as channel:
-            with pytest.raises(grpc.RpcError) as err:
-                TraceServiceStub(channel).Export(ExportTraceServiceRequest(), timeout=5)
+        with grpc.insecure_channel(f"{rx.host}:{rx.port}") as channel, pytest.raises(grpc.RpcError) as err:
+            TraceServiceStub(channel).Export(ExportTraceServiceRequest(), timeout=5)
         assert err.value.code() is grpc.StatusCode.UNAVAILABLE
         assert short.export(spans) is SpanExportResult.FAILURE
         assert rx.span_count == 0 and rx.rejected_count > 2  # the stub's call + SDK retries

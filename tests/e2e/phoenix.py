@@ -89,7 +89,7 @@ class Phoenix:
 
 def start_phoenix(binary: str, workdir: Path, timeout: float = 120.0) -> Phoenix:
     """`phoenix serve` on free loopback ports with its database in ``workdir``; waits until it answers."""
-    from nats_otel.devkit.embedded import free_ports
+    from nats_otel.devkit.server_config import free_ports
 
     http_port, grpc_port = free_ports(2)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -111,5 +111,6 @@ def start_phoenix(binary: str, workdir: Path, timeout: float = 120.0) -> Phoenix
         except (OSError, ValueError):
             if time.monotonic() > deadline:
                 phoenix.stop()
-                raise RuntimeError(f"phoenix did not answer within {timeout}s:\n{log_path.read_text()[-3000:]}") from None
+                tail = log_path.read_text()[-3000:]
+                raise RuntimeError(f"phoenix did not answer within {timeout}s:\n{tail}") from None
             time.sleep(0.5)

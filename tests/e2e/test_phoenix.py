@@ -8,9 +8,8 @@ test skips only when no `phoenix` executable is found.
 
 from __future__ import annotations
 
-import os
-
 import json
+import os
 import subprocess
 import sys
 import time

@@ -6,9 +6,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from nats_otel.bridge.export.result import ExportResult
 from nats_otel.core.encode import split_by_trace, to_otlp_json_line
 from nats_otel.core.records import SpanRecord
-from nats_otel.bridge.export.result import ExportResult
 
 __all__ = ["FileExporter"]
 

@@ -22,10 +22,10 @@ import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from nats_otel import __version__
+from nats_otel.bridge.export.result import ExportResult
+from nats_otel.bridge.settings import OtlpSettings
 from nats_otel.core.encode import to_protobuf_bytes
 from nats_otel.core.records import SpanRecord
-from nats_otel.bridge.settings import OtlpSettings
-from nats_otel.bridge.export.result import ExportResult
 
 __all__ = ["GrpcExporter", "HttpExporter", "make_otlp_exporter", "retry"]
 
@@ -66,7 +66,8 @@ def retry(
     attempts = 0
     while True:
         attempts += 1
-        timeout = settings.timeout if deadline is None else max(0.05, min(settings.timeout, deadline - time.monotonic()))
+        timeout = (settings.timeout if deadline is None
+                   else max(0.05, min(settings.timeout, deadline - time.monotonic())))
         result, hint = attempt(timeout)
         if result.ok or not result.retryable:
             return _with_attempts(result, attempts)

@@ -7,15 +7,15 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import nats
 from nats.aio.client import Client
 
-from nats_otel.core.decode import RawTraceMessage
 from nats_otel.bridge.settings import NatsSource
 from nats_otel.bridge.telemetry import Metrics
+from nats_otel.core.decode import RawTraceMessage
 
 __all__ = ["connect_source", "raw_from_msg"]
 
@@ -37,7 +37,7 @@ def _received_at() -> str:
     now_us = time.time_ns() // 1000
     if now_us // 1000 != _last_stamp[0]:
         _last_stamp[0] = now_us // 1000
-        _last_stamp[1] = datetime.fromtimestamp(now_us / 1e6, timezone.utc).isoformat().replace("+00:00", "Z")
+        _last_stamp[1] = datetime.fromtimestamp(now_us / 1e6, UTC).isoformat().replace("+00:00", "Z")
     return _last_stamp[1]
 
 
@@ -116,15 +116,16 @@ async def connect_source(
         try:
             nc = attempt.result()
         except Exception as exc:  # noqa: BLE001 - any connect failure: retry with backoff
-            log.warning("NATS connect failed, retrying",
-                        extra={"fields": {"source": label, "error": f"{type(exc).__name__}: {exc}", "retry_in": backoff}})
+            log.warning("NATS connect failed, retrying", extra={"fields": {
+                "source": label, "error": f"{type(exc).__name__}: {exc}", "retry_in": backoff}})
             try:
                 await asyncio.wait_for(stopping.wait(), backoff)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             backoff = min(backoff * 2, max_backoff)
             continue
         metrics.connected.labels(label).set(1)
-        log.info("NATS connected", extra={"fields": {"source": label, "server": f"{nc.connected_url.hostname}:{nc.connected_url.port}" if nc.connected_url else None}})
+        server = f"{nc.connected_url.hostname}:{nc.connected_url.port}" if nc.connected_url else None
+        log.info("NATS connected", extra={"fields": {"source": label, "server": server}})
         return nc
     return None

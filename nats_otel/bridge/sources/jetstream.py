@@ -22,9 +22,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
 from nats_otel.bridge.settings import JetStreamSettings, NatsSource
-from nats_otel.bridge.telemetry import Metrics
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
 from nats_otel.bridge.sources.nats_core import Delivery
+from nats_otel.bridge.telemetry import Metrics
 
 __all__ = ["JetStreamSetupError", "JetStreamSource"]
 
@@ -77,7 +77,7 @@ class _Puller:
         await self.nc.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
@@ -88,7 +88,7 @@ class _Puller:
             if not self.buffer:
                 expires = max(int(timeout * 1e9) - 50_000_000, 10_000_000)
                 await self._round({"batch": batch, "expires": expires}, 1, timeout)
-        out = []
+        out: list[Msg] = []
         while self.buffer and len(out) < batch:
             out.append(self.buffer.popleft())
         return out
@@ -168,7 +168,7 @@ class JetStreamSource:
             return []
         try:
             msgs = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout)
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError):
             return []
         except nats.errors.Error as exc:  # reconnecting, consumer hiccup: nothing fetched
             log.warning("fetch failed", extra={"fields": {"source": self.source.name, "error": str(exc)}})

@@ -17,10 +17,10 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
-from nats_otel.core.decode import RawTraceMessage
 from nats_otel.bridge.settings import BatchSettings, NatsSource
-from nats_otel.bridge.telemetry import Metrics
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
+from nats_otel.bridge.telemetry import Metrics
+from nats_otel.core.decode import RawTraceMessage
 
 __all__ = ["CoreSource", "Delivery"]
 

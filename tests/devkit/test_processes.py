@@ -1,4 +1,5 @@
-"""Real nats-server topologies from nats_otel.devkit.embedded, checked from the outside.
+"""Real nats-server topologies (nats_otel.devkit.topology, started by devkit.processes),
+checked from the outside.
 
 The monitoring endpoints are read here with plain urllib (not the module's own
 readiness code), and trace events are received the way the bridge will receive them.
@@ -6,7 +7,6 @@ readiness code), and trace events are received the way the bridge will receive t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -18,18 +18,20 @@ from pathlib import Path
 import nats
 import pytest
 
-from nats_otel.devkit.embedded import (
+from nats_otel.devkit.processes import (
     RunningTopology,
-    ServerSpec,
-    Topology,
     TopologyError,
-    cluster,
-    demo_topology,
     find_nats_server,
-    full_topology,
-    single_server,
     start_topology,
     wait_for_interest,
+)
+from nats_otel.devkit.topology import (
+    ServerSpec,
+    Topology,
+    cluster,
+    demo_topology,
+    full_topology,
+    single_server,
 )
 
 pytestmark = pytest.mark.integration
@@ -71,7 +73,7 @@ async def collect_traces(sub, trace_id: str, expected: set[str], timeout: float 
             return found
         try:
             msg = await sub.next_msg(timeout=end - now)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return found
         event = json.loads(msg.data)
         header = {k.lower(): v for k, v in event["request"]["header"].items()}

@@ -1,0 +1,306 @@
+"""bench/bridge_throughput.py, the phases: one nats-server, the receiver, and each phase
+run against them (raw, naive, core bursts and paced runs, two bridges, latency, JetStream).
+Results are kept in ``Bench.results`` for the report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bridge_meters import Receiver, Sampler, scrape, total
+from _bridge_roles import build_pool
+
+ROLES = Path(__file__).resolve().with_name("_bridge_roles.py")
+PY = sys.executable
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        from nats_otel.devkit.processes import start_topology
+        from nats_otel.devkit.topology import single_server
+
+        self.args = args
+        self.workdir = workdir
+        self.topo = start_topology(single_server(jetstream=True), workdir / "nats")
+        srv = self.topo.server("n1")
+        self.url = self.topo.client_url("n1", "a")
+        self.host, self.port = "127.0.0.1", srv.ports.client
+        self.pool = workdir / "pool.pkl"
+        print(f"building a pool of {args.messages:,} trace messages...", flush=True)
+        self.spans_per_msg = build_pool(args.messages, self.pool)
+        print(f"  {self.spans_per_msg:.3f} spans per trace message on average", flush=True)
+        self.rx = Receiver()
+        self.procs: list[subprocess.Popen] = []
+        self.results: dict[str, dict] = {}
+
+    # -- helpers
+
+    def spawn(self, argv: list[str], **kw) -> subprocess.Popen:
+        proc = subprocess.Popen(argv, **kw)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen, timeout: float = 30) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def publish(self, subject: str, rate: float = 0, duration: float = 0, limit: int = 0) -> dict:
+        out = self.workdir / f"pub-{subject}.pkl"
+        proc = self.spawn([PY, str(ROLES), "_publish", "--pool", str(self.pool), "--subject", subject,
+                           "--host", self.host, "--port", str(self.port), "--user", "a", "--password", "pwd",
+                           "--rate", str(rate), "--duration", str(duration), "--limit", str(limit),
+                           "--out", str(out)])
+        proc.wait()
+        return pickle.loads(out.read_bytes())
+
+    def wait_file(self, path: Path, timeout: float = 30) -> None:
+        deadline = time.time() + timeout
+        while not path.exists():
+            if time.time() > deadline:
+                raise TimeoutError(f"{path} did not appear")
+            time.sleep(0.05)
+
+    def keep(self, name: str, r: dict) -> None:
+        """Keep the best round of a phase."""
+        if name not in self.results or r["rate"] > self.results[name]["rate"]:
+            self.results[name] = r
+
+    # -- phases
+
+    def phase_raw(self) -> None:
+        out = self.workdir / "raw.json"
+        proc = self.spawn([PY, str(ROLES), "_raw", "--url", self.url, "--subject", "bench.raw", "--out", str(out)])
+        self.wait_file(Path(str(out) + ".ready"))
+        pub = self.publish("bench.raw")
+        time.sleep(1.0)
+        self.stop(proc)
+        st = json.loads(out.read_text())
+        dur = max(st["last"] - st["first"], 1e-6)
+        r = {"msgs": st["n"], "rate": st["n"] / dur, "sent": pub["sent"],
+             "pub_rate": pub["sent"] / (pub["ended"] - pub["started"])}
+        self.results["raw"] = r
+        print(f"raw receive : {r['rate']:10,.0f} msgs/s  ({r['msgs']:,} of {r['sent']:,}; "
+              f"publisher {r['pub_rate']:,.0f}/s)", flush=True)
+
+    def phase_naive(self) -> None:
+        out = self.workdir / "naive.json"
+        self.rx.reset(track=False)
+        proc = self.spawn([PY, str(ROLES), "_naive", "--url", self.url, "--subject", "bench.naive",
+                           "--endpoint", self.rx.endpoint, "--out", str(out)])
+        sampler = Sampler(proc.pid)
+        self.wait_file(Path(str(out) + ".ready"))
+        cpu0, t0 = sampler.cpu(), time.time()
+        pub = self.publish("bench.naive", limit=self.args.naive_messages)
+        expected = int(pub["sent"] * self.spans_per_msg)
+        self.rx.wait_quiet(expected, quiet=6.0, timeout=300)
+        cpu = sampler.cpu() - cpu0
+        sampler.stop()
+        self.stop(proc)
+        st = json.loads(out.read_text()) if out.exists() else {"n": 0, "spans": 0}
+        # The naive pipeline's rate is its callbacks' (the SDK exports the last partial batch
+        # only after its 5 s schedule delay, which would otherwise count as work time) ...
+        dur = max(st.get("last", 0) - st.get("first", 0), 1e-6)
+        # Spans the BatchSpanProcessor dropped (queue full) were not carried: scale them out.
+        carried = min(1.0, self.rx.spans / st["spans"]) if st.get("spans") else 0.0
+        r = {"spans": self.rx.spans, "span_rate": st["spans"] / dur * carried, "rate": st["n"] / dur * carried,
+             "sent": pub["sent"], "received": st["n"], "spans_made": st["spans"],
+             "span_loss": st["spans"] - self.rx.spans,
+             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss}
+        self.results["naive"] = r
+        print(f"naive SDK   : {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  "
+              f"(received {r['received']:,} of {r['sent']:,}; spans made {r['spans_made']:,}, arrived {r['spans']:,}; "
+              f"CPU {r['cpu']:.0%}, RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
+
+    def start_bridge(self, name: str, workers: int, mode: str = "core", subject: str = "bench.core",
+                     extra: list[str] | None = None, src: Path | None = None) -> tuple[subprocess.Popen, int]:
+        """Start `nats-otel bridge`; `src`: run the `nats_otel` of that checkout instead of ours."""
+        from nats_otel.devkit.server_config import free_ports
+
+        mport = free_ports(1)[0]
+        argv = [PY, "-m", "nats_otel.cli", "bridge", "--nats-url", self.url, "--subject", subject,
+                "--otlp-endpoint", self.rx.endpoint, "--metrics-port", str(mport), "--log-level", "WARNING",
+                "--mode", mode, *(extra or [])]
+        if workers != 1:
+            argv += ["--workers", str(workers)]
+        log = open(self.workdir / f"bridge-{name}.log", "wb")  # noqa: SIM115
+        # `python -m` puts the working directory first on sys.path; the spawned workers
+        # inherit the path, so the whole bridge runs that checkout's code.
+        env = {**os.environ, "PYTHONPATH": str(src)} if src else None
+        proc = self.spawn(argv, stderr=log, cwd=src, env=env)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+                if opener.open(f"http://127.0.0.1:{mport}/readyz", timeout=1).status == 200:
+                    return proc, mport
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                raise SystemExit(f"bridge {name} exited: see {log.name}")
+            time.sleep(0.1)
+        raise SystemExit(f"bridge {name} not ready: see {log.name}")
+
+    def phase_core(self, workers: int, round_number: int = 0, rate: float = 0, src: Path | None = None) -> None:
+        """A burst of the whole pool (rate 0), or the pool paced at `rate` for --sustain-seconds.
+
+        `src`: the bridge of another checkout (the baseline), reported as `base-...`.
+        """
+        name = ("base-" if src else "") + (f"core-w{workers}" if rate else f"burst-core-w{workers}")
+        self.rx.reset(track=False)
+        subject = f"bench.{name}.{round_number}"
+        proc, mport = self.start_bridge(name, workers, subject=subject, src=src)
+        sampler = Sampler(proc.pid)
+        cpu0, t0 = sampler.cpu(), time.time()
+        pub = self.publish(subject, rate=rate, duration=self.args.sustain_seconds if rate else 0)
+        expected = int(pub["sent"] * self.spans_per_msg)
+        self.rx.wait_quiet(expected, quiet=2.5, timeout=300)
+        cpu = sampler.cpu() - cpu0
+        m = scrape(mport)
+        sampler.stop()
+        self.stop(proc)
+        dur = max(self.rx.last - self.rx.first, 1e-6)
+        r = {"spans": self.rx.spans, "span_rate": self.rx.spans / dur, "rate": self.rx.spans / dur / self.spans_per_msg,
+             "offered": rate or pub["sent"] / max(pub["ended"] - pub["started"], 1e-6),
+             "sent": pub["sent"], "received": total(m, "nats_otel_messages_received"),
+             "decoded": total(m, "nats_otel_messages_decoded"), "dropped": total(m, "nats_otel_messages_dropped"),
+             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers}
+        self.keep(name, r)
+        print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  "
+              f"(received {r['received']:,.0f} of {r['sent']:,}, decoded {r['decoded']:,.0f}, "
+              f"dropped {r['dropped']:,.0f}; CPU {r['cpu']:.0%}, peak RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
+
+    def phase_pair(self, workers: int, round_number: int = 0, rate: float = 0) -> None:
+        """Two bridge processes in one queue group: do they carry more than one?"""
+        name = f"core-2x-w{workers}" if rate else f"burst-core-2x-w{workers}"
+        self.rx.reset(track=False)
+        subject = f"bench.{name}.{round_number}"
+        bridges = [self.start_bridge(f"{name}-{i}", workers, subject=subject, extra=["--queue", "bench"])
+                   for i in (1, 2)]
+        samplers = [Sampler(proc.pid) for proc, _ in bridges]
+        cpu0, t0 = sum(x.cpu() for x in samplers), time.time()
+        pub = self.publish(subject, rate=rate, duration=self.args.sustain_seconds if rate else 0)
+        expected = int(pub["sent"] * self.spans_per_msg)
+        self.rx.wait_quiet(expected, quiet=2.5, timeout=300)
+        cpu = sum(x.cpu() for x in samplers) - cpu0
+        ms = [scrape(port) for _, port in bridges]
+        for x in samplers:
+            x.stop()
+        for proc, _ in bridges:
+            self.stop(proc)
+        dur = max(self.rx.last - self.rx.first, 1e-6)
+        r = {"spans": self.rx.spans, "span_rate": self.rx.spans / dur, "rate": self.rx.spans / dur / self.spans_per_msg,
+             "offered": rate or pub["sent"] / max(pub["ended"] - pub["started"], 1e-6),
+             "sent": pub["sent"], "received": sum(total(m, "nats_otel_messages_received") for m in ms),
+             "split": [total(m, "nats_otel_messages_received") for m in ms],
+             "dropped": sum(total(m, "nats_otel_messages_dropped") for m in ms),
+             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sum(x.peak_rss for x in samplers), "workers": workers}
+        self.keep(name, r)
+        print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  (received {r['split']} of "
+              f"{r['sent']:,}, dropped {r['dropped']:,.0f}; CPU {r['cpu']:.0%}, RSS {r['rss'] / 2**20:.0f} MB)",
+              flush=True)
+
+    def phase_latency(self, workers: int, rate: float) -> None:
+        name = f"latency-w{workers}"
+        self.rx.reset(track=True)
+        subject = f"bench.{name}"
+        proc, mport = self.start_bridge(name, workers, subject=subject)
+        sampler = Sampler(proc.pid)
+        cpu0, t0 = sampler.cpu(), time.time()
+        pub = self.publish(subject, rate=rate, duration=self.args.latency_seconds)
+        self.rx.wait_quiet(int(pub["sent"] * self.spans_per_msg), quiet=3.0, timeout=60)
+        cpu = sampler.cpu() - cpu0
+        m = scrape(mport)
+        sampler.stop()
+        self.stop(proc)
+        lat = sorted(self.rx.first_seen[bytes.fromhex(t)] - p for t, p in pub["times"].items()
+                     if bytes.fromhex(t) in self.rx.first_seen)
+        missing = len(pub["times"]) - len(lat)
+
+        def q(p: float) -> float:
+            return lat[min(len(lat) - 1, int(p * len(lat)))] if lat else float("nan")
+
+        r = {"offered": rate, "sent": pub["sent"], "traces": len(pub["times"]), "missing_traces": missing,
+             "p50": q(0.50), "p99": q(0.99), "max": lat[-1] if lat else float("nan"),
+             "dropped": total(m, "nats_otel_messages_dropped"), "cpu": cpu / max(self.rx.last - t0, 1e-6),
+             "rss": sampler.peak_rss}
+        self.results[name] = r
+        print(f"latency w{workers} at {rate:,.0f} msgs/s: p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, "
+              f"max {r['max'] * 1000:.0f} ms  ({r['traces']:,} traces, {missing} without spans, dropped "
+              f"{r['dropped']:,.0f}; CPU {r['cpu']:.0%}, RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
+
+    def phase_jetstream(self, workers: int, count: int) -> None:
+        import nats
+        from nats.js.api import StorageType, StreamConfig
+
+        name = f"js-w{workers}"
+        subject = f"bench.{name}"
+        stream = f"BENCH_{name.replace('-', '_').upper()}"
+
+        async def setup() -> int:
+            nc = await nats.connect(self.url)
+            js = nc.jetstream()
+            await js.add_stream(StreamConfig(name=stream, subjects=[subject], storage=StorageType.FILE))
+            await nc.close()
+            return 0
+
+        async def stored() -> int:
+            nc = await nats.connect(self.url)
+            info = await nc.jetstream().stream_info(stream)
+            await nc.close()
+            return info.state.messages
+
+        async def delete() -> None:
+            nc = await nats.connect(self.url)
+            await nc.jetstream().delete_stream(stream)
+            await nc.close()
+
+        asyncio.run(setup())
+        # JetStream takes core publishes without flow control; pace the fill to what it stores.
+        filled = 0
+        while filled < count:
+            batch = min(count - filled, self.args.messages)
+            self.publish(subject, limit=batch)
+            filled += batch
+        time.sleep(1.0)
+        waiting = asyncio.run(stored())
+        self.rx.reset(track=False)
+        proc, mport = self.start_bridge(name, workers, mode="jetstream", subject=subject,
+                                        extra=["--stream", stream, "--durable", "bench"])
+        sampler = Sampler(proc.pid)
+        cpu0, t0 = sampler.cpu(), time.time()
+        self.rx.wait_quiet(int(waiting * self.spans_per_msg), quiet=5.0, timeout=1800)
+        cpu = sampler.cpu() - cpu0
+        m = scrape(mport)
+        sampler.stop()
+        self.stop(proc)
+        asyncio.run(delete())
+        dur = max(self.rx.last - self.rx.first, 1e-6)
+        r = {"waiting": waiting, "spans": self.rx.spans, "span_rate": self.rx.spans / dur,
+             "rate": self.rx.spans / dur / self.spans_per_msg,
+             "acked": total(m, 'nats_otel_jetstream_acks_total{kind="ack"}'),
+             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers}
+        self.results[name] = r
+        print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  ({waiting:,} waiting in the "
+              f"stream, acked {r['acked']:,.0f}; CPU {r['cpu']:.0%}, peak RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            self.stop(proc, timeout=10)
+        self.rx.stop()
+        self.topo.stop()

@@ -31,7 +31,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = [
     "AMBIGUOUS",
@@ -54,8 +54,6 @@ AMBIGUOUS = "ambiguous"
 # name, downstream server name. Names, not ids: the downstream only knows its upstream by name.
 LinkKey = tuple[bytes, str, str, str]
 
-# More candidates in time than this: ambiguous without looking at each (bounded work).
-_MAX_CANDIDATES = 64
 _HOP_HEADER = "nats-trace-hop"
 
 
@@ -116,30 +114,25 @@ def body_size(msg_size: int, headers: dict[str, list[str]]) -> int:
     return msg_size
 
 
-def _window(entries: list, lo_ns: int, hi_ns: int) -> list:
-    """Entries (sorted by time) with lo_ns <= ts_ns <= hi_ns."""
-    return entries[bisect_left(entries, (lo_ns,)) : bisect_left(entries, (hi_ns + 1,))]
-
-
-def _narrow(candidates: list, size: int) -> list:
-    """Several candidates in time: keep those of the same size, if any is."""
-    if len(candidates) <= 1:
-        return candidates
-    same = [c for c in candidates if c.size == size]
-    return same or candidates
+def _window(entries: list, lo_ns: int, hi_ns: int) -> tuple[int, int]:
+    """(start, end) of the entries (sorted by time) with lo_ns <= ts_ns <= hi_ns."""
+    return bisect_left(entries, (lo_ns,)), bisect_left(entries, (hi_ns + 1,))
 
 
 class LinkIndex:
-    """Both sides of every hop observed, by link key, time-sorted; bounded when `expire`d."""
+    """Both sides of every hop observed, by link key and by (link key, size), time-sorted;
+    bounded when `expire`d."""
 
-    __slots__ = ("_arrivals", "_egresses", "_fifo", "evicted", "settings")
+    __slots__ = ("_fifo", "_tables", "evicted", "settings")
 
     def __init__(self, settings: LinkSettings = LinkSettings()) -> None:
         self.settings = settings
-        self._egresses: dict[LinkKey, list[Egress]] = {}
-        self._arrivals: dict[LinkKey, list[Arrival]] = {}
+        # Egresses (True) and arrivals (False), each by key and by (key, size): the second
+        # finds the same-size candidates among many without looking at each.
+        self._tables: dict[bool, tuple[dict[Any, list[Any]], dict[Any, list[Any]]]] = {
+            True: ({}, {}), False: ({}, {})}
         # (observed at, is egress, key, entry) in observation order: what `expire` drops first.
-        self._fifo: deque[tuple[float, bool, LinkKey, tuple]] = deque()
+        self._fifo: deque[tuple[float, bool, LinkKey, Egress | Arrival]] = deque()
         self.evicted = 0  # entries dropped for the capacity bound before their time was up
 
     def __len__(self) -> int:
@@ -147,47 +140,51 @@ class LinkIndex:
 
     def add_egress(self, key: LinkKey, egress: Egress, now: float = 0.0) -> None:
         """Record a forwarding egress (a redelivered trace message is recorded once)."""
-        if self._add(self._egresses, key, egress):
-            self._fifo.append((now, True, key, egress))
+        self._add(True, key, egress, now)
 
     def add_arrival(self, key: LinkKey, arrival: Arrival, now: float = 0.0) -> None:
         """Record a downstream ingress (a redelivered trace message is recorded once)."""
-        if self._add(self._arrivals, key, arrival):
-            self._fifo.append((now, False, key, arrival))
+        self._add(False, key, arrival, now)
 
-    @staticmethod
-    def _add(table: dict, key: LinkKey, entry: tuple) -> bool:
-        entries = table.get(key)
-        if entries is None:
-            table[key] = [entry]
-            return True
+    def _add(self, is_egress: bool, key: LinkKey, entry: Egress | Arrival, now: float) -> None:
+        by_key, by_size = self._tables[is_egress]
+        entries = by_key.setdefault(key, [])
         at = bisect_left(entries, entry)
         if at < len(entries) and entries[at] == entry:
-            return False
+            return
         entries.insert(at, entry)
-        return True
+        sized = by_size.setdefault((key, entry.size), [])
+        sized.insert(bisect_left(sized, entry), entry)
+        self._fifo.append((now, is_egress, key, entry))
+
+    def _candidates(self, is_egress: bool, key: LinkKey, lo_ns: int, hi_ns: int, size: int) -> tuple[list, int]:
+        """The one candidate in [lo_ns, hi_ns] (or of the same size, when several fit in
+        time) as a list of one, else [] and how many fit."""
+        by_key, by_size = self._tables[is_egress]
+        entries = by_key.get(key, [])
+        start, end = _window(entries, lo_ns, hi_ns)
+        if end - start <= 1:
+            return entries[start:end], end - start
+        sized = by_size.get((key, size), [])
+        s_start, s_end = _window(sized, lo_ns, hi_ns)
+        if s_end - s_start == 1:
+            return sized[s_start:s_end], 1
+        return [], end - start
 
     def resolve(self, key: LinkKey, arrival: Arrival) -> Link:
         """The egress that forwarded the message of `arrival`, if the evidence says so."""
         s = self.settings
-        egresses = self._egresses.get(key, [])
-        candidates = _window(egresses, arrival.ts_ns - s.latency_ns, arrival.ts_ns + s.skew_ns)
-        if len(candidates) > _MAX_CANDIDATES:
-            return Link(AMBIGUOUS, None, len(candidates))
-        candidates = _narrow(candidates, arrival.size)
-        if not candidates:
-            return Link(UNMATCHED)
-        if len(candidates) > 1:
-            return Link(AMBIGUOUS, None, len(candidates))
-        egress = candidates[0]
+        found, count = self._candidates(True, key, arrival.ts_ns - s.latency_ns, arrival.ts_ns + s.skew_ns,
+                                        arrival.size)
+        if not found:
+            return Link(AMBIGUOUS, None, count) if count else Link(UNMATCHED)
+        egress = found[0]
         # The other way round: this arrival must be the egress's only candidate too, else a
         # lost report could make two arrivals claim one egress.
-        back = _window(self._arrivals.get(key, []), egress.ts_ns - s.skew_ns, egress.ts_ns + s.latency_ns)
-        if len(back) > _MAX_CANDIDATES:
-            return Link(AMBIGUOUS, None, len(back))
-        back = _narrow(back, egress.size)
-        if len(back) != 1 or back[0].ident != arrival.ident:
-            return Link(AMBIGUOUS, None, max(len(back), 2))
+        back, count = self._candidates(False, key, egress.ts_ns - s.skew_ns, egress.ts_ns + s.latency_ns,
+                                       egress.size)
+        if not back or back[0].ident != arrival.ident:
+            return Link(AMBIGUOUS, None, max(count, 2))
         return Link(MATCHED, egress, 1)
 
     def expire(self, now: float) -> None:
@@ -199,9 +196,9 @@ class LinkIndex:
             observed, is_egress, key, entry = fifo.popleft()
             if observed >= horizon:
                 self.evicted += 1
-            table = self._egresses if is_egress else self._arrivals
-            entries = table[key]
-            at = bisect_left(entries, entry)
-            del entries[at]
-            if not entries:
-                del table[key]
+            by_key, by_size = self._tables[is_egress]
+            for table, index in ((by_key, key), (by_size, (key, entry.size))):
+                entries = table[index]
+                del entries[bisect_left(entries, entry)]
+                if not entries:
+                    del table[index]

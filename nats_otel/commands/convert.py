@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import pickle
+import shutil
+import sqlite3
 import sys
+import tempfile
 from collections import Counter
+from typing import IO
 
 import orjson
 
 from nats_otel.archive import expand_inputs, read_archive
-from nats_otel.core.decode import DecodeLimits
-from nats_otel.core.encode import split_by_trace, to_otlp_json_line
+from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage
+from nats_otel.core.encode import to_otlp_json_line
+from nats_otel.core.linking import LinkSettings
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from nats_otel.core.pipeline import Converted, Rejected, convert_batch
+from nats_otel.core.pipeline import Converted, Linker, Rejected, convert_batch, finish, prepare
+from nats_otel.core.records import SpanRecord
 
 HELP = "convert archived trace messages (JSON Lines) to OTLP/JSON, one request per trace"
 
@@ -83,22 +91,120 @@ def report_rejects(results: list[Converted | Rejected], limit: int = 10) -> None
         print(f"... and {shown - limit} more rejected (use --rejects FILE)", file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> int:
-    from nats_otel.gc_tuning import tune_gc_for_throughput
+class Tally:
+    """What `summary` says, counted while streaming (nothing per record is kept)."""
 
-    # The whole input is held while it converts: without this the collector keeps
-    # re-walking it (measured: ~10 % of convert's time, docs/performance.md).
-    tune_gc_for_throughput()
-    results = convert_inputs(args)
-    spans = [span for r in results if isinstance(r, Converted) for span in r.spans]
-    with contextlib.nullcontext(sys.stdout.buffer) if args.output == "-" else open(args.output, "wb") as out:
-        for trace in split_by_trace(spans):
+    def __init__(self) -> None:
+        self.records = self.converted = self.spans = 0
+        self.rejects: Counter[str] = Counter()
+        self.issues: Counter[str] = Counter()
+        self.traces: set[bytes] = set()  # 16 bytes a trace: what the summary's count costs
+        self.shown = 0
+
+    def add(self, result: Converted | Rejected) -> None:
+        self.records += 1
+        if isinstance(result, Rejected):
+            self.rejects[result.reason] += 1
+            return
+        self.converted += 1
+        self.spans += len(result.spans)
+        self.traces.add(result.spans[0].trace_id)
+        self.issues.update(i.split(":", 1)[0] for i in result.issues)
+
+    def text(self) -> str:
+        text = (f"{self.records} records: {self.converted} trace messages converted to {self.spans} spans "
+                f"in {len(self.traces)} traces; {sum(self.rejects.values())} rejected")
+        if self.rejects:
+            text += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(self.rejects.items())) + ")"
+        if self.issues:
+            text += "; issues: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.issues.items()))
+        return text
+
+
+def _stdin_to_file(paths: list[str], workdir: str) -> list[str]:
+    """Two passes read the input twice: standard input is kept in a file for the second."""
+    if "-" not in paths:
+        return paths
+    copy = os.path.join(workdir, "stdin.jsonl")
+    with open(copy, "wb") as out:
+        shutil.copyfileobj(sys.stdin.buffer, out)
+    return [copy if p == "-" else p for p in paths]
+
+
+def convert_streaming(paths: list[str], options: MappingOptions, out: IO[bytes], tally: Tally,
+                      rejects: IO[bytes] | None, workdir: str) -> None:
+    """`convert_batch`'s spans, one OTLP/JSON request per trace sorted by trace id, with
+    memory that does not grow with the spans: pass 1 keeps only the hop evidence
+    (`Linker`), pass 2 maps each record and spills its spans to an SQLite file, read back
+    in trace order. Byte-identical to `split_by_trace` over `convert_batch` (tested)."""
+    limits = DecodeLimits()
+    linker = Linker(LinkSettings(), bounded=False)
+    for raw in read_archive(paths):
+        if isinstance(raw, Rejected):
+            continue
+        try:
+            linker.observe(prepare(raw, limits))
+        except DecodeError:
+            continue
+    db = sqlite3.connect(os.path.join(workdir, "spans.sqlite"))
+    try:
+        db.execute("PRAGMA journal_mode = OFF")
+        db.execute("PRAGMA synchronous = OFF")
+        db.execute("CREATE TABLE spans (trace BLOB, start INTEGER, end INTEGER, id BLOB, span BLOB)")
+        pending: list[tuple[bytes, int, int, bytes, bytes]] = []
+        for raw in read_archive(paths):
+            result = _convert_one(raw, linker, options, limits)
+            tally.add(result)
+            if isinstance(result, Rejected):
+                if rejects is not None:
+                    rejects.write(orjson.dumps({"reason": result.reason, "detail": result.detail,
+                                                "subject": result.subject}) + b"\n")
+                if tally.shown < 10:
+                    print(f"rejected ({result.reason}): {result.detail}", file=sys.stderr)
+                tally.shown += 1
+                continue
+            pending.extend((s.trace_id, s.start_ns, s.end_ns, s.span_id, pickle.dumps(s, 5)) for s in result.spans)
+            if len(pending) >= 2000:
+                db.executemany("INSERT INTO spans VALUES (?, ?, ?, ?, ?)", pending)
+                pending.clear()
+        db.executemany("INSERT INTO spans VALUES (?, ?, ?, ?, ?)", pending)
+        db.execute("CREATE INDEX by_trace ON spans (trace, start, end, id)")
+        trace: list[SpanRecord] = []
+        for trace_id, *_, data in db.execute("SELECT * FROM spans ORDER BY trace, start, end, id"):
+            if trace and trace[0].trace_id != trace_id:
+                out.write(to_otlp_json_line(trace))
+                trace = []
+            trace.append(pickle.loads(data))
+        if trace:
             out.write(to_otlp_json_line(trace))
+    finally:
+        db.close()
+
+
+def _convert_one(raw: RawTraceMessage | Rejected, linker: Linker, options: MappingOptions,
+                 limits: DecodeLimits) -> Converted | Rejected:
+    if isinstance(raw, Rejected):
+        return raw
+    try:
+        return finish(prepare(raw, limits), linker, options)
+    except DecodeError as exc:
+        return Rejected(exc.reason, exc.detail, raw.subject)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        paths = expand_inputs(args.inputs)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"nats-otel {args.command}: {exc}") from None
+    tally = Tally()
+    with tempfile.TemporaryDirectory(prefix="nats-otel-convert-") as workdir, contextlib.ExitStack() as stack:
+        paths = _stdin_to_file(paths, workdir)
+        out = sys.stdout.buffer if args.output == "-" else stack.enter_context(open(args.output, "wb"))
+        rejects = stack.enter_context(open(args.rejects, "wb")) if args.rejects else None
+        convert_streaming(paths, options_from(args), out, tally, rejects, workdir)
         out.flush()
-    if args.rejects:
-        write_rejects(args.rejects, results)
-    text, rejects = summary(results)
     if not args.quiet:
-        report_rejects(results)
-        print(text, file=sys.stderr)
-    return 1 if (args.strict and rejects) else 0
+        if tally.shown > 10:
+            print(f"... and {tally.shown - 10} more rejected (use --rejects FILE)", file=sys.stderr)
+        print(tally.text(), file=sys.stderr)
+    return 1 if (args.strict and tally.rejects) else 0

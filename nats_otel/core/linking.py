@@ -123,10 +123,12 @@ class LinkIndex:
     """Both sides of every hop observed, by link key and by (link key, size), time-sorted;
     bounded when `expire`d."""
 
-    __slots__ = ("_fifo", "_tables", "evicted", "settings")
+    __slots__ = ("_bounded", "_fifo", "_tables", "evicted", "settings")
 
-    def __init__(self, settings: LinkSettings = LinkSettings()) -> None:
+    def __init__(self, settings: LinkSettings = LinkSettings(), bounded: bool = True) -> None:
         self.settings = settings
+        # Unbounded (a whole input, `convert`): nothing expires, no observation order kept.
+        self._bounded = bounded
         # Egresses (True) and arrivals (False), each by key and by (key, size): the second
         # finds the same-size candidates among many without looking at each.
         self._tables: dict[bool, tuple[dict[Any, list[Any]], dict[Any, list[Any]]]] = {
@@ -136,7 +138,8 @@ class LinkIndex:
         self.evicted = 0  # entries dropped for the capacity bound before their time was up
 
     def __len__(self) -> int:
-        return len(self._fifo)
+        """Entries held (egresses and arrivals)."""
+        return sum(len(entries) for table in self._tables.values() for entries in table[0].values())
 
     def add_egress(self, key: LinkKey, egress: Egress, now: float = 0.0) -> None:
         """Record a forwarding egress (a redelivered trace message is recorded once)."""
@@ -155,7 +158,8 @@ class LinkIndex:
         entries.insert(at, entry)
         sized = by_size.setdefault((key, entry.size), [])
         sized.insert(bisect_left(sized, entry), entry)
-        self._fifo.append((now, is_egress, key, entry))
+        if self._bounded:
+            self._fifo.append((now, is_egress, key, entry))
 
     def _candidates(self, is_egress: bool, key: LinkKey, lo_ns: int, hi_ns: int, size: int) -> tuple[list, int]:
         """The one candidate in [lo_ns, hi_ns] (or of the same size, when several fit in

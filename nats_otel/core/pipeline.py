@@ -17,7 +17,6 @@ The live `Converter` observes each message on arrival and finishes it `link_wait
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -110,10 +109,11 @@ def prepare(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> Prep
 class Linker:
     """The hop evidence of observed messages, and where each message's spans go."""
 
-    __slots__ = ("_adhoc_arrivals", "index")
+    __slots__ = ("_adhoc_arrivals", "_bounded", "index")
 
-    def __init__(self, settings: LinkSettings = LinkSettings()) -> None:
-        self.index = LinkIndex(settings)
+    def __init__(self, settings: LinkSettings = LinkSettings(), bounded: bool = True) -> None:
+        self.index = LinkIndex(settings, bounded)
+        self._bounded = bounded
         # Ad-hoc reports only: identity -> its arrival (None at the origin), to find the
         # origin whose identity names the trace. Bounded like the index.
         self._adhoc_arrivals: dict[bytes, tuple[LinkKey, Arrival] | None] = {}
@@ -128,7 +128,7 @@ class Linker:
         if prepared.ctx.adhoc_key is not None:
             adhoc = self._adhoc_arrivals
             adhoc[prepared.ident] = arrival
-            if len(adhoc) > self.index.settings.capacity:
+            if self._bounded and len(adhoc) > self.index.settings.capacity:
                 del adhoc[next(iter(adhoc))]
 
     def place(self, prepared: Prepared) -> Placement:
@@ -234,7 +234,7 @@ def convert_batch(
     Rejected items passed in (e.g. archive lines that did not parse) are passed through.
     """
     # The whole input is the window here: nothing is forgotten, nothing expires.
-    linker = Linker(dataclasses.replace(link, capacity=1 << 62))
+    linker = Linker(link, bounded=False)
     prepared: list[Prepared | Rejected] = []
     for raw in raws:
         if isinstance(raw, Rejected):

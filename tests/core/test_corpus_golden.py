@@ -131,3 +131,14 @@ def test_cli_convert_twice_and_shuffled(tmp_path):
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
     assert outputs[0] == convert_to_bytes([r for p in corpus_files() for r in read_raws(p)])
+
+
+def test_cli_convert_from_stdin_streams_the_same_bytes(tmp_path):
+    """`convert` streams (two passes, spans spilled to disk): standard input is read once
+    and kept for the second pass; the output is `convert_batch`'s, byte for byte."""
+    lines = b"".join(path.read_bytes() for path in corpus_files())
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run([sys.executable, "-m", "nats_otel.cli", "convert", "-", "-o", str(out)],
+                          input=lines, capture_output=True, check=True)
+    assert b"268 trace messages converted" in done.stderr
+    assert out.read_bytes() == convert_to_bytes([r for p in corpus_files() for r in read_raws(p)])

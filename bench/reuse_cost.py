@@ -138,8 +138,9 @@ def main() -> None:
         ratio = sum(results[kind]["live"]["us_per_msg_by_tenth"]) / sum(base["live"]["us_per_msg_by_tenth"])
         line = f"{kind}/distinct: live CPU per message {ratio:.2f}x"
         if "convert" in base:
-            line += (f", convert time {results[kind]['convert']['seconds'] / base['convert']['seconds']:.2f}x, "
-                     f"convert peak RSS {results[kind]['convert']['peak_rss_mb'] / base['convert']['peak_rss_mb']:.2f}x")
+            ours, theirs = results[kind]["convert"], base["convert"]
+            line += (f", convert time {ours['seconds'] / theirs['seconds']:.2f}x, "
+                     f"convert peak RSS {ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}x")
         print(line)
     print("ru_maxrss of this process (MB):", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
 

@@ -13,6 +13,7 @@ import asyncio
 import http.server
 import json
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -53,9 +54,11 @@ def readyz(port: int | None) -> tuple[int, str]:
 
 
 def bridge_process(log: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "nats_otel.cli", "bridge", "--subject", "trace.a",
-                             "--metrics-port", "0", *args],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "wb"), start_new_session=True)  # noqa: SIM115
+    env = {**os.environ, "NATS_OTEL_TELEMETRY__METRICS_HOST": "127.0.0.1"}  # loopback only
+    with open(log, "wb") as err:
+        return subprocess.Popen([sys.executable, "-m", "nats_otel.cli", "bridge", "--subject", "trace.a",
+                                 "--metrics-port", "0", *args],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
 
 
 def stop_process(proc: subprocess.Popen) -> None:

@@ -12,6 +12,10 @@ separate publisher process writing NATS protocol frames to a socket, so the publ
 never the slowest part. Phases, one nats-server for all (own subject per phase):
 
 * raw     - a nats-py subscription whose callback only counts: the ceiling.
+* absorb  - burst absorption: `nats-otel bridge` with default settings fed --burst-messages
+            (60k) as fast as one publisher writes them: the share that arrives, the drops
+            by reason, the intake's peak depth (messages, bytes; sampled from /metrics every
+            0.2 s) and the bridge's peak RSS. With `--baseline DIR`, the other checkout too.
 * naive   - nats-py callback -> the same decode/map -> SDK `ReadableSpan` ->
             `BatchSpanProcessor` -> SDK `OTLPSpanExporter` (gRPC) to a receiver like ours.
 * core/wN - `nats-otel bridge --workers N` (core mode) fed a burst of the whole pool:
@@ -317,6 +321,27 @@ def _cpu_rss(pids: list[int]) -> tuple[float, int]:
     return cpu, rss
 
 
+class QueueSampler:
+    """Scrapes a bridge's intake depth (messages, bytes) every 0.2 s; keeps the peaks."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.depth = self.bytes = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            m = scrape(self.port)
+            self.depth = max(self.depth, m.get("nats_otel_queue_depth", 0.0))
+            self.bytes = max(self.bytes, m.get("nats_otel_queue_bytes", 0.0))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 class Sampler:
     """Samples CPU seconds and RSS of a process tree every 0.25 s (peak RSS, CPU between marks)."""
 
@@ -431,6 +456,30 @@ class Bench:
         r = {"msgs": st["n"], "rate": st["n"] / dur, "sent": pub["sent"], "pub_rate": pub["sent"] / (pub["ended"] - pub["started"])}
         self.results["raw"] = r
         print(f"raw receive : {r['rate']:10,.0f} msgs/s  ({r['msgs']:,} of {r['sent']:,}; publisher {r['pub_rate']:,.0f}/s)", flush=True)
+
+    def phase_absorb(self, src: Path | None = None) -> None:
+        """A burst into a bridge with default settings: how much of it is absorbed."""
+        name = ("base-" if src else "") + "absorb"
+        self.rx.reset(track=False)
+        subject = f"bench.{name}"
+        proc, mport = self.start_bridge(name, 1, subject=subject, src=src)
+        sampler, queue = Sampler(proc.pid), QueueSampler(mport)
+        pub = self.publish(subject, limit=self.args.burst_messages)
+        expected = pub["sent"] * self.spans_per_msg
+        self.rx.wait_quiet(int(expected), quiet=3.0, timeout=300)
+        m = scrape(mport)
+        queue.stop()
+        sampler.stop()
+        self.stop(proc)
+        drops = {k.split('"')[1]: v for k, v in m.items() if k.startswith("nats_otel_messages_dropped_total{") and v}
+        r = {"sent": pub["sent"], "pub_rate": pub["sent"] / max(pub["ended"] - pub["started"], 1e-6),
+             "received": total(m, "nats_otel_messages_received"), "arrived": self.rx.spans / self.spans_per_msg,
+             "share": self.rx.spans / expected if expected else 0.0, "drops": drops,
+             "queue_peak": queue.depth, "queue_peak_bytes": queue.bytes, "rss": sampler.peak_rss}
+        self.results[name] = r
+        print(f"absorb {name}: {r['share']:.1%} of {r['sent']:,} arrived (published at {r['pub_rate']:,.0f}/s; "
+              f"received {r['received']:,.0f}, drops {drops or 0}; intake peak {r['queue_peak']:,.0f} msgs / "
+              f"{r['queue_peak_bytes'] / 2**20:.1f} MiB; peak RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
 
     def phase_naive(self) -> None:
         out = self.workdir / "naive.json"
@@ -649,6 +698,11 @@ def report(results: dict[str, dict], workers: list[int]) -> None:
         print(f"{name:<22}{r['rate']:>10,.0f}{spans:>10,.0f}{vs_naive:>9.2f}x{vs_raw:>9.2f}"
               f"{r.get('cpu', float('nan')):>7.0%}{r.get('rss', 0) / 2**20:>8.0f}{r.get('dropped', 0):>9,.0f}")
     for name, r in results.items():
+        if name.endswith("absorb"):
+            print(f"{name}: burst of {r['sent']:,} at {r['pub_rate']:,.0f}/s, default settings -> {r['share']:.1%} "
+                  f"arrived, drops {r['drops'] or 0}, intake peak {r['queue_peak']:,.0f} msgs / "
+                  f"{r['queue_peak_bytes'] / 2**20:.1f} MiB, peak RSS {r['rss'] / 2**20:.0f} MB")
+    for name, r in results.items():
         if name.startswith("latency"):
             print(f"{name}: offered {r['offered']:,.0f} msgs/s -> p50 {r['p50'] * 1000:.0f} ms, p99 "
                   f"{r['p99'] * 1000:.0f} ms (target p99 < 1000 ms)")
@@ -700,6 +754,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a ~1 minute run (smaller pool, shorter phases)")
     parser.add_argument("--messages", type=int, help="pool size: trace messages per burst (default 200k, quick 30k)")
     parser.add_argument("--naive-messages", type=int, help="burst for the naive pipeline (default 60k, quick 8k)")
+    parser.add_argument("--burst-messages", type=int, default=60_000,
+                        help="the absorb phase's burst (default 60k; the pool grows to hold it)")
     parser.add_argument("--workers", type=int, action="append", help="bridge --workers values (repeatable; default 1 and 2)")
     parser.add_argument("--latency-seconds", type=float, help="duration of the half-rate latency phase (default 30, quick 6)")
     parser.add_argument("--rate", type=float, help="latency phase rate (default: half the best measured core rate)")
@@ -711,10 +767,12 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path,
                         help="a checkout of another version (e.g. a git worktree): its bridge runs the core "
                              "phases too, alternated with ours, and the summary gives ours/baseline")
-    parser.add_argument("--skip", action="append", default=[], choices=["raw", "naive", "core", "pair", "latency", "js"])
+    parser.add_argument("--skip", action="append", default=[], choices=["raw", "absorb", "naive", "core", "pair", "latency", "js"])
     args = parser.parse_args()
     q = args.quick
     args.messages = args.messages or (30_000 if q else 200_000)
+    if "absorb" not in args.skip:
+        args.messages = max(args.messages, args.burst_messages)
     args.naive_messages = args.naive_messages or (8_000 if q else 60_000)
     args.workers = args.workers or [1, 2]
     args.latency_seconds = args.latency_seconds or (6.0 if q else 30.0)
@@ -729,6 +787,9 @@ def main() -> None:
         try:
             if "raw" not in args.skip:
                 bench.phase_raw()
+            if "absorb" not in args.skip:
+                for src in (None, args.baseline) if args.baseline else (None,):
+                    bench.phase_absorb(src)
             if "naive" not in args.skip:
                 bench.phase_naive()
             for round_number in range(args.rounds):

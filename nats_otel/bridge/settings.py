@@ -408,9 +408,10 @@ def load_settings(
             loc = tuple(err["loc"])
             message = err["msg"].removeprefix("Value error, ")
             head, sep, rest = message.partition(": ")
-            if not loc and sep and " " not in head:
-                # A cross-field check names its field at the start of its message.
-                loc, message = tuple(head.split(".")), rest
+            if sep and head.replace("_", "a").replace(".", "a").isalnum() and head.islower():
+                # A cross-field check names its field at the start of its message (relative
+                # to the model that checks it).
+                loc, message = (*loc, *head.split(".")), rest
             field = ".".join(str(p) for p in loc) or "(top level)"
             problems.append(f"{_where(loc, origin)}: field '{field}': {message}")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -160,9 +160,9 @@ class Bridge:
             for source in self.sources:
                 if source.link.down_for() >= limit:
                     self._gave_up = f"gave up after {limit:g}s without NATS: {source.link.describe()}"
-                    log.error("giving up: %s", self._gave_up, extra={"fields": {
+                    log.error("giving up: a NATS source was disconnected too long", extra={"fields": {
                         "source": source.link.name, "url": source.link.url, "kind": source.link.kind,
-                        "reason": source.link.reason, "exit_code": EXIT_GAVE_UP}})
+                        "reason": source.link.reason, "give_up_after": limit, "exit_code": EXIT_GAVE_UP}})
                     self._stopping.set()
                     return
             await asyncio.sleep(_GIVE_UP_CHECK_S)

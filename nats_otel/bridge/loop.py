@@ -443,8 +443,8 @@ class Bridge:
                 log.warning("export failed", extra={"fields": {
                     "exporter": name, "error": result.error, "attempts": result.attempts, "spans": spans,
                     "retryable": result.retryable}})
-        for name, result in outcome.exports.items():
-            self.backend.note_export(name, result)
+        for name, export in outcome.exports.items():
+            self.backend.note_export(name, export)
 
 
 async def run_bridge(settings: BridgeSettings, metrics: Metrics | None = None) -> int:

@@ -5,6 +5,7 @@ messages as fast as it can, a real nats-server and a real OTLP/gRPC receiver.
 Asserted: >= 95 % of the trace messages arrive as spans; arrived + every drop the bridge
 counted == published, exactly; /metrics shows the intake's depth in messages and bytes and
 its bound; the bridge's peak RSS stays within its intake bound plus its own baseline.
+And a drain that runs out of time with a full intake counts what it could not export.
 """
 
 from __future__ import annotations
@@ -98,3 +99,33 @@ async def test_burst_of_60k_default_settings_arrives_and_every_drop_is_counted(t
     assert received == BURST, summary  # the server delivered every trace message to the bridge
     assert arrived >= 0.95 * BURST, summary
     assert rss < 256 * 2**20 + 200 * 2**20, summary  # the intake's bound plus the bridge's own ~150 MB
+
+
+async def test_drain_out_of_time_counts_what_still_waits(tmp_path: Path) -> None:
+    """SIGTERM (here: request_stop) with more waiting than a slow backend takes within
+    `drain_timeout`: exit code 1, and every received message is exported or counted lost
+    (`drain_timeout` for what still waited, `export_failed` for a batch cut off by the deadline)."""
+    from nats_otel.bridge.settings import load_settings
+    from tests.bridge.bridge_helpers import publish_traced, start_bridge, stop_bridge
+
+    with start_topology(single_server(), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
+        url = topo.client_url("n1", "a")
+        settings = load_settings(env={}, overrides={
+            "sources": [{"urls": [url], "subjects": ["trace.a"]}], "drain_timeout": 0.5,
+            "otlp": {"endpoint": rx.endpoint, "timeout": 2.0, "retry_max_elapsed": 0.5},
+            "batch": {"max_messages": 10, "max_delay": 0.01},
+        })
+        bridge, task = await start_bridge(settings)
+        rx.response_delay = 0.3  # ~33 messages/s: 300 take ~9 s
+        published = await publish_traced(url, 300)
+        m = bridge.metrics
+        await wait_until(lambda: m.value("nats_otel_messages_received_total", {"source": "default"}) >= 300,
+                         15, "every trace message received")
+        assert await stop_bridge(bridge, task) == 1
+        exported = m.value("nats_otel_spans_exported_total", {"exporter": "otlp-grpc"}) / SPANS_PER_MESSAGE
+        drops = {r: m.value("nats_otel_messages_dropped_total", {"reason": r}) for r in DROP_REASONS}
+        assert drops["drain_timeout"] > 200, drops
+        assert exported + sum(drops.values()) == len(published), (exported, drops)
+        # A batch cut off by the deadline may still have reached the backend: never fewer arrive.
+        arrived = {s.trace_id.hex() for _, s in rx.spans()}
+        assert arrived <= set(published) and len(arrived) >= exported

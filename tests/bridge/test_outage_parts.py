@@ -15,7 +15,7 @@ import pytest
 
 from nats_otel.bridge.intake import MESSAGE_OVERHEAD, Intake
 from nats_otel.bridge.settings import NatsSettings
-from nats_otel.bridge.sources.link import Link, backoff, classify, redact_url
+from nats_otel.bridge.sources.link import Link, backoff, classify, next_wait, redact_url
 from nats_otel.bridge.sources.nats_core import Delivery
 from nats_otel.bridge.telemetry import JsonFormatter, TextFormatter
 from nats_otel.core.decode import RawTraceMessage
@@ -116,3 +116,13 @@ async def test_intake_message_cap_and_waiting_get() -> None:
     intake.offer(_delivery(5))
     got = await waiter
     assert got is not None and len(got.raw.payload) == 5
+
+
+def test_next_server_at_once_the_wait_after_each_round() -> None:
+    settings = NatsSettings(reconnect_wait_initial=0.5, reconnect_wait_max=10.0)
+    rng = random.Random(1)
+    one = [next_wait(n, 1, settings, rng) for n in (1, 2, 3)]
+    assert 0.25 <= one[0] <= 0.5 and 0.5 <= one[1] <= 1.0 and 1.0 <= one[2] <= 2.0
+    three = [next_wait(n, 3, settings, rng) for n in range(1, 7)]
+    assert three[0] == three[1] == 0.0 and 0.25 <= three[2] <= 0.5   # round 1 over
+    assert three[3] == three[4] == 0.0 and 0.5 <= three[5] <= 1.0    # round 2 over

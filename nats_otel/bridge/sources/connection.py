@@ -3,8 +3,8 @@
 nats-py's own first connect retries forever at a fixed pace, and its error callback learns
 neither which URL failed nor that an attempt is over. So the first connection is made here,
 one attempt (one URL) at a time: the error callback ends the attempt by raising
-`_AttemptFailed` out of `Client.connect`, and the wait before the next one grows to a cap with
-jitter (`link.backoff`). Once connected, nats-py reconnects by itself; its
+`_AttemptFailed` out of `Client.connect`; the next URL is tried at once, and after each round
+over the URLs the wait grows to a cap with jitter (`link.next_wait`). Once connected, nats-py reconnects by itself; its
 `reconnect_to_server_handler` (nats-py 2.16+) picks the server and the same growing wait.
 Every failure is logged with the URL (no credentials) and what it is, and kept in the
 source's `Link` for `/readyz` and the give-up timer.
@@ -26,7 +26,7 @@ import nats
 from nats.aio.client import Client
 
 from nats_otel.bridge.settings import NatsSettings, NatsSource
-from nats_otel.bridge.sources.link import Link, backoff, classify
+from nats_otel.bridge.sources.link import Link, classify, next_wait
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.core.decode import RawTraceMessage
 
@@ -124,7 +124,8 @@ class _Callbacks:
         if isinstance(exc, nats.errors.SlowConsumerError):
             return  # counted by the source, one per message: a log line each would flood
         if self.client is not None and self.client.is_reconnecting:
-            self.link.failed(exc, backoff(self.link.failures + 1, self.settings, self.rng))
+            pool = len(self.client.servers)
+            self.link.failed(exc, next_wait(self.link.failures + 1, pool, self.settings, self.rng))
             log_failure(self.link, "NATS reconnect failed")
             return
         kind, reason = classify(exc)
@@ -249,7 +250,7 @@ async def connect_source(
         callbacks.discarded = True
         await _discard(client)
         link.failed(error.error if isinstance(error, _AttemptFailed) else error,
-                    backoff(link.failures + 1, settings, rng))
+                    next_wait(link.failures + 1, len(urls), settings, rng))
         log_failure(link, "NATS connect failed")
         try:
             await asyncio.wait_for(stopping.wait(), link.retry_in or 0.0)

@@ -18,7 +18,7 @@ import nats.errors
 
 from nats_otel.bridge.settings import NatsSettings
 
-__all__ = ["Link", "backoff", "classify", "redact_url"]
+__all__ = ["Link", "backoff", "classify", "next_wait", "redact_url"]
 
 
 def redact_url(url: str) -> str:
@@ -75,6 +75,13 @@ def backoff(failures: int, settings: NatsSettings, rng: random.Random) -> float:
         return 0.0
     ceiling = min(settings.reconnect_wait_initial * 2 ** min(failures - 1, 30), settings.reconnect_wait_max)
     return rng.uniform(ceiling / 2, ceiling)
+
+
+def next_wait(failures: int, pool: int, settings: NatsSettings, rng: random.Random) -> float:
+    """The wait after `failures` failed attempts in a row over a pool of `pool` servers: the
+    next server of a round is tried at once; the wait (`backoff`) comes after each round."""
+    pool = max(pool, 1)
+    return backoff(failures // pool, settings, rng) if failures % pool == 0 else 0.0
 
 
 class Link:

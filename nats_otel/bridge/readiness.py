@@ -68,7 +68,8 @@ class BackendReadiness:
         self._changed = asyncio.Event()
 
     def status(self) -> tuple[bool, list[str]]:
-        problems = [b.problem for b in self._backends.values() if b.problem is not None]
+        """(all proven, the problems). Called from the HTTP thread too: it copies, then reads."""
+        problems = [b.problem for b in list(self._backends.values()) if b.problem is not None]
         return not problems, problems
 
     def note_export(self, name: str, result: ExportResult) -> None:

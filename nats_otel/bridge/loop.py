@@ -15,6 +15,9 @@ policy lives in `_policy` and nowhere else:
 * isolate, then drop and count: spans the backend refuses as invalid (HTTP 400,
   INVALID_ARGUMENT) are sent again message by message; what is refused alone is never
   retried (OTLP says so), JetStream `term`s it (`dropped{reason="export_invalid"}`).
+
+Exit codes: 0 clean drain, 1 the drain timed out, 2 fatal, 3 gave up on NATS
+(`nats.give_up_after`: a source disconnected that long).
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from nats_otel.bridge.export.result import ExportResult
+from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
+from nats_otel.bridge.readiness import BackendReadiness
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSource
 from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
@@ -44,6 +49,11 @@ _FETCH_TIMEOUT_S = 1.0
 # Batches waiting out `link.wait`: a rate times the wait, a few dozen at most in practice;
 # this only bounds the pathological case (then intake backs up, and drops are counted).
 _DELAYED_BATCHES = 4096
+_GIVE_UP_CHECK_S = 0.25
+# After the drain deadline, time for the batch in flight to come back (exports stop retrying
+# at the deadline), so that it is counted exported or failed, not lost uncounted.
+_DRAIN_GRACE_S = 2.0
+EXIT_GAVE_UP = 3
 
 
 class Bridge:
@@ -54,24 +64,30 @@ class Bridge:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self._exporters = list(exporters) if exporters is not None else make_exporters(settings)
+        # Readiness watches every exporter; with workers, those here only probe their backends.
+        self.backend = BackendReadiness(self._exporters)
+        self._probe_only: list[Exporter] = []
         self.workers: WorkerPool | None = None
         if settings.batch.workers > 1:
             if exporters is not None:
                 raise ValueError("batch.workers > 1 builds its exporters in the workers; pass none")
-            # The exporters were built above only to fail here, early, on bad files/endpoints.
-            for exporter in self._exporters:
-                exporter.close()
-            self._exporters = []
+            # The exporters were built above to fail here, early, on bad files/endpoints.
+            self._probe_only, self._exporters = self._exporters, []
             self.workers = WorkerPool(settings, settings.batch.workers)
         self.processor = Processor(settings, self._exporters)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
-        self.queue: asyncio.Queue[Delivery] = asyncio.Queue(maxsize=settings.batch.queue_size)
+        self.intake = Intake(settings.batch.queue_bytes, settings.batch.queue_size)
+        # Read at scrape time: exact, and nothing to update per message.
+        self.metrics.queue_depth.set_function(self.intake.qsize)
+        self.metrics.queue_bytes.set_function(lambda: self.intake.bytes)
+        self.metrics.queue_limit_bytes.set(settings.batch.queue_bytes)
         self.sources: list[CoreSource | JetStreamSource] = []
         self.health: HealthServer | None = None
         self._stopping: asyncio.Event | None = None
         self._intake_done = False
         self._started = False
-        self._export_ok = True
+        self._gave_up: str | None = None
+        self._drain_overran = False
         self._js_failures = 0
         self._js_pause_until = 0.0
         self._fatal: str | None = None
@@ -84,18 +100,17 @@ class Bridge:
         return True, "running"
 
     def ready(self) -> tuple[bool, str]:
-        if not self._started:
-            return False, "starting"
+        """Ready when every source is connected and every exporter has shown that it reaches
+        its backend; otherwise every reason why not, `; `-separated (never a credential)."""
         if self._stopping is not None and self._stopping.is_set():
-            return False, "draining"
-        down = [s.source.name for s in self.sources if not s.connected]
-        if down:
-            return False, f"not connected to NATS: {', '.join(down)}"
-        if self.workers is not None and not self.workers.alive:
-            return False, "a worker process is not running"
-        if not self._export_ok:
-            return False, "last export failed"
-        return True, "ready"
+            return False, self._gave_up or self._fatal or "draining"
+        reasons = [s.link.describe() for s in self.sources if not s.connected]
+        if not self.sources or (not reasons and not self._started):
+            reasons.append("starting")
+        if self.workers is not None and self._started and not self.workers.alive:
+            reasons.append("a worker process is not running")
+        reasons += self.backend.status()[1]
+        return (False, "; ".join(reasons)) if reasons else (True, "ready")
 
     @property
     def metrics_port(self) -> int | None:
@@ -117,17 +132,43 @@ class Bridge:
             self.health = HealthServer(self.metrics, s.telemetry.metrics_host, s.telemetry.metrics_port,
                                        self.healthy, self.ready).start()
             log.info("serving /metrics, /healthz, /readyz", extra={"fields": {"port": self.health.port}})
+        watchers = [asyncio.create_task(self.backend.watch(self._stopping)),
+                    asyncio.create_task(self._give_up_watch())]
         try:
-            return await self._run()
+            code = await self._run()
+            return EXIT_GAVE_UP if self._gave_up else code
         finally:
+            for task in watchers:
+                task.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
             for source in self.sources:
                 await source.close()
             await asyncio.get_running_loop().run_in_executor(self._pool, self.processor.close)
+            for exporter in self._probe_only:
+                exporter.close()
             if self.workers is not None:
                 await asyncio.get_running_loop().run_in_executor(self._pool, self.workers.close)
             self._pool.shutdown(wait=True)
             if self.health:
                 self.health.stop()
+
+    async def _give_up_watch(self) -> None:
+        """`nats.give_up_after`: stop (exit 3) once a source has been disconnected that long,
+        at start-up or later, so that a job or a supervisor sees the outage."""
+        limit = self.settings.nats.give_up_after
+        assert self._stopping is not None
+        if limit is None:
+            return
+        while not self._stopping.is_set():
+            for source in self.sources:
+                if source.link.down_for() >= limit:
+                    self._gave_up = f"gave up after {limit:g}s without NATS: {source.link.describe()}"
+                    log.error("giving up: a NATS source was disconnected too long", extra={"fields": {
+                        "source": source.link.name, "url": source.link.url, "kind": source.link.kind,
+                        "reason": source.link.reason, "give_up_after": limit, "exit_code": EXIT_GAVE_UP}})
+                    self._stopping.set()
+                    return
+            await asyncio.sleep(_GIVE_UP_CHECK_S)
 
     async def _run(self) -> int:
         s = self.settings
@@ -142,9 +183,9 @@ class Bridge:
                 return 2
             self.workers.on_death = lambda reason: loop.call_soon_threadsafe(self._worker_died, reason)
         if s.mode == "core":
-            self.sources = [CoreSource(src, s.batch, self.queue, self.metrics) for src in s.sources]
+            self.sources = [CoreSource(src, s.batch, self.intake, self.metrics, s.nats) for src in s.sources]
         else:
-            self.sources = [JetStreamSource(src, s.jetstream, self.metrics) for src in s.sources]
+            self.sources = [JetStreamSource(src, s.jetstream, self.metrics, s.nats) for src in s.sources]
         try:
             started = await asyncio.gather(*(src.start(self._stopping) for src in self.sources))
         except JetStreamSetupError as exc:
@@ -180,15 +221,16 @@ class Bridge:
                 await source.stop_intake()
         self._intake_done = True
         remaining = max(0.1, self._drain_deadline - time.monotonic())
-        done, pending = await asyncio.wait(workers, timeout=remaining)
+        done, pending = await asyncio.wait(workers, timeout=remaining + _DRAIN_GRACE_S)
         for task in pending:
             task.cancel()
         for task in done:
             if task.exception() is not None:
                 log.error("worker failed", exc_info=task.exception())
-        if pending:
+        self._drop_waiting()
+        if pending or self._drain_overran:
             log.error("drain timed out; unexported messages were dropped (JetStream redelivers them)",
-                      extra={"fields": {"queued": self.queue.qsize()}})
+                      extra={"fields": {"in_flight_batches": len(pending)}})
             return 1
         log.info("drained", extra={"fields": {"seconds": round(time.monotonic() - started, 3)}})
         return 0
@@ -241,7 +283,6 @@ class Bridge:
         else:
             log.error("worker failed a batch", extra={"fields": {"error": str(exc)}})
         self.metrics.export_failures.labels("worker").inc()
-        self._export_ok = False
         failed = ExportResult(False, error=str(exc), retryable=True)
         return BatchOutcome([Converted([]) for _ in part], {"worker": failed}, spans=0)
 
@@ -250,10 +291,14 @@ class Bridge:
     async def _core_intake(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
         """Collect batches, record their hop evidence at once, hand them on to wait."""
         while True:
+            deadline = self._deadline()
+            if deadline is not None and time.monotonic() >= deadline:
+                self._drop_waiting()
+                return
             batch = await self._collect()
             if batch:
                 await delayed.put((await self._observe(batch), batch))
-            elif self._intake_done and self.queue.empty():
+            elif self._intake_done and self.intake.empty():
                 for _ in range(self._inflight):
                     await delayed.put(None)
                 return
@@ -289,29 +334,35 @@ class Bridge:
             except TimeoutError:
                 pass
 
+    def _drop_waiting(self) -> None:
+        """The drain ran out of time: what still waits in the intake is lost; count it."""
+        lost = 0
+        while self.intake.get_nowait() is not None:
+            lost += 1
+        if lost:
+            self._drain_overran = True
+            self.metrics.dropped.labels("drain_timeout").inc(lost)
+            log.error("drain timed out: trace messages still waiting were dropped",
+                      extra={"fields": {"dropped": lost, "reason": "drain_timeout"}})
+
     async def _collect(self) -> list[Delivery]:
         """Up to `max_messages` deliveries; waits at most `max_delay` after the first one."""
         b = self.settings.batch
-        self.metrics.queue_depth.set(self.queue.qsize())
-        try:
-            first = await asyncio.wait_for(self.queue.get(), _IDLE_POLL_S)
-        except TimeoutError:
+        first = await self.intake.get(_IDLE_POLL_S)
+        if first is None:
             return []
         batch = [first]
         flush_at = time.monotonic() + (0 if self._intake_done else b.max_delay)
         while len(batch) < b.max_messages:
-            try:
-                batch.append(self.queue.get_nowait())
-                continue
-            except asyncio.QueueEmpty:
-                pass
-            left = flush_at - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                batch.append(await asyncio.wait_for(self.queue.get(), left))
-            except TimeoutError:
-                break
+            more = self.intake.get_nowait()
+            if more is None:
+                left = flush_at - time.monotonic()
+                if left <= 0:
+                    break
+                more = await self.intake.get(left)
+                if more is None:
+                    break
+            batch.append(more)
         return batch
 
     # -- JetStream mode --------------------------------------------------------------------
@@ -416,10 +467,7 @@ class Bridge:
                 log.warning("export failed", extra={"fields": {
                     "exporter": name, "error": export.error, "attempts": export.attempts, "spans": spans,
                     "retryable": export.retryable}})
-        if outcome.exports:
-            was_ok, self._export_ok = self._export_ok, outcome.exported
-            if self._export_ok and not was_ok:
-                log.info("export recovered")
+            self.backend.note_export(name, export)
 
 
 async def run_bridge(settings: BridgeSettings, metrics: Metrics | None = None) -> int:

@@ -31,6 +31,7 @@ __all__ = [
     "JetStreamSettings",
     "LimitsSettings",
     "LogSettings",
+    "NatsSettings",
     "NatsSource",
     "OtlpSettings",
     "SettingsError",
@@ -179,12 +180,33 @@ class OtlpSettings(_Model):
         return url
 
 
+class NatsSettings(_Model):
+    """How every source (re)connects: backoff between attempts, and when to give up."""
+
+    connect_timeout: float = Field(5.0, gt=0, description="seconds for one connection attempt")
+    reconnect_wait_initial: float = Field(0.5, gt=0, description="seconds before the second attempt; "
+                                          "doubles with each failure in a row (with jitter)")
+    reconnect_wait_max: float = Field(10.0, gt=0, description="the cap of the wait between attempts")
+    give_up_after: float | None = Field(None, gt=0, description="exit (code 3) once a source has been "
+                                        "disconnected this many seconds, at start-up or later; None: never")
+
+    @model_validator(mode="after")
+    def _waits(self) -> NatsSettings:
+        if self.reconnect_wait_max < self.reconnect_wait_initial:
+            raise ValueError("reconnect_wait_max: must be at least reconnect_wait_initial")
+        return self
+
+
 class BatchSettings(_Model):
-    """Batching and the bounded intake queue (core mode)."""
+    """Batching and the bounded intake (core mode)."""
 
     max_messages: int = Field(512, ge=1, description="trace messages per export batch")
     max_delay: float = Field(0.2, gt=0, description="seconds a message may wait for its batch")
-    queue_size: int = Field(20_000, ge=1, description="core mode: received messages waiting (then dropped)")
+    # Sized for bursts: 60,000 trace messages of ~1 KB (a second of one busy publisher) take
+    # ~90 MB here. Bytes, not a count, bound the memory whatever the messages' size.
+    queue_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="core mode: bytes of received messages "
+                             "waiting (payload + 512 per message); beyond: dropped, counted")
+    queue_size: int | None = Field(None, ge=1, description="core mode: optional cap on the messages waiting")
     pending_msgs_limit: int = Field(65_536, ge=1, description="core mode: nats-py per-subscription limit")
     workers: int = Field(1, ge=1, le=64, description="1: convert/export in one thread; N > 1: in N worker "
                          "processes (sharded by trace id), for more than one core")
@@ -240,6 +262,7 @@ class BridgeSettings(_Model):
     mode: Literal["core", "jetstream"] = "core"
     sources: list[NatsSource] = Field(default_factory=lambda: [NatsSource()], min_length=1)
     jetstream: JetStreamSettings = JetStreamSettings()
+    nats: NatsSettings = NatsSettings()
     otlp: OtlpSettings = OtlpSettings()
     export_otlp: bool = Field(True, description="False: only --output (set when --output is given alone)")
     output: Path | None = None
@@ -413,9 +436,10 @@ def load_settings(
             loc = tuple(err["loc"])
             message = err["msg"].removeprefix("Value error, ")
             head, sep, rest = message.partition(": ")
-            if not loc and sep and " " not in head:
-                # A cross-field check names its field at the start of its message.
-                loc, message = tuple(head.split(".")), rest
+            if sep and head.replace("_", "a").replace(".", "a").isalnum() and head.islower():
+                # A cross-field check names its field at the start of its message (relative
+                # to the model that checks it).
+                loc, message = (*loc, *head.split(".")), rest
             field = ".".join(str(p) for p in loc) or "(top level)"
             problems.append(f"{_where(loc, origin)}: field '{field}': {message}")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None

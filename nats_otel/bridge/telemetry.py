@@ -1,4 +1,5 @@
-"""The bridge's own observability: Prometheus metrics, `/healthz`, `/readyz`, JSON logs.
+"""The bridge's own observability: Prometheus metrics, `/healthz`, `/readyz`, logs (JSON or
+text, with the same fields).
 
 Metrics live on their own `CollectorRegistry` (no globals: two bridges in one test process
 do not share counters). One small WSGI server in a daemon thread answers all three paths.
@@ -17,7 +18,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-__all__ = ["HealthServer", "JsonFormatter", "Metrics", "configure_logging"]
+__all__ = ["HealthServer", "JsonFormatter", "Metrics", "TextFormatter", "configure_logging"]
 
 
 class Metrics:
@@ -31,8 +32,9 @@ class Metrics:
         self.rejected = Counter("nats_otel_messages_rejected", "Trace messages that gave no spans, by reason",
                                 ["reason"], registry=r)
         self.dropped = Counter("nats_otel_messages_dropped",
-                               "Trace messages lost, by reason (queue_full, slow_consumer, export_failed: core "
-                               "mode only; export_invalid: spans the backend refused as invalid, both modes)",
+                               "Trace messages lost, by reason (queue_full, slow_consumer, export_failed, "
+                               "drain_timeout: core mode only; export_invalid: spans the backend refused as "
+                               "invalid, both modes)",
                                ["reason"], registry=r)
         self.issues = Counter("nats_otel_mapping_issues", "Oddities met while mapping (span kept), by kind",
                               ["kind"], registry=r)
@@ -56,6 +58,12 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r,
         )
         self.queue_depth = Gauge("nats_otel_queue_depth", "Trace messages waiting in the intake queue", registry=r)
+        self.queue_bytes = Gauge("nats_otel_queue_bytes",
+                                 "Bytes the waiting trace messages count against the intake's bound "
+                                 "(payload + 512 per message)", registry=r)
+        self.queue_limit_bytes = Gauge("nats_otel_queue_limit_bytes",
+                                       "The intake's bound (batch.queue_bytes): beyond it, queue_full drops",
+                                       registry=r)
         self.js_pending = Gauge("nats_otel_jetstream_pending", "Messages the durable consumer has not yet delivered",
                                 ["source"], registry=r)
         self.js_acks = Counter("nats_otel_jetstream_acks", "JetStream acknowledgements sent, by kind",
@@ -138,11 +146,37 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message key=value ...`: the same fields as the JSON lines, logfmt
+    style (a value with spaces, quotes or `=` is quoted as a JSON string)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record)
+        line = self.formatMessage(record)
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict) and fields:
+            line += " " + " ".join(f"{key}={_logfmt(value)}" for key, value in fields.items())
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _logfmt(value: Any) -> str:
+    if isinstance(value, str):
+        plain = value and not any(c in value for c in ' "=\\\n\t')
+        return value if plain else json.dumps(value)
+    # Numbers, booleans, None, lists: as in the JSON lines (true, null, ["a","b"]).
+    return json.dumps(value, default=str, separators=(",", ":"))
+
+
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
-    """Logs of the `nats_otel` loggers to stderr, as JSON lines or plain text."""
+    """Logs of the `nats_otel` loggers to stderr, as JSON lines or text lines with the same fields."""
     handler = logging.StreamHandler()
-    handler.setFormatter(
-        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logger = logging.getLogger("nats_otel")
     logger.handlers[:] = [handler]
     logger.setLevel(level)

@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     nats.add_argument("--tls-ca", metavar="FILE", help="CA bundle to verify the servers")
     nats.add_argument("--tls-cert", metavar="FILE", help="client certificate (with --tls-key)")
     nats.add_argument("--tls-key", metavar="FILE", help="client key (with --tls-cert)")
+    nats.add_argument("--nats-give-up-after", type=float, metavar="SECONDS",
+                      help="exit with code 3 once a source has been disconnected SECONDS in a row, at "
+                           "start-up or later (default: keep retrying, the wait growing to 10 s)")
     mode = parser.add_argument_group("intake")
     mode.add_argument("--mode", choices=["core", "jetstream"], help="core: at most once (default); "
                       "jetstream: at least once through a durable consumer")
@@ -65,6 +68,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     if tls:
         source["tls"] = tls
     out: dict[str, Any] = {}
+    if args.nats_give_up_after is not None:
+        out["nats"] = {"give_up_after": args.nats_give_up_after}
     if source:
         # Flags describe one source; with a config file listing several, they apply to all.
         out["_source_flags"] = source

@@ -349,7 +349,8 @@ def _write_output(path: Path, requests: list[ExportTraceServiceRequest]) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for request in requests:
-            f.write(json.dumps(to_otlp_json_dict(request), separators=(",", ":")) + "\n")
+            if request.resource_spans:  # the bridge's readiness probe is an empty request
+                f.write(json.dumps(to_otlp_json_dict(request), separators=(",", ":")) + "\n")
 
 
 # --- printing -----------------------------------------------------------------------------

@@ -194,11 +194,11 @@ async def test_core_mode_http_gzip_and_second_account(topo, tmp_path: Path) -> N
 
 async def test_readyz_reports_export_failure(topo, tmp_path: Path) -> None:
     rx = OTLPGrpcReceiver().start()
-    rx.unavailable = True
     try:
         settings = bridge_settings(topo, tmp_path, rx.endpoint)
         settings = settings.model_copy(update={"otlp": settings.otlp.model_copy(update={"retry_max_elapsed": 0.3})})
         bridge, task = await start_bridge(settings)
+        rx.unavailable = True  # after start-up: the empty probe request had shown it reachable
         try:
             pub = await nats.connect(topo.client_url("east-1", "a"))
             sub = await pub.subscribe("ready.x")
@@ -208,7 +208,7 @@ async def test_readyz_reports_export_failure(topo, tmp_path: Path) -> None:
             await pub.close()
             await wait_until(lambda: not bridge.ready()[0], 10, "readiness to drop")
             status, body = scrape(bridge.metrics_port, "/readyz")
-            assert status == 503 and "export" in body
+            assert status == 503 and f"OTLP endpoint {rx.endpoint}: answers, but is unavailable" in body
             _, text = scrape(bridge.metrics_port)
             assert metric(text, "nats_otel_messages_dropped_total", reason="export_failed") == 1
             assert metric(text, "nats_otel_export_failures_total", exporter="otlp-grpc") == 1

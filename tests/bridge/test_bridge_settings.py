@@ -120,3 +120,13 @@ def test_shipped_example_is_valid() -> None:
     s = load_settings(ROOT / "config" / "bridge.example.yaml", env={})
     assert isinstance(s, BridgeSettings) and [x.name for x in s.sources] == ["account-a", "account-b"]
     assert s.telemetry.metrics_port == 9464
+
+
+def test_nats_give_up_flag_and_burst_defaults() -> None:
+    s = load_settings(overrides=flags("--subject", "t", "--nats-give-up-after", "30"), env={})
+    assert s.nats.give_up_after == 30 and s.nats.reconnect_wait_max == 10
+    assert s.batch.queue_bytes == 256 * 1024 * 1024 and s.batch.queue_size is None
+    with pytest.raises(SettingsError, match=r"field 'nats.reconnect_wait_max': must be at least"):
+        load_settings(overrides={**flags("--subject", "t"), "nats": {"reconnect_wait_max": 0.1}}, env={})
+    with pytest.raises(SettingsError, match=r"NATS_OTEL_\* environment: field 'batch.queue_bytes'"):
+        load_settings(overrides=flags("--subject", "t"), env={"NATS_OTEL_BATCH__QUEUE_BYTES": "10"})

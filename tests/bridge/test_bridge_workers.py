@@ -95,11 +95,11 @@ async def test_core_workers_equal_convert(topo, tmp_path: Path) -> None:
 
 async def test_jetstream_workers_ack_only_after_export(topo, tmp_path: Path) -> None:
     rx = OTLPGrpcReceiver(keep_requests=True).start()
-    rx.unavailable = True
     settings = settings_for(topo, tmp_path, rx.endpoint, "jetstream", "bench.jsworkers",
                             jetstream={"stream": "WORKERS", "durable": "w", "create_stream": True,
                                        "ack_wait": 20, "nak_delay_initial": 0.2, "nak_delay_max": 0.5})
     bridge, task = await start_bridge(settings)
+    rx.unavailable = True  # once ready: readiness needs the backend to have answered
     try:
         sent = await publish_raws(topo.client_url("n1", "a"), "bench.jsworkers", 300, "workers-js")
         await wait_until(lambda: metric(scrape(bridge.metrics_port)[1], "nats_otel_jetstream_acks_total",

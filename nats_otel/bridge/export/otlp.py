@@ -2,7 +2,9 @@
 
 Blocking by design (the bridge runs them in a worker thread, never on the event loop).
 Retry is bounded, jittered, exponential and deadline-aware, on the codes the OTLP spec calls
-retryable; a failure is an `ExportResult`, never an exception.
+retryable; a failure is an `ExportResult`, never an exception, whose `kind` says what it
+was (unreachable, authorization...). `probe()` sends one empty export request: the cheapest
+request that shows the endpoint is there, speaks OTLP and accepts our credentials.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -40,6 +42,30 @@ RETRYABLE_GRPC = frozenset(
      grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED}
 )
 RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+
+# What a refusal is called (`ExportResult.kind`); tables, not ladders.
+_GRPC_KIND = {
+    grpc.StatusCode.UNAUTHENTICATED: "authorization", grpc.StatusCode.PERMISSION_DENIED: "authorization",
+    grpc.StatusCode.UNIMPLEMENTED: "not_found", grpc.StatusCode.INVALID_ARGUMENT: "invalid",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout", grpc.StatusCode.RESOURCE_EXHAUSTED: "unavailable",
+}
+_HTTP_KIND = {401: "authorization", 403: "authorization", 404: "not_found", 405: "not_found", 400: "invalid",
+              429: "unavailable", 502: "unavailable", 503: "unavailable", 504: "unavailable"}
+# gRPC reports "no connection" and "the server said unavailable" with one code; its detail
+# text tells them apart.
+_NO_CONNECTION = ("failed to connect", "connection refused", "dns resolution failed", "name resolution",
+                  "no route to host", "network is unreachable", "connection reset", "handshake")
+# An empty ExportTraceServiceRequest serializes to no bytes at all.
+_EMPTY_REQUEST = b""
+_PROBE_TIMEOUT_MAX_S = 5.0
+
+
+def display_url(url: str) -> str:
+    """The endpoint as logged and shown in `/readyz`: no user information, no query."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 # One attempt: (result, server-suggested delay or None).
 Attempt = Callable[[float], tuple[ExportResult, float | None]]
@@ -93,9 +119,13 @@ class GrpcExporter:
         self._stop = threading.Event()
         self._rng = rng or random.Random()
         url = urlsplit(settings.resolved_endpoint)
+        self.endpoint = display_url(settings.resolved_endpoint)
         target = f"{url.hostname}:{url.port or 4317}"
         insecure = settings.insecure if settings.insecure is not None else url.scheme == "http"
-        options = [("grpc.primary_user_agent", USER_AGENT)]
+        # gRPC waits up to 120 s between connection attempts to a dead endpoint by default:
+        # a backend back after an outage would stay unused (and the bridge unready) that long.
+        options = [("grpc.primary_user_agent", USER_AGENT), ("grpc.initial_reconnect_backoff_ms", 500),
+                   ("grpc.max_reconnect_backoff_ms", int(settings.retry_max_backoff * 1000))]
         if insecure:
             self._channel = grpc.insecure_channel(target, options=options)
         else:
@@ -118,6 +148,10 @@ class GrpcExporter:
         """Send one serialized `ExportTraceServiceRequest`, retrying transient failures."""
         return retry(lambda timeout: self._attempt(request, timeout), self.settings, deadline, self._stop, self._rng)
 
+    def probe(self) -> ExportResult:
+        """One empty export request, no retry: can the backend be reached, and will it take ours?"""
+        return self._attempt(_EMPTY_REQUEST, min(self.settings.timeout, _PROBE_TIMEOUT_MAX_S))[0]
+
     def _attempt(self, request: bytes, timeout: float) -> tuple[ExportResult, float | None]:
         try:
             response = self._export(
@@ -125,9 +159,12 @@ class GrpcExporter:
             )
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            detail = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
+            kind = _GRPC_KIND.get(code, "refused")
+            if code == grpc.StatusCode.UNAVAILABLE:
+                kind = "unreachable" if any(s in detail.lower() for s in _NO_CONNECTION) else "unavailable"
             return ExportResult(False, error=f"{code.name}: {detail}", retryable=code in RETRYABLE_GRPC,
-                                invalid=code == grpc.StatusCode.INVALID_ARGUMENT), None
+                                invalid=code == grpc.StatusCode.INVALID_ARGUMENT, kind=kind), None
         return ExportResult.success(rejected_spans=response.partial_success.rejected_spans), None
 
     def close(self) -> None:
@@ -143,6 +180,7 @@ class HttpExporter:
     def __init__(self, settings: OtlpSettings, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.url = settings.resolved_endpoint
+        self.endpoint = display_url(self.url)
         self._stop = threading.Event()
         self._rng = rng or random.Random()
         context = None
@@ -172,6 +210,11 @@ class HttpExporter:
             body = gzip.compress(body, compresslevel=6)
         return retry(lambda timeout: self._attempt(body, timeout), self.settings, deadline, self._stop, self._rng)
 
+    def probe(self) -> ExportResult:
+        """One empty export request, no retry: can the backend be reached, and will it take ours?"""
+        body = gzip.compress(_EMPTY_REQUEST) if self.settings.compression == "gzip" else _EMPTY_REQUEST
+        return self._attempt(body, min(self.settings.timeout, _PROBE_TIMEOUT_MAX_S))[0]
+
     def _attempt(self, body: bytes, timeout: float) -> tuple[ExportResult, float | None]:
         request = urllib.request.Request(self.url, data=body, headers=self._headers, method="POST")
         try:
@@ -182,10 +225,11 @@ class HttpExporter:
             hint = _retry_after(exc.headers.get("Retry-After")) if retryable else None
             text = exc.read()[:200].decode("utf-8", "replace")
             return ExportResult(False, error=f"HTTP {exc.code}: {text}", retryable=retryable,
-                                invalid=exc.code == 400), hint
+                                invalid=exc.code == 400, kind=_HTTP_KIND.get(exc.code, "refused")), hint
         except (OSError, ValueError) as exc:  # refused, reset, timeout, TLS: the backend is not there
             reason = getattr(exc, "reason", exc)
-            return ExportResult(False, error=f"{type(exc).__name__}: {reason}", retryable=True), None
+            kind = "timeout" if isinstance(reason, TimeoutError) else "unreachable"
+            return ExportResult(False, error=f"{type(exc).__name__}: {reason}", retryable=True, kind=kind), None
         rejected = 0
         if payload:
             try:

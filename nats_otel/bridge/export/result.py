@@ -13,7 +13,8 @@ class ExportResult:
     batch later may work (backend down, overloaded) or never will (bad request), and
     `invalid` whether the backend refused the request's content (HTTP 400, gRPC
     INVALID_ARGUMENT) rather than us (401, 403, 404...: a configuration problem, which a
-    fixed configuration and a redelivery cure)."""
+    fixed configuration and a redelivery cure). `kind` names a failure for `/readyz`:
+    unreachable, timeout, authorization, not_found, unavailable, invalid or refused."""
 
     ok: bool
     attempts: int = 1
@@ -21,6 +22,7 @@ class ExportResult:
     retryable: bool = False
     rejected_spans: int = 0  # OTLP partial success: spans the backend refused
     invalid: bool = False
+    kind: str = ""
 
     @classmethod
     def success(cls, attempts: int = 1, rejected_spans: int = 0) -> ExportResult:

@@ -21,8 +21,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
-from nats_otel.bridge.settings import JetStreamSettings, NatsSource
+from nats_otel.bridge.settings import JetStreamSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
+from nats_otel.bridge.sources.link import Link
 from nats_otel.bridge.sources.nats_core import Delivery
 from nats_otel.bridge.telemetry import Metrics
 
@@ -97,10 +98,13 @@ class _Puller:
 class JetStreamSource:
     """Fetches batches from the durable consumer of one source's account and settles them."""
 
-    def __init__(self, source: NatsSource, settings: JetStreamSettings, metrics: Metrics) -> None:
+    def __init__(self, source: NatsSource, settings: JetStreamSettings, metrics: Metrics,
+                 nats_settings: NatsSettings | None = None) -> None:
         self.source = source
         self.settings = settings
         self.metrics = metrics
+        self.nats_settings = nats_settings or NatsSettings()
+        self.link = Link(source.name, source.urls)
         self.nc: Client | None = None
         self._sub: _Puller | None = None
         self._received = metrics.received.labels(source.name)
@@ -115,7 +119,7 @@ class JetStreamSource:
     async def start(self, stopping: asyncio.Event) -> bool:
         """Connect, ensure stream (if asked) and durable consumer, bind. Raises
         `JetStreamSetupError` when the stream is missing and may not be created."""
-        self.nc = await connect_source(self.source, self.metrics, stopping)
+        self.nc = await connect_source(self.source, self.nats_settings, self.link, self.metrics, stopping)
         if self.nc is None:
             return False
         try:

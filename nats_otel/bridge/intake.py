@@ -1,0 +1,75 @@
+"""The core-mode intake: received trace messages waiting for their batch, bounded in bytes.
+
+A count bound would size memory by the smallest messages and drop bursts of ordinary ones;
+bytes bound what is held whatever the messages' size. A message is charged its payload
+plus `MESSAGE_OVERHEAD` (its Python objects: the delivery, the raw message, its header
+dict), so the bound holds for floods of tiny messages too. Callers run on the event loop
+only (NATS callbacks offer, the batcher takes): no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from nats_otel.bridge.sources.nats_core import Delivery
+
+__all__ = ["MESSAGE_OVERHEAD", "Intake", "charge"]
+
+#: Bytes of Python objects per waiting message beyond its payload: measured 190-440 with
+#: tracemalloc (no header to two), rounded up so the bound errs on the safe side.
+MESSAGE_OVERHEAD = 512
+
+
+def charge(delivery: Delivery) -> int:
+    """What one waiting message counts against the bound."""
+    raw = delivery.raw
+    return len(raw.payload) + len(raw.subject or "") + MESSAGE_OVERHEAD
+
+
+class Intake:
+    """A FIFO of deliveries that refuses (never blocks) when `max_bytes` or `max_messages`
+    would be exceeded; the caller counts the refusal as a drop."""
+
+    def __init__(self, max_bytes: int, max_messages: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.max_messages = max_messages
+        self.bytes = 0
+        self._items: deque[tuple[Delivery, int]] = deque()
+        self._nonempty = asyncio.Event()
+
+    def offer(self, delivery: Delivery) -> bool:
+        """Queue `delivery`; False (nothing queued) when it does not fit."""
+        size = charge(delivery)
+        if self.bytes + size > self.max_bytes or (
+                self.max_messages is not None and len(self._items) >= self.max_messages):
+            return False
+        self._items.append((delivery, size))
+        self.bytes += size
+        self._nonempty.set()
+        return True
+
+    def get_nowait(self) -> Delivery | None:
+        """The oldest delivery, or None when empty."""
+        if not self._items:
+            return None
+        delivery, size = self._items.popleft()
+        self.bytes -= size
+        if not self._items:
+            self._nonempty.clear()
+        return delivery
+
+    async def get(self, timeout: float) -> Delivery | None:
+        """The oldest delivery, waiting at most `timeout` seconds for one (then None)."""
+        if not self._items:
+            try:
+                await asyncio.wait_for(self._nonempty.wait(), timeout)
+            except TimeoutError:
+                return None
+        return self.get_nowait()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items

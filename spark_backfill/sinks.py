@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats_otel.core.encode import to_protobuf
+from nats_otel.core.encode import MAX_SPANS_PER_REQUEST, to_protobuf
 from nats_otel.core.records import Resource, SpanRecord
 from spark_backfill.fragments import TracePiece, span_pieces, trace_line
 from spark_backfill.transform import ENCODED_COLUMNS, SPAN_COLUMNS, resource_from_json, row_to_span
@@ -83,7 +83,8 @@ def _pieces(batch: Any) -> Iterator[tuple[str, TracePiece]]:
 
 
 def otlp_json_lines(batches: Iterator[Any]) -> Iterator[Any]:
-    """One OTLP/JSON line per trace from Arrow batches sorted by trace id.
+    """One OTLP/JSON line per trace (per `MAX_SPANS_PER_REQUEST` spans of it) from Arrow
+    batches sorted by trace id, then by each span's (start, end, id).
 
     A trace may straddle two batches of the partition: its spans are held back until a
     batch shows the next trace id (or the partition ends).
@@ -105,7 +106,7 @@ def otlp_json_lines(batches: Iterator[Any]) -> Iterator[Any]:
     for batch in batches:
         lines: list[str] = []
         for trace_id, piece in _pieces(batch):
-            if trace_id != current and pending:
+            if pending and (trace_id != current or len(pending) >= MAX_SPANS_PER_REQUEST):
                 lines.append(trace_line(pending, resource_key))
                 pending = []
             current = trace_id
@@ -123,7 +124,9 @@ def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "errorife
     rebuild = [F.when(F.col("otlp_span").isNull(), F.col(c)).alias(c)
                for c in _REBUILD_COLUMNS if c not in _PIECE_COLUMNS]
     df = spans.select(*_PIECE_COLUMNS, *rebuild)
-    df = df.repartitionByRange(partitions, F.col("trace_id")).sortWithinPartitions("trace_id")
+    # Spans in their order within each trace, so that a long trace splits where `convert` splits it.
+    df = df.repartitionByRange(partitions, F.col("trace_id")).sortWithinPartitions(
+        "trace_id", "start_ns", "end_ns", "span_id")
     lines = df.mapInArrow(otlp_json_lines, "value string")
     lines.write.mode(mode).option("compression", compression).text(out)
 

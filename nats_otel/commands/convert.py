@@ -17,7 +17,7 @@ import orjson
 
 from nats_otel.archive import expand_inputs, read_archive
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage
-from nats_otel.core.encode import to_otlp_json_line
+from nats_otel.core.encode import MAX_SPANS_PER_REQUEST, to_otlp_json_line
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 from nats_otel.core.pipeline import Converted, Linker, Rejected, convert_batch, finish, prepare
@@ -171,7 +171,7 @@ def convert_streaming(paths: list[str], options: MappingOptions, out: IO[bytes],
         db.execute("CREATE INDEX by_trace ON spans (trace, start, end, id)")
         trace: list[SpanRecord] = []
         for trace_id, *_, data in db.execute("SELECT * FROM spans ORDER BY trace, start, end, id"):
-            if trace and trace[0].trace_id != trace_id:
+            if trace and (trace[0].trace_id != trace_id or len(trace) >= MAX_SPANS_PER_REQUEST):
                 out.write(to_otlp_json_line(trace))
                 trace = []
             trace.append(pickle.loads(data))

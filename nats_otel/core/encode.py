@@ -162,15 +162,23 @@ def _json_value(value: AttrValue) -> dict[str, Any]:
 
 
 def split_by_trace(spans: Iterable[SpanRecord]) -> list[list[SpanRecord]]:
-    """Spans grouped into traces, sorted by trace id, spans by (start, span id).
+    """Spans grouped into traces, sorted by trace id, spans by (start, end, span id); a
+    trace of more than `MAX_SPANS_PER_REQUEST` spans in several consecutive groups.
 
     Whatever the input order, the result is the same: `convert` writes one request per
-    trace from it, so shuffled input gives byte-identical output.
+    group from it, so shuffled input gives byte-identical output. The bound keeps a
+    request (and what a writer holds) small however many messages share one traceparent.
     """
     traces: dict[bytes, list[SpanRecord]] = {}
     for span in spans:
         traces.setdefault(span.trace_id, []).append(span)
-    return [
-        sorted(traces[trace_id], key=lambda s: (s.start_ns, s.end_ns, s.span_id))
-        for trace_id in sorted(traces)
-    ]
+    out: list[list[SpanRecord]] = []
+    for trace_id in sorted(traces):
+        ordered = sorted(traces[trace_id], key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+        out.extend(ordered[i : i + MAX_SPANS_PER_REQUEST] for i in range(0, len(ordered), MAX_SPANS_PER_REQUEST))
+    return out
+
+
+#: Spans in one OTLP/JSON request of `convert`, the backfill and the bridge's file output
+#: (~2 MB of JSON: under gRPC's default 4 MiB message limit if it is sent on).
+MAX_SPANS_PER_REQUEST = 2000

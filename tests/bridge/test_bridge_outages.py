@@ -26,8 +26,10 @@ import pytest
 
 from nats_otel.bridge.loop import Bridge
 from nats_otel.bridge.settings import load_settings
-from nats_otel.devkit.embedded import free_ports, single_server, start_topology
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver, OTLPHttpReceiver
+from nats_otel.devkit.server_config import free_ports
+from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import publish_traced, scrape, stop_bridge, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

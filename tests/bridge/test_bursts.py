@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from nats_otel.devkit.embedded import free_ports, single_server, start_topology
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
+from nats_otel.devkit.server_config import free_ports
+from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import metric, scrape, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -7,11 +7,13 @@ the diff.
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import subprocess
 import sys
 
+import orjson
 import pytest
 
 from nats_otel.core.encode import split_by_trace, to_otlp_json_line
@@ -142,3 +144,31 @@ def test_cli_convert_from_stdin_streams_the_same_bytes(tmp_path):
                           input=lines, capture_output=True, check=True)
     assert b"268 trace messages converted" in done.stderr
     assert out.read_bytes() == convert_to_bytes([r for p in corpus_files() for r in read_raws(p)])
+
+
+def test_a_long_trace_is_written_in_bounded_requests(tmp_path):
+    """Thousands of messages under one traceparent: requests of at most MAX_SPANS_PER_REQUEST
+    spans, in order, the same bytes from the streaming CLI as from `split_by_trace`."""
+    from nats_otel.core.encode import MAX_SPANS_PER_REQUEST
+
+    template = read_raws(CORPUS / "02_route_hop.jsonl")
+    raws = []
+    for copy in range(1200):  # 2 reports and 4 spans a copy: 4,800 spans in one trace
+        for raw in template:
+            doc = orjson.loads(raw.payload)
+            for event in doc["events"]:
+                event["ts"] = event["ts"][:20] + f"{copy:06d}" + event["ts"][26:]
+            raws.append(type(raw)(raw.subject, raw.headers, orjson.dumps(doc)))
+    lines = convert_to_bytes(raws).splitlines()
+    assert len(lines) == 3 and all(len(orjson.loads(line)["resourceSpans"]) for line in lines)
+    counts = [sum(len(ss["spans"]) for rs in orjson.loads(line)["resourceSpans"] for ss in rs["scopeSpans"])
+              for line in lines]
+    assert counts == [MAX_SPANS_PER_REQUEST, MAX_SPANS_PER_REQUEST, 800]
+    archive = tmp_path / "long.jsonl"
+    archive.write_bytes(b"".join(orjson.dumps({"subject": r.subject, "headers": r.headers,
+                                               "payload_b64": base64.b64encode(r.payload).decode()}) + b"\n"
+                                 for r in raws))
+    out = tmp_path / "out.jsonl"
+    subprocess.run([sys.executable, "-m", "nats_otel.cli", "convert", str(archive), "-o", str(out)], check=True,
+                   capture_output=True)
+    assert out.read_bytes().splitlines() == lines

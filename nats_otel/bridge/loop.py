@@ -291,21 +291,25 @@ class Bridge:
     async def _core_intake(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
         """Collect batches, record their hop evidence at once, hand them on to wait."""
         while True:
-            deadline = self._deadline()
-            if deadline is not None and time.monotonic() >= deadline:
+            if self._past_deadline():
                 self._drop_waiting()
-                return
-            batch = await self._collect()
-            if batch:
-                await delayed.put((await self._observe(batch), batch))
-            elif self._intake_done and self.intake.empty():
-                for _ in range(self._inflight):
-                    await delayed.put(None)
-                return
+            else:
+                batch = await self._collect()
+                if batch:
+                    await delayed.put((await self._observe(batch), batch))
+                    continue
+                if not (self._intake_done and self.intake.empty()):
+                    continue
+            for _ in range(self._inflight):
+                await delayed.put(None)
+            return
 
     async def _core_worker(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
         while (item := await delayed.get()) is not None:
             ripe_at, batch = item
+            if self._past_deadline():  # the drain ran out of time: counted, not exported
+                self._count_drain_lost(len(batch))
+                continue
             await self._until(ripe_at)
             await self._process(batch)
 
@@ -334,11 +338,19 @@ class Bridge:
             except TimeoutError:
                 pass
 
+    def _past_deadline(self) -> bool:
+        deadline = self._deadline()
+        return deadline is not None and time.monotonic() >= deadline
+
     def _drop_waiting(self) -> None:
         """The drain ran out of time: what still waits in the intake is lost; count it."""
         lost = 0
         while self.intake.get_nowait() is not None:
             lost += 1
+        self._count_drain_lost(lost)
+
+    def _count_drain_lost(self, lost: int) -> None:
+        """Messages still waiting (intake or link window) when the drain ran out of time."""
         if lost:
             self._drain_overran = True
             self.metrics.dropped.labels("drain_timeout").inc(lost)

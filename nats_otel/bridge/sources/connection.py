@@ -125,7 +125,9 @@ class _Callbacks:
             return  # counted by the source, one per message: a log line each would flood
         if self.client is not None and self.client.is_reconnecting:
             pool = len(self.client.servers)
-            self.link.failed(exc, next_wait(self.link.failures + 1, pool, self.settings, self.rng))
+            wait = (next_wait(self.link.failures + 1, pool, self.settings, self.rng) if _HAS_RECONNECT_HANDLER
+                    else self.settings.reconnect_wait_initial)  # nats-py's own fixed wait
+            self.link.failed(exc, wait)
             log_failure(self.link, "NATS reconnect failed")
             return
         kind, reason = classify(exc)

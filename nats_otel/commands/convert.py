@@ -56,54 +56,26 @@ def convert_inputs(args: argparse.Namespace) -> list[Converted | Rejected]:
     return convert_batch(read_archive(paths), options_from(args), DecodeLimits())
 
 
-def summary(results: list[Converted | Rejected]) -> tuple[str, Counter]:
-    rejects = Counter(r.reason for r in results if isinstance(r, Rejected))
-    issues = Counter(i.split(":", 1)[0] for r in results if isinstance(r, Converted) for i in r.issues)
-    converted = [r for r in results if isinstance(r, Converted)]
-    spans = sum(len(r.spans) for r in converted)
-    traces = len({r.spans[0].trace_id for r in converted})
-    text = (
-        f"{len(results)} records: {len(converted)} trace messages converted to {spans} spans "
-        f"in {traces} traces; {sum(rejects.values())} rejected"
-    )
-    if rejects:
-        text += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(rejects.items())) + ")"
-    if issues:
-        text += "; issues: " + ", ".join(f"{k}: {v}" for k, v in sorted(issues.items()))
-    return text, rejects
-
-
-def write_rejects(path: str, results: list[Converted | Rejected]) -> None:
-    with open(path, "wb") as out:
-        for r in results:
-            if isinstance(r, Rejected):
-                out.write(orjson.dumps({"reason": r.reason, "detail": r.detail, "subject": r.subject}) + b"\n")
-
-
-def report_rejects(results: list[Converted | Rejected], limit: int = 10) -> None:
-    shown = 0
-    for r in results:
-        if isinstance(r, Rejected):
-            if shown < limit:
-                print(f"rejected ({r.reason}): {r.detail}", file=sys.stderr)
-            shown += 1
-    if shown > limit:
-        print(f"... and {shown - limit} more rejected (use --rejects FILE)", file=sys.stderr)
+# Rejected records printed one by one before "... and N more".
+REJECTS_SHOWN = 10
 
 
 class Tally:
-    """What `summary` says, counted while streaming (nothing per record is kept)."""
+    """What the summary says, counted record by record (nothing per record is kept), and
+    the first rejects printed as they come when `show_rejects`."""
 
-    def __init__(self) -> None:
+    def __init__(self, show_rejects: bool = False) -> None:
         self.records = self.converted = self.spans = 0
         self.rejects: Counter[str] = Counter()
         self.issues: Counter[str] = Counter()
         self.traces: set[bytes] = set()  # 16 bytes a trace: what the summary's count costs
-        self.shown = 0
+        self.show_rejects = show_rejects
 
     def add(self, result: Converted | Rejected) -> None:
         self.records += 1
         if isinstance(result, Rejected):
+            if self.show_rejects and self.rejected < REJECTS_SHOWN:
+                print(f"rejected ({result.reason}): {result.detail}", file=sys.stderr)
             self.rejects[result.reason] += 1
             return
         self.converted += 1
@@ -111,9 +83,19 @@ class Tally:
         self.traces.add(result.spans[0].trace_id)
         self.issues.update(i.split(":", 1)[0] for i in result.issues)
 
+    @property
+    def rejected(self) -> int:
+        return sum(self.rejects.values())
+
+    def report(self) -> None:
+        """The summary on stderr (after "... and N more rejected" if some were not shown)."""
+        if self.show_rejects and self.rejected > REJECTS_SHOWN:
+            print(f"... and {self.rejected - REJECTS_SHOWN} more rejected (use --rejects FILE)", file=sys.stderr)
+        print(self.text(), file=sys.stderr)
+
     def text(self) -> str:
         text = (f"{self.records} records: {self.converted} trace messages converted to {self.spans} spans "
-                f"in {len(self.traces)} traces; {sum(self.rejects.values())} rejected")
+                f"in {len(self.traces)} traces; {self.rejected} rejected")
         if self.rejects:
             text += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(self.rejects.items())) + ")"
         if self.issues:
@@ -159,9 +141,6 @@ def convert_streaming(paths: list[str], options: MappingOptions, out: IO[bytes],
                 if rejects is not None:
                     rejects.write(orjson.dumps({"reason": result.reason, "detail": result.detail,
                                                 "subject": result.subject}) + b"\n")
-                if tally.shown < 10:
-                    print(f"rejected ({result.reason}): {result.detail}", file=sys.stderr)
-                tally.shown += 1
                 continue
             pending.extend((s.trace_id, s.start_ns, s.end_ns, s.span_id, pickle.dumps(s, 5)) for s in result.spans)
             if len(pending) >= 2000:
@@ -196,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         paths = expand_inputs(args.inputs)
     except FileNotFoundError as exc:
         raise SystemExit(f"nats-otel {args.command}: {exc}") from None
-    tally = Tally()
+    tally = Tally(show_rejects=not args.quiet)
     with tempfile.TemporaryDirectory(prefix="nats-otel-convert-") as workdir, contextlib.ExitStack() as stack:
         paths = _stdin_to_file(paths, workdir)
         out = sys.stdout.buffer if args.output == "-" else stack.enter_context(open(args.output, "wb"))
@@ -204,7 +183,5 @@ def run(args: argparse.Namespace) -> int:
         convert_streaming(paths, options_from(args), out, tally, rejects, workdir)
         out.flush()
     if not args.quiet:
-        if tally.shown > 10:
-            print(f"... and {tally.shown - 10} more rejected (use --rejects FILE)", file=sys.stderr)
-        print(tally.text(), file=sys.stderr)
+        tally.report()
     return 1 if (args.strict and tally.rejects) else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nats_otel.commands.convert import convert_inputs, report_rejects, summary
+from nats_otel.commands.convert import Tally, convert_inputs
 from nats_otel.core.pipeline import Converted
 from nats_otel.core.render import render_traces
 
@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
         spans = [s for s in spans if s.trace_id.hex() == args.trace_id.lower()]
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     print(render_traces(spans, color=color), flush=True)
-    report_rejects(results)
-    print(summary(results)[0], file=sys.stderr)
+    tally = Tally(show_rejects=True)
+    for result in results:
+        tally.add(result)
+    tally.report()
     return 0

@@ -52,17 +52,10 @@ class Prepared:
     msg: TraceMessage
     ctx: TraceContext
     ident: bytes
+    #: Its hop key and arrival, when it came in from another server; None at the origin.
+    #: Both `observe` and `place` need it: worked out once, in `prepare`.
+    arrival: tuple[LinkKey, Arrival] | None = None
     issues: tuple[str, ...] = ()
-
-    @property
-    def arrival(self) -> tuple[LinkKey, Arrival] | None:
-        """Its hop key and arrival, when it came in from another server; None at the origin."""
-        hop = upstream_hop(self.msg)
-        if not hop:
-            return None
-        msg = self.msg
-        key = (self.ctx.id_fields, hop, msg.ingress.name, msg.server.name)
-        return key, Arrival(msg.ingress.ts_ns, body_size(msg.msg_size, msg.headers), self.ident)
 
     def egresses(self) -> Iterator[tuple[LinkKey, Egress]]:
         """Its egresses to other servers, with the span ids `map_message` gives them."""
@@ -103,7 +96,16 @@ def prepare(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> Prep
     issues: tuple[str, ...] = ()
     if ctx.adhoc_key is not None and msg.header("traceparent") is not None:
         issues = ("bad_traceparent: malformed traceparent, correlated by ad-hoc destination",)
-    return Prepared(raw, msg, ctx, identity(msg), issues)
+    ident = identity(msg)
+    return Prepared(raw, msg, ctx, ident, _arrival(msg, ctx, ident), issues)
+
+
+def _arrival(msg: TraceMessage, ctx: TraceContext, ident: bytes) -> tuple[LinkKey, Arrival] | None:
+    hop = upstream_hop(msg)
+    if not hop:
+        return None
+    key = (ctx.id_fields, hop, msg.ingress.name, msg.server.name)
+    return key, Arrival(msg.ingress.ts_ns, body_size(msg.msg_size, msg.headers), ident)
 
 
 class Linker:

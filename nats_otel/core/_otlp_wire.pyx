@@ -54,6 +54,17 @@ def configure(py_span, py_key_value, py_resource, uncached_prefix):
     _py_span, _py_key_value, _py_resource, _uncached_prefix = py_span, py_key_value, py_resource, uncached_prefix
 
 
+def cached_pairs(int number):
+    """The (key, value) pairs cached for parent field `number` (tests: what is not cached)."""
+    return list(_pairs_span if number == 9 else _pairs_resource)
+
+
+def clear_caches():
+    """Forget every cached pair (tests)."""
+    _pairs_span.clear()
+    _pairs_resource.clear()
+
+
 # --- a growable byte buffer ------------------------------------------------------------
 
 cdef struct Buf:

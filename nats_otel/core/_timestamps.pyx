@@ -66,7 +66,8 @@ def parse_rfc3339_ns(text):
             return _py_parse(text)
         for i in range(9 - width):
             fraction *= 10
-    if year < 1 or not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
-        return _py_parse(text)  # raises, or (year 0) whatever the pure path does
+    if year < 1970 or year > 2200 or not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60
+                                          and second < 61):
+        return _py_parse(text)  # raises, or (far years: no int64 overflow here) parses
     days = days_from_civil(year, month, day)
     return (days * 86400 + hour * 3600 + minute * 60 + second) * 1_000_000_000 + fraction

@@ -47,8 +47,7 @@ def _extensions() -> list[Extension]:
     except ImportError:
         _warn("Cython is not installed: the compiled core is not built")
         return []
-    modules = [Extension(f"nats_otel.core.{name}", [f"nats_otel/core/{name}.pyx"], extra_compile_args=["-O2"])
-               for name in TWINS]
+    modules = [Extension(f"nats_otel.core.{name}", [f"nats_otel/core/{name}.pyx"]) for name in TWINS]
     return cythonize(modules, compiler_directives={"language_level": "3"}, quiet=True)
 
 

@@ -7,6 +7,8 @@ Runs where the work is done: the loop's worker thread, or each worker process
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,12 +19,15 @@ from nats_otel.bridge.export.file import FileExporter
 from nats_otel.bridge.export.otlp import make_otlp_exporter
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import BridgeSettings
+from nats_otel.core import accel
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 from nats_otel.core.pipeline import Converted, Converter, Rejected
 from nats_otel.core.records import SpanRecord
 
-__all__ = ["BatchOutcome", "Exporter", "Processor", "make_exporters"]
+__all__ = ["BatchOutcome", "Exporter", "Processor", "log_core", "make_exporters"]
+
+log = logging.getLogger("nats_otel.bridge.processor")
 
 
 class Exporter(Protocol):
@@ -70,6 +75,7 @@ class Processor:
         # Unbuffered, one write per batch: atomic with O_APPEND, so worker processes can share it.
         self._archive = open(settings.archive, "ab", buffering=0) if settings.archive else None  # noqa: SIM115
         self._evicted_seen = 0
+        self.implementation = log_core()
 
     def observe(self, raws: Sequence[RawTraceMessage]) -> None:
         """Record the hop evidence of messages that just arrived (mapped `link.wait` later)."""
@@ -123,6 +129,19 @@ class Processor:
             exporter.close()
         if self._archive is not None:
             self._archive.close()
+
+
+def log_core() -> str:
+    """Log which core converts in this process (at start, by the bridge and each worker's parent);
+    a warning when the compiled core was expected but could not be imported."""
+    implementation = accel.implementation()
+    fields: dict[str, object] = {"implementation": implementation, "pid": os.getpid()}
+    if implementation == "compiled" or accel.NO_EXTENSIONS:
+        log.info("core implementation", extra={"fields": fields | {"forced_python": accel.NO_EXTENSIONS}})
+    else:
+        log.warning("the compiled core is not available: converting with the pure-Python core (correct, slower)",
+                    extra={"fields": fields | {"unavailable": accel.unavailable()}})
+    return implementation
 
 
 def make_exporters(settings: BridgeSettings) -> list[Exporter]:

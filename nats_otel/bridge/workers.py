@@ -38,6 +38,7 @@ from typing import Any
 
 from nats_otel.bridge.processor import BatchOutcome, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
+from nats_otel.core import accel
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decompress
 from nats_otel.core.ids import parse_traceparent
 from nats_otel.core.pipeline import Converted, Rejected
@@ -104,7 +105,7 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     settings = BridgeSettings.model_validate(settings_doc)
     processor = Processor(settings, make_exporters(settings))
     tune_gc_for_throughput()
-    outbox.send(_READY)
+    outbox.send((_READY, accel.implementation()))  # the parent logs which core each worker runs
     try:
         while True:
             try:
@@ -181,6 +182,7 @@ class _Worker:
         self._pending: dict[int, Future[Any]] = {}
         self._lock = threading.Lock()
         self.dead = False
+        self.implementation = "unknown"  # which core the worker runs: told in its ready message
 
     def wait_ready(self, timeout: float) -> None:
         if not self._from_child.poll(timeout):
@@ -189,8 +191,9 @@ class _Worker:
             first = self._from_child.recv()
         except EOFError:
             raise WorkerDied(f"worker {self.index} exited while starting (code {self.process.exitcode})") from None
-        if first != _READY:
+        if not (isinstance(first, tuple) and first[0] == _READY):
             raise WorkerDied(f"worker {self.index} sent {first!r} instead of ready")
+        self.implementation = first[1]
         threading.Thread(target=self._send_loop, name=f"nats-otel-worker-{self.index}-tx", daemon=True).start()
         threading.Thread(target=self._recv_loop, name=f"nats-otel-worker-{self.index}-rx", daemon=True).start()
 
@@ -289,7 +292,8 @@ class WorkerPool:
             self.close(timeout=5)
             raise
         log.info("worker processes started", extra={"fields": {
-            "workers": self.size, "pids": [w.process.pid for w in self._workers], "parent": os.getpid()}})
+            "workers": self.size, "pids": [w.process.pid for w in self._workers], "parent": os.getpid(),
+            "core": [w.implementation for w in self._workers]}})
 
     def _died(self, reason: str) -> None:
         log.error("worker process died", extra={"fields": {"reason": reason}})

@@ -19,7 +19,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from nats_otel.core.mapping import SCOPE_NAME, SCOPE_VERSION
 from nats_otel.core.otlp_wire import encode_request, encode_scope, group_by_resource
-from nats_otel.core.records import Attributes, AttrValue, Resource, SpanRecord
+from nats_otel.core.records import Attributes, AttrValue, SpanRecord
 
 __all__ = [
     "group_by_resource",

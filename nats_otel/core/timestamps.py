@@ -60,7 +60,7 @@ python_parse_rfc3339_ns = parse_rfc3339_ns
 _compiled: Any = accel.compiled("_timestamps")
 if _compiled is not None:
     _compiled.configure(python_parse_rfc3339_ns)
-    parse_rfc3339_ns = _compiled.parse_rfc3339_ns  # noqa: F811 - the compiled twin, when built
+    parse_rfc3339_ns = _compiled.parse_rfc3339_ns  # the compiled twin, when built
 
 
 def format_rfc3339_ns(ns: int) -> str:

@@ -20,7 +20,7 @@ __all__ = ["NO_EXTENSIONS", "compiled", "implementation", "unavailable"]
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
 
 # The compiled twins the core uses, and why one could not be imported (name -> error).
-TWINS = ("_otlp_wire", "_timestamps")
+TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids")
 _unavailable: dict[str, str] = {}
 
 
@@ -39,6 +39,8 @@ def _load_all() -> None:
     # The modules that choose a twin at import: importing them makes the record complete.
     importlib.import_module("nats_otel.core.otlp_wire")
     importlib.import_module("nats_otel.core.timestamps")
+    importlib.import_module("nats_otel.core.model")
+    importlib.import_module("nats_otel.core.ids")
 
 
 def implementation() -> str:

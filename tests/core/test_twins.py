@@ -203,3 +203,104 @@ def test_timestamps_parse_alike(clock, text):
                                   "2026-11-22T02:16:60.5Z", "2026-11-22T02:16:30.1234567890Z", None, 12])
 def test_timestamp_edges_parse_alike(clock, text):
     assert outcome(clock.parse_rfc3339_ns, text) == outcome(timestamps.python_parse_rfc3339_ns, text)
+
+
+@pytest.fixture(scope="module")
+def ids_twin() -> ModuleType:
+    from nats_otel.core import ids
+
+    module = _twin("_ids")
+    module.configure(ids._ROLE_PREFIX[b"server"], ids._ROLE_PREFIX[b"event"], ids._POSITIONS, ids.python_fields,
+                     ids.python_server_span_id, ids.python_event_span_id, ids.python_parse_traceparent)
+    return module
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=600), st.integers(1, 64))
+def test_blake2b_in_c_is_hashlibs(ids_twin, data, size):
+    import hashlib
+
+    assert ids_twin.blake2b(data, size) == hashlib.blake2b(data, digest_size=size).digest()
+
+
+def test_blake2b_block_edges(ids_twin):
+    import hashlib
+
+    for n in (0, 1, 127, 128, 129, 255, 256, 257, 1000):
+        assert ids_twin.blake2b(b"x" * n, 16) == hashlib.blake2b(b"x" * n, digest_size=16).digest()
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.text(max_size=20), max_size=4), st.binary(max_size=40), st.binary(max_size=20),
+       st.binary(max_size=20), st.integers(-3, 300))
+def test_ids_hash_alike(ids_twin, texts, ident, trace_id, parent, position):
+    from nats_otel.core import ids
+
+    assert outcome(ids_twin.fields, *texts) == outcome(ids.python_fields, *texts)
+    assert ids_twin.context_fields(trace_id, parent) == ids.python_context_fields(trace_id, parent)
+    ctx = ids.TraceContext(trace_id or b"\x01", parent)
+    assert ids_twin.server_span_id(ctx, ident) == ids.python_server_span_id(ctx, ident)
+    assert outcome(ids_twin.event_span_id, ctx, ident, position) == outcome(ids.python_event_span_id, ctx, ident,
+                                                                            position)
+
+
+_trace_hex = st.sampled_from(["0" * 32, "4bf92f3577b34da6a3ce929d0e0e4736", "4BF92F3577B34DA6A3CE929D0E0E4736",
+                              "4bf92f3577b34da6a3ce929d0e0e473"]) | st.from_regex(r"[0-9a-fA-F]{32}", fullmatch=True)
+_parent_hex = (st.sampled_from(["0" * 16, "00f067aa0ba902b7", "00f067aa0ba902bz"])
+               | st.from_regex(r"[0-9a-f]{16}", fullmatch=True))
+_traceparent = st.builds("{}-{}-{}-{}{}".format, st.sampled_from(["00", "01", "ff", "0g", "0"]), _trace_hex,
+                         _parent_hex, st.sampled_from(["01", "00", "1", "xx"]), st.sampled_from(["", "-x", " ", "-"]))
+
+
+@settings(max_examples=800, deadline=None)
+@given(_traceparent | st.text(max_size=60) | st.sampled_from([None, 5, b"00"]))
+def test_traceparents_parse_alike(ids_twin, value):
+    from nats_otel.core import ids
+
+    assert outcome(ids_twin.parse_traceparent, value) == outcome(ids.python_parse_traceparent, value)
+
+
+def pipeline_outcomes(count: int) -> bytes:
+    """Every outcome of the bridge's path (decode, link, map, encode) for the corpus and
+    `count` messages of the bench fuzzer: spans as request bytes, rejections with their
+    reason and detail. Compared between two processes running different cores."""
+    import pickle
+
+    from tests.conftest import corpus_files, read_raws
+
+    fuzz = _bench_fuzzer()
+    rnd = random.Random(23)
+    raws = [raw for path in corpus_files() for raw in read_raws(path)]
+    raws += [fuzz.generate(rnd)[1] for _ in range(count)]
+    converter = Converter(limits=fuzz.LIMITS)
+    out = []
+    for raw in raws:
+        result = converter.convert(raw)
+        if isinstance(result, Converted):
+            out.append(("spans", encode.to_protobuf_bytes(result.spans), result.issues, result.link))
+        else:
+            out.append(("rejected", result.reason, result.detail))
+    return pickle.dumps(out)
+
+
+def test_the_whole_path_gives_the_same_outcomes_on_both_cores():
+    # The decode hooks (`_model.pyx`) are bound when the classes are made: one process runs
+    # one core, so the other core runs in a child process.
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    _twin("_otlp_wire")  # both cores must be there to compare
+    env = dict(os.environ)
+    if accel.NO_EXTENSIONS:
+        env.pop("NATS_OTEL_NO_EXTENSIONS")
+    else:
+        env["NATS_OTEL_NO_EXTENSIONS"] = "1"
+    code = ("import sys; from tests.core.test_twins import pipeline_outcomes; "
+            "sys.stdout.buffer.write(pipeline_outcomes(2000))")
+    root = Path(__file__).resolve().parents[2]
+    other = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, check=True).stdout
+    ours = pipeline_outcomes(2000)
+    assert sum(1 for o in pickle.loads(ours) if o[0] == "spans") > 300
+    assert pickle.loads(other) == pickle.loads(ours)

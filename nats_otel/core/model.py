@@ -99,7 +99,7 @@ def _server_post_init(self: Any) -> None:
 _compiled: Any = accel.compiled("_model")
 if _compiled is not None:
     _compiled.configure(parse_rfc3339_ns, _timestamp, check_uint64)
-    _event_post_init, _connection_post_init, _server_post_init = (  # noqa: F811 - the compiled twins
+    _event_post_init, _connection_post_init, _server_post_init = (  # the compiled twins
         _compiled.event_post_init, _compiled.connection_post_init, _compiled.server_post_init)
 
 

@@ -127,7 +127,7 @@ class ServerInfo(_Wire, rename={"version": "ver"}, frozen=True):
     # Derived from `time` when decoded.
     time_ns: int | None = None
 
-    __post_init__ = _server_post_init
+    __post_init__ = _server_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
 class _Event(_Wire, tag_field="type", frozen=True):
@@ -136,7 +136,7 @@ class _Event(_Wire, tag_field="type", frozen=True):
     ts: str
     ts_ns: int = 0
 
-    __post_init__ = _event_post_init
+    __post_init__ = _event_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
 class Ingress(_Event, tag="in", rename={"account": "acc", "subject": "subj"}, kw_only=True, frozen=True):
@@ -149,7 +149,7 @@ class Ingress(_Event, tag="in", rename={"account": "acc", "subject": "subj"}, kw
     subject: str = ""
     error: str = ""
 
-    __post_init__ = _connection_post_init
+    __post_init__ = _connection_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
 class SubjectMapping(_Event, tag="sm", frozen=True):
@@ -194,7 +194,7 @@ class Egress(_Event, tag="eg", rename={"account": "acc", "subscription": "sub"},
     queue: str = ""
     error: str = ""
 
-    __post_init__ = _connection_post_init
+    __post_init__ = _connection_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
     @property
     def forwards(self) -> bool:

@@ -13,14 +13,14 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["NO_EXTENSIONS", "compiled", "implementation", "unavailable"]
+__all__ = ["NO_EXTENSIONS", "compiled", "implementation", "note_unavailable", "unavailable"]
 
 #: Read once, at import: the choice holds for the life of the process (and its workers,
 #: which inherit the environment).
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
 
 # The compiled twins the core uses, and why one could not be imported (name -> error).
-TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids")
+TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping")
 _unavailable: dict[str, str] = {}
 
 
@@ -35,12 +35,18 @@ def compiled(name: str) -> ModuleType | None:
         return None
 
 
+def note_unavailable(name: str, reason: str) -> None:
+    """A compiled twin that was built but is not used (its module says why)."""
+    _unavailable[name] = reason
+
+
 def _load_all() -> None:
     # The modules that choose a twin at import: importing them makes the record complete.
     importlib.import_module("nats_otel.core.otlp_wire")
     importlib.import_module("nats_otel.core.timestamps")
     importlib.import_module("nats_otel.core.model")
     importlib.import_module("nats_otel.core.ids")
+    importlib.import_module("nats_otel.core.span_bytes")
 
 
 def implementation() -> str:

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, encode, otlp_wire, timestamps
+from nats_otel.core import accel, encode, otlp_wire, span_bytes, timestamps
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, convert_batch
@@ -272,12 +272,18 @@ def pipeline_outcomes(count: int) -> bytes:
     rnd = random.Random(23)
     raws = [raw for path in corpus_files() for raw in read_raws(path)]
     raws += [fuzz.generate(rnd)[1] for _ in range(count)]
-    converter = Converter(limits=fuzz.LIMITS)
+    converter, straight = Converter(limits=fuzz.LIMITS), Converter(limits=fuzz.LIMITS)
     out = []
     for raw in raws:
         result = converter.convert(raw)
         if isinstance(result, Converted):
-            out.append(("spans", encode.to_protobuf_bytes(result.spans), result.issues, result.link))
+            # The bridge's OTLP path: mapped straight into protobuf, the same request bytes.
+            direct = straight.convert(raw, encoded=True)
+            assert isinstance(direct, Converted) and direct.encoded is not None
+            request = encode.to_protobuf_bytes(result.spans)
+            assert span_bytes.encode_request([direct.encoded]) == request
+            assert (direct.issues, direct.link) == (result.issues, result.link)
+            out.append(("spans", request, result.issues, result.link))
         else:
             out.append(("rejected", result.reason, result.detail))
     return pickle.dumps(out)
@@ -304,3 +310,104 @@ def test_the_whole_path_gives_the_same_outcomes_on_both_cores():
     ours = pipeline_outcomes(2000)
     assert sum(1 for o in pickle.loads(ours) if o[0] == "spans") > 300
     assert pickle.loads(other) == pickle.loads(ours)
+
+
+@pytest.fixture(scope="module")
+def mapper() -> ModuleType:
+    from nats_otel.core import ids, mapping, model
+    from nats_otel.core.span_layout import ROLES, layouts
+
+    module = _twin("_mapping")
+    module.configure(layouts(), ROLES, span_bytes.python_map_encode, mapping.server_resource, ids.server_span_id,
+                     ids.event_span_id, mapping.HEADER_ATTRIBUTE_PREFIX, mapping._NOT_FAILURES, model._KIND_LABELS,
+                     model.FORWARDING_KINDS, (model.Egress, model.SubjectMapping, model.StreamExport,
+                                              model.ServiceImport, model.JetStreamEvent))
+    return module
+
+
+def _map_encode_alike(mapper, raws, options=None) -> int:
+    """Both twins of map + encode on every message of `raws` (linked as `convert` links
+    them); returns how many gave spans."""
+    from nats_otel.core.decode import DecodeError
+    from nats_otel.core.mapping import MappingOptions
+    from nats_otel.core.pipeline import Linker, prepare
+
+    options = options or MappingOptions()
+    linker = Linker(bounded=False)
+    prepared = []
+    for raw in raws:
+        try:
+            prepared.append(prepare(raw, LIMITS))
+        except DecodeError:
+            continue
+        linker.observe(prepared[-1])
+    for p in prepared:
+        placement = linker.place(p)
+        assert outcome(mapper.map_encode, p.msg, p.ctx, placement, options) == outcome(
+            span_bytes.python_map_encode, p.msg, p.ctx, placement, options)
+    return len(prepared)
+
+
+def test_the_mapper_is_the_compiled_one_unless_forbidden():
+    expected = "python" if accel.NO_EXTENSIONS else "compiled"
+    assert span_bytes.IMPLEMENTATION == expected, accel.unavailable()
+
+
+def test_the_corpus_maps_to_the_same_bytes(mapper, corpus_raws):
+    from nats_otel.core.mapping import MappingOptions
+
+    assert _map_encode_alike(mapper, corpus_raws) == len(corpus_raws)
+    # Every header copied, another service name: other attributes, other resources.
+    options = MappingOptions("svc-é", frozenset({"traceparent", "content-encoding", "nats-trace-hop", "x"}))
+    assert _map_encode_alike(mapper, corpus_raws, options) == len(corpus_raws)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(payloads(), min_size=1, max_size=3))
+def test_fuzzed_trace_messages_map_to_the_same_bytes(mapper, raws):
+    _map_encode_alike(mapper, raws)
+
+
+def test_the_bench_fuzzers_messages_map_to_the_same_bytes(mapper):
+    fuzz = _bench_fuzzer()
+    rnd = random.Random(29)
+    assert _map_encode_alike(mapper, [fuzz.generate(rnd)[1] for _ in range(1500)]) > 100
+
+
+@st.composite
+def odd_messages(draw) -> RawTraceMessage:
+    """Valid trace messages with odd but allowed values: empty and non-ASCII strings, lone
+    surrogates, every connection kind, header names differing in case, errors and notes."""
+    import json
+
+    from nats_otel.core.mapping import _NOT_FAILURES
+    from tests.core.factories import TRACEPARENT, egress, ingress, message
+
+    text = st.sampled_from(["", "a", "é.ü", "\ud800", "x" * 200]) | st.text(max_size=8)
+    error = st.sampled_from(["", "boom", _NOT_FAILURES[0], _NOT_FAILURES[0] + " x"])
+    kind = st.integers(0, 9)
+    events = [ingress(kind=draw(kind), subj=draw(text), acc=draw(text), name=draw(text), error=draw(error))]
+    for t in range(draw(st.integers(0, 5))):
+        shape = draw(st.sampled_from(["eg", "sm", "se", "si", "js"]))
+        event = {"type": shape, "ts": f"2026-11-22T02:16:30.{100 + t:09d}Z"}
+        if shape == "eg":
+            event = egress(t=100 + t, kind=draw(kind), name=draw(text), hop=draw(text), acc=draw(text),
+                           sub=draw(text), queue=draw(text), error=draw(error))
+        else:
+            event.update({k: draw(text) for k in ("to", "acc", "from", "stream", "subject") if draw(st.booleans())})
+            if shape == "js":
+                event["nointerest"] = draw(st.booleans())
+                event["error"] = draw(error)
+        events.append(event)
+    headers = {"traceparent": [TRACEPARENT]}
+    for name in draw(st.lists(st.sampled_from(["Nats-Trace-Hop", "nats-trace-hop", "Nats-Trace-Dest",
+                                               "Nats-Trace-Only", "TraceState", "X-App"]), max_size=4)):
+        headers[name] = draw(st.lists(text, max_size=2))
+    doc = message(*events, headers=headers, hops=draw(st.integers(0, 3)))
+    return RawTraceMessage(draw(st.sampled_from(["trace.a", None])), {}, json.dumps(doc).encode())
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(odd_messages(), min_size=1, max_size=3))
+def test_odd_messages_map_to_the_same_bytes(mapper, raws):
+    _map_encode_alike(mapper, raws)

@@ -164,5 +164,5 @@ async def test_jetstream_worker_killed_bridge_exits_2_and_restart_loses_nothing(
             assert await stop_bridge(bridge, task) == 0
     # At least once across the kill: every span of every archived message arrived, with its
     # id. (A downstream report redelivered without its upstream's - acked before the kill -
-    # cannot be linked again: it arrives under the producer span, `nats.trace.link`.)
+    # cannot be linked again: it arrives under the producer span, `messaging.nats.trace.link`.)
     assert span_ids(rx.requests) == expected_ids_from_archive(tmp_path / "archive.jsonl")

@@ -42,6 +42,8 @@ class BatchOutcome:
     durations: dict[str, float] = field(default_factory=dict)
     #: Hop evidence the linker forgot early (its capacity bound), since the last batch.
     evicted: int = 0
+    #: Hop sides the linker let go without their counterpart, by side, since the last batch.
+    expired_unmatched: dict[str, int] = field(default_factory=dict)
     spans: int = -1  # set when the results no longer carry their spans (worker processes)
     #: Positions of messages whose spans a backend refused as invalid even when sent alone,
     #: with its error: never to be retried (terminated in JetStream mode), counted as lost.
@@ -70,6 +72,7 @@ class Processor:
         # Unbuffered, one write per batch: atomic with O_APPEND, so worker processes can share it.
         self._archive = open(settings.archive, "ab", buffering=0) if settings.archive else None  # noqa: SIM115
         self._evicted_seen = 0
+        self._expired_seen: dict[str, int] = {}
 
     def observe(self, raws: Sequence[RawTraceMessage]) -> None:
         """Record the hop evidence of messages that just arrived (mapped `link.wait` later)."""
@@ -82,8 +85,11 @@ class Processor:
             self._archive.write(b"".join(archive_record(raw) for raw in raws))
         now = time.monotonic()
         outcome = BatchOutcome([self.converter.convert(raw, now) for raw in raws])
-        evicted = self.converter.linker.index.evicted
-        outcome.evicted, self._evicted_seen = evicted - self._evicted_seen, evicted
+        index = self.converter.linker.index
+        outcome.evicted, self._evicted_seen = index.evicted - self._evicted_seen, index.evicted
+        outcome.expired_unmatched = {side: count - self._expired_seen.get(side, 0)
+                                     for side, count in index.expired_unmatched.items()}
+        self._expired_seen = dict(index.expired_unmatched)
         spans = [s for r in outcome.results if isinstance(r, Converted) for s in r.spans]
         outcome.spans = len(spans)
         if spans:

@@ -250,6 +250,11 @@ class TelemetrySettings(_Model):
 
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
+    #: Labels the network metrics add to server names (hop and server latency, server
+    #: errors). Accounts and subjects can be many: only when asked, and bounded below.
+    network_labels: list[Literal["account", "subject"]] = Field(default_factory=list)
+    #: Label sets per network metric; past it, samples go to one `_other` series (counted).
+    network_max_series: int = Field(1000, ge=1)
 
 
 class LogSettings(_Model):

@@ -35,6 +35,7 @@ __all__ = [
     "MappingResult",
     "Placement",
     "check_service_name",
+    "is_failure",
     "map_message",
     "server_resource",
     "service_name_of",
@@ -254,11 +255,16 @@ def _trace_only(msg: TraceMessage) -> bool:
     return (msg.header("Nats-Trace-Only") or "").lower() in ("1", "true", "on")
 
 
+def is_failure(error: str) -> bool:
+    """Whether a server-reported error text is a failure (status ERROR), not a note."""
+    return bool(error) and not error.startswith(_NOT_FAILURES)
+
+
 def _status(error: str) -> tuple[int, str, str]:
     """(status code, status message, note) for a server-reported error text."""
     if not error:
         return StatusCode.UNSET, "", ""
-    if error.startswith(_NOT_FAILURES):
+    if not is_failure(error):
         return StatusCode.UNSET, "", error
     return StatusCode.ERROR, error, ""
 

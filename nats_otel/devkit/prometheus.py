@@ -43,6 +43,7 @@ class PrometheusServer:
         self.scrape_interval = scrape_interval
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="nats-otel-prometheus-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_ports(1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None

@@ -1,3 +1,3 @@
 """nats-otel: NATS message-path traces (ADR-41) as OpenTelemetry spans."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -67,7 +67,7 @@ def main() -> int:
                 spans = [s for s in get_json(f"{url}/v1/projects/default/spans?limit=1000")["data"]
                          if s["context"]["trace_id"] == trace_id]
                 servers = [s for s in spans
-                           if s["attributes"].get("nats.trace.hop") and s["name"].startswith("receive")]
+                           if s["attributes"].get("messaging.nats.trace.hop") and s["name"].startswith("receive")]
                 if len(servers) >= 3:
                     break
                 if time.monotonic() > deadline:
@@ -75,7 +75,7 @@ def main() -> int:
                 time.sleep(0.5)
             # Select the deepest NATS hop (the leafnode's server span): its attributes show
             # where the message went, next to the tree.
-            deepest = max(servers, key=lambda s: len(s["attributes"]["nats.trace.hop"]))
+            deepest = max(servers, key=lambda s: len(s["attributes"]["messaging.nats.trace.hop"]))
             page = f"{url}/projects/{project}/traces/{trace_id}?selectedSpanNodeId={deepest['id']}"
             args.output.parent.mkdir(parents=True, exist_ok=True)
             subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={work / 'chromium'}",

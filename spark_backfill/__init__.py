@@ -7,4 +7,4 @@ extract (`sources`) -> transform (`transform`, the nats_otel core inside executo
 
 __all__ = ["__version__"]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

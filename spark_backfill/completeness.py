@@ -4,8 +4,8 @@ message never arrived (trace messages are at most once, DESIGN §1).
 A forwarding egress span is the parent of the downstream server span it was linked to
 (`nats_otel.core.linking`). So a forwarding egress (role `egress` with a hop id) whose span
 id is nobody's parent in its trace is a missing hop: the downstream report never arrived,
-or could not be linked to it (`nats.trace.link` on that server span says which). With the flag, such
-egress spans get `nats.trace.downstream_missing = true`, every span of such a trace gets
+or could not be linked to it (`messaging.nats.trace.link` on that server span says which). With the flag, such
+egress spans get `messaging.nats.trace.downstream_missing = true`, every span of such a trace gets
 `trace_incomplete = true` in the table, and optionally a placeholder server span for the
 missing server is added under the egress, so the tree still reads right.
 """
@@ -25,7 +25,7 @@ from spark_backfill.transform import ENCODED_COLUMNS, SPAN_COLUMNS, arrow_batch,
 
 __all__ = ["MISSING_ATTRIBUTE", "mark_incomplete", "placeholder_span"]
 
-MISSING_ATTRIBUTE = "nats.trace.downstream_missing"
+MISSING_ATTRIBUTE = "messaging.nats.trace.downstream_missing"
 _ID_SCHEME = b"nats-otel-backfill-placeholder-v1"
 
 
@@ -40,14 +40,15 @@ def placeholder_span(egress: SpanRecord) -> SpanRecord:
     for part in (egress.trace_id, egress.span_id):
         hasher.update(len(part).to_bytes(4, "big") + part)
     span_id = hasher.digest() if any(hasher.digest()) else b"\x00" * 7 + b"\x01"
-    peer = str(egress.attribute("nats.peer.server.name") or egress.attribute("nats.connection.name") or "")
+    peer = str(egress.attribute("messaging.nats.peer.server.name")
+               or egress.attribute("messaging.nats.connection.name") or "")
     service = egress.resource.get("service.name") or "nats-server"
     subject = egress.attribute("messaging.destination.name")
     attributes: list[tuple[str, AttrValue]] = [
         ("messaging.system", "nats"),
-        ("nats.trace.placeholder", True),
-        ("nats.trace.hop", str(egress.attribute("nats.trace.hop") or "")),
-        ("nats.connection.kind", str(egress.attribute("nats.connection.kind") or "")),
+        ("messaging.nats.trace.placeholder", True),
+        ("messaging.nats.trace.hop", str(egress.attribute("messaging.nats.trace.hop") or "")),
+        ("messaging.nats.connection.kind", str(egress.attribute("messaging.nats.connection.kind") or "")),
     ]
     if subject:
         attributes.append(("messaging.destination.name", str(subject)))
@@ -59,7 +60,7 @@ def placeholder_span(egress: SpanRecord) -> SpanRecord:
         kind=SpanKind.CONSUMER,
         start_ns=egress.end_ns,
         end_ns=egress.end_ns,
-        resource=Resource((("service.name", service), ("nats.server.name", peer))),
+        resource=Resource((("service.name", service), ("messaging.nats.server.name", peer))),
         attributes=tuple(attributes),
         trace_state=egress.trace_state,
     )

@@ -105,7 +105,7 @@ def _role(index: int, span: SpanRecord) -> str:
 def span_rows(converted: Converted, source: str) -> list[dict[str, Any]]:
     """The rows of one converted trace message: server span first, then its event spans."""
     server = converted.spans[0]
-    server_account = _text(server.attribute("nats.account"))
+    server_account = _text(server.attribute("messaging.nats.account"))
     server_subject = _text(server.attribute("messaging.destination.name"))
     pieces = span_pieces(converted.spans)
     resource_texts: dict[Resource, tuple[list[tuple[str, str]], str]] = {}
@@ -115,7 +115,7 @@ def span_rows(converted: Converted, source: str) -> list[dict[str, Any]]:
         if resource not in resource_texts:
             resource_texts[resource] = (_string_map(resource.attributes), orjson.dumps(resource.attributes).decode())
         resource_map, resource_json = resource_texts[resource]
-        account = span.attribute("nats.account")
+        account = span.attribute("messaging.nats.account")
         subject = span.attribute("messaging.destination.name")
         rows.append(
             {
@@ -131,14 +131,14 @@ def span_rows(converted: Converted, source: str) -> list[dict[str, Any]]:
                 "status_message": span.status_message,
                 "trace_state": span.trace_state,
                 "role": _role(index, span),
-                "server_name": _text(resource.get("nats.server.name")),
+                "server_name": _text(resource.get("messaging.nats.server.name")),
                 "server_id": _text(resource.get("service.instance.id")),
-                "cluster": _text(resource.get("nats.cluster")),
+                "cluster": _text(resource.get("messaging.nats.server.cluster")),
                 "account": server_account if account is None else _text(account),
                 "subject": server_subject if subject is None else _text(subject),
-                "hop": _text(span.attribute("nats.trace.hop")),
-                "connection_kind": _text(span.attribute("nats.connection.kind")),
-                "peer": _text(span.attribute("nats.connection.name")),
+                "hop": _text(span.attribute("messaging.nats.trace.hop")),
+                "connection_kind": _text(span.attribute("messaging.nats.connection.kind")),
+                "peer": _text(span.attribute("messaging.nats.connection.name")),
                 "attributes": _string_map(span.attributes),
                 "resource_attributes": resource_map,
                 # Lossless (bool/int/float/array kept apart): what `row_to_span` rebuilds from.

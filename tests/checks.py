@@ -130,7 +130,7 @@ def check_span_model(spans: list[FlatSpan], raws: list[RawTraceMessage]) -> None
         if hop:
             parent = by_id.get(span.parent_span_id)
             if parent is not None:
-                assert parent.kind == 4 and parent.attributes.get("nats.trace.hop") == hop, (
+                assert parent.kind == 4 and parent.attributes.get("messaging.nats.trace.hop") == hop, (
                     "parent must be the egress with the same hop id")
         if ingress.get("error"):
             assert span.status_code == 2 and span.status_message == ingress["error"]

@@ -25,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from nats_otel.bridge.accounting import BatchAccounting
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
@@ -75,6 +75,8 @@ class Bridge:
             self._probe_only, self._exporters = self._exporters, []
             self.workers = WorkerPool(settings, settings.batch.workers)
         self.processor = Processor(settings, self._exporters)
+        self.accounting = BatchAccounting(self.metrics, settings.telemetry, self.backend,
+                                          [e.name for e in [*self._exporters, *self._probe_only]])
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
         self.intake = Intake(settings.batch.queue_bytes, settings.batch.queue_size)
         # Read at scrape time: exact, and nothing to update per message.
@@ -250,7 +252,7 @@ class Bridge:
         if self.workers is None:
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(self._pool, self.processor.process, raws, self._deadline())
-            self._account(outcome)
+            self.accounting.account(outcome)
             return self._policy(deliveries, outcome)
         ack: list[Delivery] = []
         nak: list[Delivery] = []
@@ -260,7 +262,7 @@ class Bridge:
             if isinstance(result, BaseException):
                 result = self._failed_batch(part, result)
             else:
-                self._account(result)
+                self.accounting.account(result)
             a, n, t = self._policy(part, result)
             ack += a
             nak += n
@@ -438,48 +440,6 @@ class Bridge:
         if nak and self.settings.mode == "core":
             self.metrics.dropped.labels("export_failed").inc(len(nak))
         return ack, nak, term
-
-    def _account(self, outcome: BatchOutcome) -> None:
-        m = self.metrics
-        decoded = 0
-        issues: Counter[str] = Counter()
-        links: Counter[str] = Counter()
-        for result in outcome.results:
-            if isinstance(result, Rejected):
-                m.rejected.labels(result.reason).inc()
-                log.warning("trace message rejected", extra={"fields": {
-                    "reason": result.reason, "subject": result.subject, "detail": result.detail[:300]}})
-            else:
-                decoded += 1
-                issues.update(i.split(":", 1)[0] for i in result.issues)
-                if result.link:
-                    links[result.link] += 1
-        m.decoded.inc(decoded)
-        for kind, count in issues.items():
-            m.issues.labels(kind).inc(count)
-        for link, count in links.items():
-            m.hop_links.labels(link).inc(count)
-        if outcome.evicted:
-            m.link_evicted.inc(outcome.evicted)
-            log.warning("link window full: hop evidence forgotten early (raise link.capacity)",
-                        extra={"fields": {"evicted": outcome.evicted}})
-        for error in outcome.poisoned.values():
-            m.dropped.labels("export_invalid").inc()
-            log.warning("trace message dropped: the backend refused its spans as invalid",
-                        extra={"fields": {"error": error[:300]}})
-        spans = outcome.span_count
-        for name, export in outcome.exports.items():
-            m.export_latency.labels(name).observe(outcome.durations.get(name, 0.0))
-            if export.ok:
-                m.spans_exported.labels(name).inc(spans - export.rejected_spans)
-                if export.rejected_spans:
-                    m.spans_rejected.labels(name).inc(export.rejected_spans)
-            else:
-                m.export_failures.labels(name).inc()
-                log.warning("export failed", extra={"fields": {
-                    "exporter": name, "error": export.error, "attempts": export.attempts, "spans": spans,
-                    "retryable": export.retryable}})
-            self.backend.note_export(name, export)
 
 
 async def run_bridge(settings: BridgeSettings, metrics: Metrics | None = None) -> int:

@@ -55,6 +55,8 @@ class BatchOutcome:
     durations: dict[str, float] = field(default_factory=dict)
     #: Hop evidence the linker forgot early (its capacity bound), since the last batch.
     evicted: int = 0
+    #: Hop sides the linker let go without their counterpart, by side, since the last batch.
+    expired_unmatched: dict[str, int] = field(default_factory=dict)
     spans: int = -1  # set when the results no longer carry their spans (worker processes)
     #: Positions of messages whose spans a backend refused as invalid even when sent alone,
     #: with its error: never to be retried (terminated in JetStream mode), counted as lost.
@@ -87,6 +89,7 @@ class Processor:
         # Unbuffered, one write per batch: atomic with O_APPEND, so worker processes can share it.
         self._archive = open(settings.archive, "ab", buffering=0) if settings.archive else None  # noqa: SIM115
         self._evicted_seen = 0
+        self._expired_seen: dict[str, int] = {}
         self.implementation = log_core()
 
     def observe(self, raws: Sequence[RawTraceMessage]) -> None:
@@ -101,8 +104,11 @@ class Processor:
         now = time.monotonic()
         encoded = self._encoded
         outcome = BatchOutcome([self.converter.convert(raw, now, encoded) for raw in raws])
-        evicted = self.converter.linker.index.evicted
-        outcome.evicted, self._evicted_seen = evicted - self._evicted_seen, evicted
+        index = self.converter.linker.index
+        outcome.evicted, self._evicted_seen = index.evicted - self._evicted_seen, index.evicted
+        outcome.expired_unmatched = {side: count - self._expired_seen.get(side, 0)
+                                     for side, count in index.expired_unmatched.items()}
+        self._expired_seen = dict(index.expired_unmatched)
         if encoded:
             items = [r.encoded for r in outcome.results if isinstance(r, Converted) and r.encoded is not None]
             outcome.spans = sum(item.span_count for item in items)

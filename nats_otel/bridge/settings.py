@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nats_otel.core.linking import LinkSettings
+from nats_otel.core.mapping import check_service_name
 
 __all__ = [
     "BatchSettings",
@@ -249,6 +250,11 @@ class TelemetrySettings(_Model):
 
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
+    #: Labels the network metrics add to server names (hop and server latency, server
+    #: errors). Accounts and subjects can be many: only when asked, and bounded below.
+    network_labels: list[Literal["account", "subject"]] = Field(default_factory=list)
+    #: Label sets per network metric; past it, samples go to one `_other` series (counted).
+    network_max_series: int = Field(1000, ge=1)
 
 
 class LogSettings(_Model):
@@ -272,10 +278,17 @@ class BridgeSettings(_Model):
     link: LinkSettingsModel = LinkSettingsModel()
     telemetry: TelemetrySettings = TelemetrySettings()
     log: LogSettings = LogSettings()
+    #: Fixed, or a template of the reporting server ({server}, {cluster}, {domain}).
     service_name: str = "nats-server"
     allow_headers: list[str] = Field(default_factory=list)
     drain_timeout: float = Field(10.0, gt=0)
     max_runtime: float | None = Field(None, gt=0, description="drain and exit after this many seconds")
+
+    @field_validator("service_name")
+    @classmethod
+    def _service_name(cls, value: str) -> str:
+        check_service_name(value)
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> BridgeSettings:

@@ -20,7 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from nats_otel.core import accel
 
-__all__ = ["HealthServer", "JsonFormatter", "Metrics", "TextFormatter", "configure_logging"]
+__all__ = ["DROP_REASONS", "HealthServer", "JsonFormatter", "Metrics", "TextFormatter", "configure_logging"]
+
+
+# Every reason a trace message can be lost for (`nats_otel_messages_dropped_total{reason}`).
+DROP_REASONS = ("queue_full", "slow_consumer", "export_failed", "drain_timeout", "export_invalid")
 
 
 class Metrics:
@@ -38,6 +42,8 @@ class Metrics:
                                "drain_timeout: core mode only; export_invalid: spans the backend refused as "
                                "invalid, both modes)",
                                ["reason"], registry=r)
+        for reason in DROP_REASONS:  # at 0 from the start: dashboards and alerts see each series
+            self.dropped.labels(reason)
         self.issues = Counter("nats_otel_mapping_issues", "Oddities met while mapping (span kept), by kind",
                               ["kind"], registry=r)
         self.hop_links = Counter(

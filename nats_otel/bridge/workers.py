@@ -41,6 +41,7 @@ from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core import accel
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decompress
 from nats_otel.core.ids import parse_traceparent
+from nats_otel.core.network import HopSample, NetworkSample
 from nats_otel.core.pipeline import Converted, Rejected
 
 __all__ = ["WorkerDied", "WorkerPool", "shard_key", "shard_of"]
@@ -122,7 +123,8 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
                 outcome = processor.process([RawTraceMessage(*item) for item in items], deadline)
                 # Span records stay here: the parent needs counts, issues and export results.
                 outbox.send((batch_id, (_pack(outcome.results), outcome.exports, outcome.durations,
-                                        outcome.evicted, outcome.span_count, outcome.poisoned)))
+                                        outcome.evicted, outcome.expired_unmatched, outcome.span_count,
+                                        outcome.poisoned)))
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
                 outbox.send((batch_id, f"worker {index}: {type(exc).__name__}: {exc}"))
     finally:
@@ -131,29 +133,49 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
 
 def _pack(results: Sequence[Converted | Rejected]) -> list[Any]:
     """Results as plain values (pickling 500 dataclasses cost more than converting them):
-    None for an origin report without issues, (issues, link) for a downstream or odd one,
-    (reason, detail, subject) for a rejection."""
+    (network sample as a tuple) for an origin report without issues, (issues, link, network)
+    for a downstream or odd one, the `Rejected` itself for a rejection (rare)."""
     out: list[Any] = []
     for r in results:
         if isinstance(r, Rejected):
-            out.append((r.reason, r.detail, r.subject))
+            out.append(r)
         elif r.issues or r.link:
-            out.append((r.issues, r.link))
+            out.append((r.issues, r.link, _plain(r.network)))
         else:
-            out.append(None)
+            out.append((_plain(r.network),))
     return out
 
 
-_CLEAN = Converted([])
+def _plain(network: NetworkSample | None) -> tuple[Any, ...] | None:
+    if network is None:
+        return None
+    hop = network.hop
+    return (*network[:5], None if hop is None else tuple(hop), network.failed_hops)
+
+
+def _sample(plain: tuple[Any, ...] | None) -> NetworkSample | None:
+    if plain is None:
+        return None
+    hop = plain[5]
+    return NetworkSample(plain[0], plain[1], plain[2], plain[3], plain[4],
+                         None if hop is None else HopSample(*hop), plain[6])
 
 
 def _unpack(packed: Sequence[Any]) -> list[Converted | Rejected]:
-    return [_CLEAN if p is None else Converted([], p[0], p[1]) if len(p) == 2 else Rejected(*p) for p in packed]
+    out: list[Converted | Rejected] = []
+    for p in packed:
+        if isinstance(p, Rejected):
+            out.append(p)
+        elif len(p) == 1:
+            out.append(Converted([], [], "", _sample(p[0])))
+        else:
+            out.append(Converted([], p[0], p[1], _sample(p[2])))
+    return out
 
 
 def _outcome(message: tuple[Any, ...]) -> Any:
-    packed, exports, durations, evicted, spans, poisoned = message
-    return BatchOutcome(_unpack(packed), exports, durations, evicted, spans, poisoned)
+    packed, exports, durations, evicted, expired_unmatched, spans, poisoned = message
+    return BatchOutcome(_unpack(packed), exports, durations, evicted, expired_unmatched, spans, poisoned)
 
 
 # --------------------------------------------------------------------------- the parent side

@@ -7,6 +7,8 @@ import asyncio
 import sys
 from typing import Any
 
+from nats_otel.commands.convert import SERVICE_NAME_HELP, service_name_arg
+
 HELP = "subscribe to NATS trace destinations and export the spans over OTLP (the sidecar)"
 
 
@@ -45,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "unless an OTLP endpoint is also given)")
     out.add_argument("--archive", metavar="FILE", help="also append every received raw trace message to FILE "
                      "as archive JSON Lines (input of `convert` and the backfill)")
-    out.add_argument("--service-name", metavar="NAME", help="service.name of the server spans")
+    out.add_argument("--service-name", metavar="NAME", type=service_name_arg, help=SERVICE_NAME_HELP)
     ops = parser.add_argument_group("operations")
     ops.add_argument("--metrics-port", type=int, metavar="N", help="serve /metrics, /healthz, /readyz on N "
                      "(0: a free port, logged)")

@@ -19,7 +19,7 @@ from nats_otel.archive import expand_inputs, read_archive
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage
 from nats_otel.core.encode import MAX_SPANS_PER_REQUEST, to_otlp_json_line
 from nats_otel.core.linking import LinkSettings
-from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
+from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions, check_service_name
 from nats_otel.core.pipeline import Converted, Linker, Rejected, convert_batch, finish, prepare
 from nats_otel.core.records import SpanRecord
 
@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="archive files or folders; '-' for stdin")
     parser.add_argument("-o", "--output", default="-", help="OTLP/JSON lines file; '-' for stdout (default)")
     parser.add_argument("--rejects", help="write rejected records (reason, detail) as JSON Lines here")
-    parser.add_argument("--service-name", default="nats-server", help="service.name of the server spans")
+    parser.add_argument("--service-name", default="nats-server", type=service_name_arg, metavar="NAME",
+                        help=SERVICE_NAME_HELP)
     parser.add_argument(
         "--allow-header",
         action="append",
@@ -40,6 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 if any record was rejected")
     parser.add_argument("--quiet", action="store_true", help="no summary on stderr")
+
+
+SERVICE_NAME_HELP = ("service.name of the spans: fixed (default nats-server), or a template of the "
+                     "reporting server: {server}, {cluster}, {domain}, e.g. 'nats/{cluster}'")
+
+
+def service_name_arg(value: str) -> str:
+    """argparse type: a usage error (exit 2) for a template with unknown fields."""
+    try:
+        check_service_name(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def options_from(args: argparse.Namespace) -> MappingOptions:

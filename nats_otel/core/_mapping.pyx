@@ -23,7 +23,7 @@ cdef enum:
     EXPORT = 3
     IMPORT = 4
     JETSTREAM = 5
-    # Positions in each role's layout (span_layout._EXPECTED), where this file writes them.
+    # Slots in each role's layout (span_layout._SLOTS), where this file writes them.
     S_SUBJECT = 3
     S_SIZE = 4
     S_ACCOUNT = 5
@@ -31,24 +31,30 @@ cdef enum:
     S_CID = 7
     S_NAME = 8
     S_HOPS = 9
-    S_HOP = 10
-    S_ONLY = 11
-    S_ADHOC = 12
-    S_LINK = 13
-    S_CANDIDATES = 14
-    S_UNMAPPED = 15
-    S_NOTE = 16
+    S_CLIENT_ID = 10
+    S_HOP = 11
+    S_ONLY = 12
+    S_ADHOC = 13
+    S_LINK = 14
+    S_CANDIDATES = 15
+    S_UNMAPPED = 16
+    S_NOTE = 17
     E_DEST = 3
     E_ACCOUNT = 4
     E_KIND = 5
     E_CID = 6
     E_NAME = 7
-    E_SUB = 8
-    E_QUEUE = 9
-    E_HOP = 10
-    E_PEER = 11
-    E_NOTE = 12
-    J_NOTE = 3
+    E_CLIENT_ID = 8
+    E_SUB = 9
+    E_QUEUE = 10
+    E_HOP = 11
+    E_PEER = 12
+    E_NOTE = 13
+    J_DEST = 3
+    J_STREAM = 4
+    J_NO_INTEREST = 5
+    J_NOTE = 6
+    CLIENT = 0  # ConnectionKind.CLIENT
 
 cdef list _keys = []      # per role: the attribute names, from mapping.py
 cdef list _consts = []    # per role: the probe's values (the constants among them are written as they are)
@@ -234,6 +240,8 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             and put_pair(s, SERVER, S_CID, ingress.cid) and put_pair(s, SERVER, S_NAME, ingress.name)
             and put_pair(s, SERVER, S_HOPS, msg.hops)):
         return 0
+    if ingress.kind == CLIENT and not put_pair(s, SERVER, S_CLIENT_ID, str(ingress.cid)):
+        return 0
     if hop and not put_pair(s, SERVER, S_HOP, hop):
         return 0
     if first.get("nats-trace-dest") and (first.get("nats-trace-only") or "").lower() in _ON:
@@ -275,6 +283,8 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
                     and put_pair(s, EGRESS, E_KIND, _label(event.kind)) and put_pair(s, EGRESS, E_CID, event.cid)
                     and put_pair(s, EGRESS, E_NAME, event.name)):
                 return 0
+            if event.kind == CLIENT and not put_pair(s, EGRESS, E_CLIENT_ID, str(event.cid)):
+                return 0
             if event.subscription and not put_pair(s, EGRESS, E_SUB, event.subscription):
                 return 0
             if event.queue and not put_pair(s, EGRESS, E_QUEUE, event.queue):
@@ -306,11 +316,14 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
                 return 0
             subject, account = event.to, event.account
         elif kind is _JetStream:
-            if not (put_head(s, trace_id, span_id, server_id, trace_state, "store", 5, event.stream, False, 1,
-                             start, ts)
-                    and put_pair(s, JETSTREAM, 0, event.stream)
-                    and put_pair(s, JETSTREAM, 1, event.subject or subject)
-                    and put_pair(s, JETSTREAM, 2, event.no_interest)):
+            if not put_head(s, trace_id, span_id, server_id, trace_state, "store", 5, event.stream, False, 1,
+                            start, ts):
+                return 0
+            for i in range(3):
+                put_const(s, JETSTREAM, i)
+            if not (put_pair(s, JETSTREAM, J_DEST, event.subject or subject)
+                    and put_pair(s, JETSTREAM, J_STREAM, event.stream)
+                    and put_pair(s, JETSTREAM, J_NO_INTEREST, event.no_interest)):
                 return 0
             note = _note(event.error)
             if note is not None and not put_pair(s, JETSTREAM, J_NOTE, note):

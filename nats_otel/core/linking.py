@@ -75,11 +75,13 @@ class Arrival(NamedTuple):
 
 
 class Link(NamedTuple):
-    """The decision for one downstream report: `egress` is set only when `MATCHED`."""
+    """The decision for one downstream report: `egress` is set only when `MATCHED`; `first`
+    is False when this arrival was matched before (a redelivered report: count it once)."""
 
     result: str
     egress: Egress | None = None
     candidates: int = 0
+    first: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +125,7 @@ class LinkIndex:
     """Both sides of every hop observed, by link key and by (link key, size), time-sorted;
     bounded when `expire`d."""
 
-    __slots__ = ("_bounded", "_fifo", "_tables", "evicted", "settings")
+    __slots__ = ("_bounded", "_claimed", "_fifo", "_tables", "evicted", "expired_unmatched", "settings")
 
     def __init__(self, settings: LinkSettings = LinkSettings(), bounded: bool = True) -> None:
         self.settings = settings
@@ -136,6 +138,10 @@ class LinkIndex:
         # (observed at, is egress, key, entry) in observation order: what `expire` drops first.
         self._fifo: deque[tuple[float, bool, LinkKey, Egress | Arrival]] = deque()
         self.evicted = 0  # entries dropped for the capacity bound before their time was up
+        # (is egress, key, entry) of both sides of every matched hop, until they expire:
+        # what was never matched is counted when it goes, by side.
+        self._claimed: set[tuple[bool, LinkKey, Egress | Arrival]] = set()
+        self.expired_unmatched = {"upstream": 0, "downstream": 0}
 
     def __len__(self) -> int:
         """Entries held (egresses and arrivals)."""
@@ -189,7 +195,12 @@ class LinkIndex:
                                        egress.size)
         if not back or back[0].ident != arrival.ident:
             return Link(AMBIGUOUS, None, max(count, 2))
-        return Link(MATCHED, egress, 1)
+        claimed = self._claimed
+        first = (False, key, arrival) not in claimed
+        if first:
+            claimed.add((False, key, arrival))
+            claimed.add((True, key, egress))
+        return Link(MATCHED, egress, 1, first)
 
     def expire(self, now: float) -> None:
         """Drop entries observed more than `retention_s` before `now`, and the oldest past
@@ -200,6 +211,11 @@ class LinkIndex:
             observed, is_egress, key, entry = fifo.popleft()
             if observed >= horizon:
                 self.evicted += 1
+            side = (is_egress, key, entry)
+            if side in self._claimed:
+                self._claimed.discard(side)
+            else:
+                self.expired_unmatched["upstream" if is_egress else "downstream"] += 1
             by_key, by_size = self._tables[is_egress]
             for table, index in ((by_key, key), (by_size, (key, entry.size))):
                 entries = table[index]

@@ -30,11 +30,15 @@ from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord, St
 __all__ = [
     "DEFAULT_HEADER_ALLOWLIST",
     "HEADER_ATTRIBUTE_PREFIX",
+    "SERVICE_NAME_FIELDS",
     "MappingOptions",
     "MappingResult",
     "Placement",
+    "check_service_name",
+    "is_failure",
     "map_message",
     "server_resource",
+    "service_name_of",
 ]
 
 # Trace headers and the dedup id: safe to export. Application headers (Authorization,
@@ -43,8 +47,8 @@ DEFAULT_HEADER_ALLOWLIST = frozenset(
     {"traceparent", "tracestate", "nats-msg-id", "nats-trace-dest", "nats-trace-hop", "nats-trace-only"}
 )
 
-# Span attributes copied from the traced message's headers: `nats.header.<lower-case name>`.
-HEADER_ATTRIBUTE_PREFIX = "nats.header."
+# Span attributes copied from the traced message's headers: `messaging.nats.header.<lower-case name>`.
+HEADER_ATTRIBUTE_PREFIX = "messaging.nats.header."
 
 # Errors the servers report that are not failures: the message was delivered.
 _NOT_FAILURES = ("Message delivered but remote does not support message tracing",)
@@ -57,8 +61,38 @@ SCOPE_VERSION = __version__
 class MappingOptions:
     """What users may choose about the spans. Defaults are the documented span model."""
 
+    #: The resource's `service.name`: fixed, or a template of the reporting server
+    #: (`SERVICE_NAME_FIELDS`), e.g. "nats/{cluster}" to make each cluster a node of a
+    #: service graph (docs/span-model.md, "service.name").
     service_name: str = "nats-server"
     header_allowlist: frozenset[str] = DEFAULT_HEADER_ALLOWLIST
+
+    def __post_init__(self) -> None:
+        check_service_name(self.service_name)
+
+
+# What a `service.name` template may use, from the reporting server's own report.
+SERVICE_NAME_FIELDS = ("server", "cluster", "domain")
+
+
+def check_service_name(template: str) -> None:
+    """Raise ValueError naming the problem if `template` is not a usable service.name."""
+    try:
+        name = template.format(server="s", cluster="c", domain="d")
+    except (KeyError, IndexError, ValueError) as exc:
+        fields = ", ".join("{" + f + "}" for f in SERVICE_NAME_FIELDS)
+        raise ValueError(f"service name {template!r}: {type(exc).__name__} {exc}; "
+                         f"a template may use only {fields}") from None
+    if not name.strip():
+        raise ValueError("service name is empty")
+
+
+def service_name_of(server: ServerInfo, template: str) -> str:
+    """`template` filled in for one server. A server outside any cluster (standalone, or a
+    leafnode server) is a cluster of its own: `{cluster}` is then its name."""
+    if "{" not in template:
+        return template
+    return template.format(server=server.name, cluster=server.cluster or server.name, domain=server.domain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,27 +164,30 @@ def map_message(
         "messaging.destination.name": ingress.subject,
         # msgsize counts headers too: the envelope, not the body.
         "messaging.message.envelope.size": msg.msg_size,
-        "nats.account": ingress.account,
-        "nats.connection.kind": ConnectionKind.label(ingress.kind),
-        "nats.connection.id": ingress.cid,
-        "nats.connection.name": ingress.name,
-        "nats.trace.hops": msg.hops,
+        "messaging.nats.account": ingress.account,
+        "messaging.nats.connection.kind": ConnectionKind.label(ingress.kind),
+        "messaging.nats.connection.id": ingress.cid,
+        "messaging.nats.connection.name": ingress.name,
+        "messaging.nats.trace.hops": msg.hops,
     }
+    if ingress.kind == ConnectionKind.CLIENT:
+        # The publishing client, as the server knows it (nats clients' `client_id` is this cid).
+        attributes["messaging.client.id"] = str(ingress.cid)
     if hop:
-        attributes["nats.trace.hop"] = hop
+        attributes["messaging.nats.trace.hop"] = hop
     if _trace_only(msg):
-        attributes["nats.trace.only"] = True
+        attributes["messaging.nats.trace.only"] = True
     if ctx.adhoc_key is not None:
-        attributes["nats.trace.adhoc_subject"] = ctx.adhoc_key
+        attributes["messaging.nats.trace.adhoc_subject"] = ctx.adhoc_key
     if placement.link and placement.link != "matched":
         # Not linked to an upstream egress: the span hangs under the producer's span.
-        attributes["nats.trace.link"] = placement.link
+        attributes["messaging.nats.trace.link"] = placement.link
         if placement.candidates:
-            attributes["nats.trace.link.candidates"] = placement.candidates
+            attributes["messaging.nats.trace.link.candidates"] = placement.candidates
     if msg.unknown_events:
-        attributes["nats.trace.unmapped_events"] = len(msg.unknown_events)
+        attributes["messaging.nats.trace.unmapped_events"] = len(msg.unknown_events)
     if note:
-        attributes["nats.trace.note"] = note
+        attributes["messaging.nats.trace.note"] = note
     for name, values in msg.headers.items():
         lowered = name.lower()
         if lowered in options.header_allowlist:
@@ -189,21 +226,21 @@ def server_resource(server: ServerInfo, service_name: str) -> Resource:
 
 def _build_resource(server: ServerInfo, service_name: str) -> Resource:
     attributes: list[tuple[str, AttrValue]] = [
-        ("service.name", service_name),
+        ("service.name", service_name_of(server, service_name)),
         ("service.instance.id", server.id),
     ]
     if server.version:
         attributes.append(("service.version", server.version))
     if server.host:
         attributes.append(("host.name", server.host))
-    attributes.append(("nats.server.name", server.name))
+    attributes.append(("messaging.nats.server.name", server.name))
     if server.cluster:
-        attributes.append(("nats.cluster", server.cluster))
+        attributes.append(("messaging.nats.server.cluster", server.cluster))
     if server.domain:
-        attributes.append(("nats.domain", server.domain))
+        attributes.append(("messaging.nats.server.domain", server.domain))
     if server.tags:
-        attributes.append(("nats.server.tags", tuple(server.tags)))
-    attributes.append(("nats.server.jetstream", server.jetstream))
+        attributes.append(("messaging.nats.server.tags", tuple(server.tags)))
+    attributes.append(("messaging.nats.server.jetstream", server.jetstream))
     return Resource(tuple(attributes))
 
 
@@ -218,11 +255,16 @@ def _trace_only(msg: TraceMessage) -> bool:
     return (msg.header("Nats-Trace-Only") or "").lower() in ("1", "true", "on")
 
 
+def is_failure(error: str) -> bool:
+    """Whether a server-reported error text is a failure (status ERROR), not a note."""
+    return bool(error) and not error.startswith(_NOT_FAILURES)
+
+
 def _status(error: str) -> tuple[int, str, str]:
     """(status code, status message, note) for a server-reported error text."""
     if not error:
         return StatusCode.UNSET, "", ""
-    if error.startswith(_NOT_FAILURES):
+    if not is_failure(error):
         return StatusCode.UNSET, "", error
     return StatusCode.ERROR, error, ""
 
@@ -238,7 +280,7 @@ def _child(
 ) -> SpanRecord:
     status_code, status_message, note = _status(error)
     if note:
-        attributes["nats.trace.note"] = note
+        attributes["messaging.nats.trace.note"] = note
     start_ns = state.msg.ingress.ts_ns
     # Positional: a NamedTuple is built faster so, and this runs for every span.
     return SpanRecord(
@@ -267,40 +309,48 @@ def _map_egress(event: Egress, position: int, state: _State) -> SpanRecord:
         "messaging.operation.type": "send",
         "messaging.operation.name": "send",
         "messaging.destination.name": state.subject,
-        "nats.account": event.account or state.account,
-        "nats.connection.kind": ConnectionKind.label(event.kind),
-        "nats.connection.id": event.cid,
-        "nats.connection.name": event.name,
+        "messaging.nats.account": event.account or state.account,
+        "messaging.nats.connection.kind": ConnectionKind.label(event.kind),
+        "messaging.nats.connection.id": event.cid,
+        "messaging.nats.connection.name": event.name,
     }
+    if event.kind == ConnectionKind.CLIENT:
+        attributes["messaging.client.id"] = str(event.cid)  # the receiving client
     if event.subscription:
-        attributes["nats.subscription.subject"] = event.subscription
+        attributes["messaging.nats.subscription.subject"] = event.subscription
     if event.queue:
         attributes["messaging.consumer.group.name"] = event.queue
     if event.forwards:
-        attributes["nats.trace.hop"] = event.hop
-        attributes["nats.peer.server.name"] = event.name
+        attributes["messaging.nats.trace.hop"] = event.hop
+        attributes["messaging.nats.peer.server.name"] = event.name
     span_id = _event_id(state, position)
     name = f"send {state.subject}" if state.subject else "send"
     return _child(state, span_id, name, SpanKind.PRODUCER, event.ts_ns, attributes, event.error)
 
 
 def _map_subject_mapping(event: SubjectMapping, position: int, state: _State) -> SpanRecord:
-    attributes: dict[str, AttrValue] = {"nats.mapping.from": state.subject, "nats.mapping.to": event.to}
+    attributes: dict[str, AttrValue] = {
+        "messaging.nats.mapping.from": state.subject,
+        "messaging.nats.mapping.to": event.to,
+    }
     state.subject = event.to  # later egresses deliver on the mapped subject
     return _child(state, _event_id(state, position), f"map {event.to}", SpanKind.INTERNAL, event.ts_ns, attributes)
 
 
 def _map_stream_export(event: StreamExport, position: int, state: _State) -> SpanRecord:
-    attributes: dict[str, AttrValue] = {"nats.export.account": event.account, "nats.export.subject": event.to}
+    attributes: dict[str, AttrValue] = {
+        "messaging.nats.export.account": event.account,
+        "messaging.nats.export.subject": event.to,
+    }
     name = f"stream export {event.account}"
     return _child(state, _event_id(state, position), name, SpanKind.INTERNAL, event.ts_ns, attributes)
 
 
 def _map_service_import(event: ServiceImport, position: int, state: _State) -> SpanRecord:
     attributes: dict[str, AttrValue] = {
-        "nats.import.account": event.account,
-        "nats.import.from": event.from_subject,
-        "nats.import.to": event.to,
+        "messaging.nats.import.account": event.account,
+        "messaging.nats.import.from": event.from_subject,
+        "messaging.nats.import.to": event.to,
     }
     # The message continues in the exporting account, on the service's subject.
     state.subject, state.account = event.to, event.account
@@ -310,10 +360,14 @@ def _map_service_import(event: ServiceImport, position: int, state: _State) -> S
 
 def _map_jetstream(event: JetStreamEvent, position: int, state: _State) -> SpanRecord:
     attributes: dict[str, AttrValue] = {
-        "nats.jetstream.stream": event.stream,
-        "nats.jetstream.subject": event.subject or state.subject,
+        # The stream takes the message in: a consumer processing it, for the conventions.
+        "messaging.system": "nats",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "store",
+        "messaging.destination.name": event.subject or state.subject,
+        "messaging.nats.jetstream.stream": event.stream,
         # No interest on an interest-retention stream is an outcome, not a failure.
-        "nats.jetstream.no_interest": event.no_interest,
+        "messaging.nats.jetstream.no_interest": event.no_interest,
     }
     name = f"store {event.stream}" if event.stream else "store"
     return _child(state, _event_id(state, position), name, SpanKind.INTERNAL, event.ts_ns, attributes, event.error)

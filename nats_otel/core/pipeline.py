@@ -27,6 +27,7 @@ from nats_otel.core.linking import (
     MATCHED,
     Arrival,
     Egress,
+    Link,
     LinkIndex,
     LinkKey,
     LinkSettings,
@@ -35,6 +36,7 @@ from nats_otel.core.linking import (
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
 from nats_otel.core.model import Egress as EgressEvent
 from nats_otel.core.model import TraceMessage
+from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
@@ -80,6 +82,8 @@ class Converted:
     spans: list[SpanRecord]
     issues: list[str] = field(default_factory=list)
     link: str = ""
+    #: Time in the server, the hop that brought it, failures: for the live network metrics.
+    network: NetworkSample | None = None
     encoded: EncodedSpans | None = None
 
     @property
@@ -143,20 +147,24 @@ class Linker:
 
     def place(self, prepared: Prepared) -> Placement:
         """Trace id and parent of a message's spans, from what was observed."""
+        return self.locate(prepared)[0]
+
+    def locate(self, prepared: Prepared) -> tuple[Placement, Link | None]:
+        """`place`, with the link decision behind it (None at the origin)."""
         ctx, ident = prepared.ctx, prepared.ident
         arrival = prepared.arrival
         if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
             trace_id = ctx.trace_id if ctx.adhoc_key is None else adhoc_trace_id(ctx, ident)
-            return Placement(ident, trace_id, ctx.parent_span_id)
+            return Placement(ident, trace_id, ctx.parent_span_id), None
         link = self.index.resolve(*arrival)
         if link.result == MATCHED and link.egress is not None:
             trace_id = ctx.trace_id if ctx.adhoc_key is None else self._adhoc_trace(ctx, link.egress.ident)
-            return Placement(ident, trace_id, link.egress.span_id, MATCHED)
+            return Placement(ident, trace_id, link.egress.span_id, MATCHED), link
         # Never under another message's egress: under the producer's span, which is an
         # ancestor whatever the path was; an ad-hoc report becomes a trace of its own.
         trace_id = ctx.trace_id if ctx.adhoc_key is None else adhoc_trace_id(ctx, ident)
         candidates = link.candidates if link.result == AMBIGUOUS else 0
-        return Placement(ident, trace_id, ctx.parent_span_id, link.result, candidates)
+        return Placement(ident, trace_id, ctx.parent_span_id, link.result, candidates), link
 
     def _adhoc_trace(self, ctx: TraceContext, ident: bytes) -> bytes:
         """The trace id of the ad-hoc message whose report `ident` is: its origin's."""
@@ -174,7 +182,7 @@ class Linker:
 def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded: bool = False) -> Converted:
     """Map an observed message where the linker places it; `encoded`: straight to protobuf
     (`span_bytes.map_encode`), no span records."""
-    placement = linker.place(prepared)
+    placement, link = linker.locate(prepared)
     spans: list[SpanRecord] = []
     encoding = None
     if encoded:
@@ -183,12 +191,14 @@ def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded:
     else:
         result = map_message(prepared.msg, prepared.ctx, placement, options)
         spans, map_issues = result.spans, result.issues
+    # A hop's latency once: a redelivered report (`first` False) was counted already.
+    egress_ns = link.egress.ts_ns if link is not None and link.egress is not None and link.first else None
     issues = [*prepared.issues, *map_issues]
     if placement.link and placement.link != MATCHED:
         issues.append(f"hop_{placement.link}: no single upstream egress for hop "
                       f"{upstream_hop(prepared.msg)} from {prepared.msg.ingress.name}"
                       + (f" ({placement.candidates} candidates)" if placement.candidates else ""))
-    return Converted(spans, issues, placement.link, encoding)
+    return Converted(spans, issues, placement.link, network_sample(prepared.msg, egress_ns), encoding)
 
 
 class Converter:

@@ -45,7 +45,7 @@ def _render_trace(spans: list[SpanRecord], paint) -> str:
     for index, root in enumerate(roots):
         last = index == len(roots) - 1
         parent = root.parent_span_id.hex() if root.parent_span_id else "none (ad-hoc trace)"
-        if root.attribute("nats.trace.hop"):
+        if root.attribute("messaging.nats.trace.hop"):
             parent = f"{parent} {paint('(upstream server span missing)', _YELLOW)}"
         lines.append(f"{'└─ ' if last else '├─ '}{paint('parent span', _DIM)} {parent}")
         _server(root, children, "   " if last else "│  ", lines, paint, None)
@@ -53,22 +53,22 @@ def _render_trace(spans: list[SpanRecord], paint) -> str:
 
 
 def _server(span, children, indent, lines, paint, upstream_egress) -> None:
-    server = span.resource.get("nats.server.name")
-    cluster = span.resource.get("nats.cluster")
-    kind = span.attribute("nats.connection.kind")
-    conn = span.attribute("nats.connection.name")
+    server = span.resource.get("messaging.nats.server.name")
+    cluster = span.resource.get("messaging.nats.server.cluster")
+    kind = span.attribute("messaging.nats.connection.kind")
+    conn = span.attribute("messaging.nats.connection.name")
     head = f"{paint(str(server), _BOLD)}"
     if cluster and cluster != server:
         head += f" [{cluster}]"
-    hop = span.attribute("nats.trace.hop")
+    hop = span.attribute("messaging.nats.trace.hop")
     subject = span.attribute("messaging.destination.name")
-    head += f"  in {kind} {conn!s}  acc {span.attribute('nats.account')}  subj {subject}"
+    head += f"  in {kind} {conn!s}  acc {span.attribute('messaging.nats.account')}  subj {subject}"
     if hop:
         head += f"  hop {hop}"
     if upstream_egress is not None:
         head += f"  {paint('+' + _ms(span.start_ns - upstream_egress.end_ns) + ' on the wire', _DIM)}"
     head += f"  ({_ms(span.end_ns - span.start_ns)} in server)"
-    if span.attribute("nats.trace.only"):
+    if span.attribute("messaging.nats.trace.only"):
         head += "  trace-only"
     if span.status_code == StatusCode.ERROR:
         head += "  " + paint(f"ERROR: {span.status_message}", _RED)
@@ -78,16 +78,16 @@ def _server(span, children, indent, lines, paint, upstream_egress) -> None:
         last = index == len(events) - 1
         branch, cont = ("└─ ", "   ") if last else ("├─ ", "│  ")
         lines.append(f"{indent}{branch}{_event_text(event, paint)}")
-        event_hop = event.attribute("nats.trace.hop")
+        event_hop = event.attribute("messaging.nats.trace.hop")
         if event.kind == SpanKind.PRODUCER and event_hop:
             downstream = [c for c in children.get(event.span_id, []) if c.kind == SpanKind.CONSUMER]
             for child in downstream:
                 _server(child, children, indent + cont, lines, paint, event)
             if not downstream:
-                if event.attribute("nats.trace.note"):
+                if event.attribute("messaging.nats.trace.note"):
                     text = "remote server does not trace"
                 else:
-                    peer = event.attribute("nats.peer.server.name")
+                    peer = event.attribute("messaging.nats.peer.server.name")
                     text = f"MISSING: no trace message from {peer} (hop {event_hop})"
                 lines.append(f"{indent}{cont}└─ {paint(text, _YELLOW)}")
 
@@ -95,23 +95,23 @@ def _server(span, children, indent, lines, paint, upstream_egress) -> None:
 def _event_text(event: SpanRecord, paint) -> str:
     after = paint(f"+{_ms(event.end_ns - event.start_ns)}", _DIM)
     if event.kind == SpanKind.PRODUCER:
-        kind = event.attribute("nats.connection.kind")
-        name = event.attribute("nats.connection.name")
+        kind = event.attribute("messaging.nats.connection.kind")
+        name = event.attribute("messaging.nats.connection.name")
         text = f"eg {kind} → {name}"
-        if event.attribute("nats.trace.hop"):
-            text += f" hop {event.attribute('nats.trace.hop')}"
-        if event.attribute("nats.subscription.subject"):
-            text += f"  sub {event.attribute('nats.subscription.subject')}"
+        if event.attribute("messaging.nats.trace.hop"):
+            text += f" hop {event.attribute('messaging.nats.trace.hop')}"
+        if event.attribute("messaging.nats.subscription.subject"):
+            text += f"  sub {event.attribute('messaging.nats.subscription.subject')}"
         if event.attribute("messaging.consumer.group.name"):
             text += f"  queue {event.attribute('messaging.consumer.group.name')}"
-        text += f"  acc {event.attribute('nats.account')}"
+        text += f"  acc {event.attribute('messaging.nats.account')}"
     else:
         text = event.name
-        if event.attribute("nats.jetstream.no_interest"):
+        if event.attribute("messaging.nats.jetstream.no_interest"):
             text += "  (no interest)"
     text += f"  {after}"
     if event.status_code == StatusCode.ERROR:
         text += "  " + paint(f"ERROR: {event.status_message}", _RED)
-    elif event.attribute("nats.trace.note"):
-        text += "  " + paint(str(event.attribute("nats.trace.note")), _YELLOW)
+    elif event.attribute("messaging.nats.trace.note"):
+        text += "  " + paint(str(event.attribute("messaging.nats.trace.note")), _YELLOW)
     return text

@@ -89,9 +89,9 @@ class TraceState:
         parents = {s.parent_span_id for s in nats if s.kind == SpanKind.CONSUMER}
         for s in nats:
             attrs = _attributes(s.attributes)
-            if s.kind == SpanKind.PRODUCER and attrs.get("nats.trace.hop") and not attrs.get("nats.trace.note") \
-                    and s.span_id not in parents:
-                out.append(f"server span of hop {attrs['nats.trace.hop']}")
+            forwarded = attrs.get("messaging.nats.trace.hop") and not attrs.get("messaging.nats.trace.note")
+            if s.kind == SpanKind.PRODUCER and forwarded and s.span_id not in parents:
+                out.append(f"server span of hop {attrs['messaging.nats.trace.hop']}")
         return out
 
 

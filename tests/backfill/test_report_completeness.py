@@ -27,9 +27,9 @@ def _expected_edges() -> Counter:
     edges = Counter()
     for s in spans:
         parent = by_id.get((s.trace_id, s.parent_span_id))
-        if s.kind == SpanKind.CONSUMER and parent is not None and parent.attribute("nats.trace.hop"):
-            edges[(parent.resource.get("nats.server.name"), s.resource.get("nats.server.name"),
-                   parent.attribute("nats.connection.kind"))] += 1
+        if s.kind == SpanKind.CONSUMER and parent is not None and parent.attribute("messaging.nats.trace.hop"):
+            edges[(parent.resource.get("messaging.nats.server.name"), s.resource.get("messaging.nats.server.name"),
+                   parent.attribute("messaging.nats.connection.kind"))] += 1
     return edges
 
 
@@ -62,7 +62,7 @@ def test_missing_downstream_hop_is_marked_with_a_placeholder(spark, workdir):
     whole, cut = workdir / "whole.jsonl", workdir / "cut.jsonl"
     whole.write_bytes(b"\n".join(lines) + b"\n")
     results = convert_batch(read_archive([str(whole)]))
-    downstream = [i for i, r in enumerate(results) if r.spans[0].attribute("nats.trace.hop")]
+    downstream = [i for i, r in enumerate(results) if r.spans[0].attribute("messaging.nats.trace.hop")]
     assert downstream
     cut.write_bytes(b"\n".join(line for i, line in enumerate(lines) if i != downstream[0]) + b"\n")
     # The egress whose downstream message is gone: its id is the dropped server span's parent.
@@ -74,7 +74,7 @@ def test_missing_downstream_hop_is_marked_with_a_placeholder(spark, workdir):
     assert complete.filter("trace_incomplete").count() == 0
     assert complete.filter("role = 'placeholder'").count() == 0
     table = spark.read.parquet(str(workdir / "pq-cut"))
-    marked = table.filter("attributes['nats.trace.downstream_missing'] = 'true'").collect()
+    marked = table.filter("attributes['messaging.nats.trace.downstream_missing'] = 'true'").collect()
     assert [r["span_id"] for r in marked] == [lost_parent]
     holders = table.filter("role = 'placeholder'").collect()
     assert [r["parent_span_id"] for r in holders] == [lost_parent]

@@ -106,14 +106,14 @@ def check_topology(by_trace: dict, scenarios: dict[str, tuple[str, str, set[str]
     for scenario, (trace_id, parent, must) in scenarios.items():
         spans = by_trace[trace_id]
         servers = [(res, s) for res, s in spans if s.kind == SpanKind.CONSUMER]
-        names = [res["nats.server.name"] for res, _ in servers]
+        names = [res["messaging.nats.server.name"] for res, _ in servers]
         assert len(names) == len(set(names)) and must <= set(names), (scenario, names)
-        origin = [s for res, s in servers if "nats.trace.hop" not in attrs(s)]
+        origin = [s for res, s in servers if "messaging.nats.trace.hop" not in attrs(s)]
         assert len(origin) == 1 and origin[0].parent_span_id.hex() == parent, scenario
         assert origin[0].name == ("receive secret.x" if scenario == "denied" else f"receive bridge.{scenario}")
-        egress = {attrs(s).get("nats.trace.hop"): s for _, s in spans if s.kind == SpanKind.PRODUCER}
+        egress = {attrs(s).get("messaging.nats.trace.hop"): s for _, s in spans if s.kind == SpanKind.PRODUCER}
         for _, down in servers:
-            hop = attrs(down).get("nats.trace.hop")
+            hop = attrs(down).get("messaging.nats.trace.hop")
             if hop is not None:
                 assert down.parent_span_id == egress[hop].span_id, (scenario, hop)
                 # ... and that egress hangs under the upstream server's span.
@@ -183,7 +183,7 @@ async def test_core_mode_http_gzip_and_second_account(topo, tmp_path: Path) -> N
             (spans,) = spans_by_trace(rx.requests).values()
             server = next(s for _, s in spans if s.kind == SpanKind.CONSUMER)
             assert server.trace_id.hex() == trace_id and server.parent_span_id.hex() == parent
-            assert attrs(server)["nats.account"] == "B"
+            assert attrs(server)["messaging.nats.account"] == "B"
             await wait_until(lambda: metric(scrape(bridge.metrics_port)[1], "nats_otel_spans_exported_total",
                                             exporter="otlp-http") == len(expected), 5, "export counted")
             _, text = scrape(bridge.metrics_port)

@@ -87,6 +87,8 @@ def test_output_alone_turns_otlp_off_and_flags_apply_to_every_file_source(tmp_pa
         ("mode: jetstream\njetstream: {ack_wait: 5}", "config file", "jetstream.ack_wait", "must exceed"),
         ("sources: [{subjects: [t], urls: ['http://x']}]", "config file", "sources.0.urls", "not a NATS URL"),
         ("jetstream: {stream: 'a.b'}", "config file", "jetstream.stream", "not a valid JetStream name"),
+        ("service_name: 'nats/{zone}'", "config file", "service_name", "may use only {server}, {cluster}"),
+        ("telemetry: {network_labels: [user]}", "config file", "telemetry.network_labels.0", "'account' or"),
     ],
 )
 def test_errors_name_file_and_field(tmp_path: Path, yaml_text: str, where: str, field: str, what: str) -> None:
@@ -130,3 +132,13 @@ def test_nats_give_up_flag_and_burst_defaults() -> None:
         load_settings(overrides={**flags("--subject", "t"), "nats": {"reconnect_wait_max": 0.1}}, env={})
     with pytest.raises(SettingsError, match=r"NATS_OTEL_\* environment: field 'batch.queue_bytes'"):
         load_settings(overrides=flags("--subject", "t"), env={"NATS_OTEL_BATCH__QUEUE_BYTES": "10"})
+
+
+def test_service_name_flag_with_an_unknown_field_is_a_usage_error() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "nats_otel.cli", "convert", "--service-name", "nats/{zone}",
+                           "-"], input=b"", capture_output=True, timeout=60)
+    assert done.returncode == 2
+    assert b"may use only {server}, {cluster}, {domain}" in done.stderr and b"Traceback" not in done.stderr

@@ -91,6 +91,15 @@ async def test_core_workers_equal_convert(topo, tmp_path: Path) -> None:
         span_total = sum(len(r.spans) for r in converted if isinstance(r, Converted))
         assert metric(text, "nats_otel_spans_exported_total", exporter="otlp-grpc") == span_total == rx.span_count
         assert metric(text, "nats_otel_hop_links_total", result="matched") > 0  # hops were linked in the workers
+        # The workers' network samples reach the parent's /metrics: one per hop (an identical
+        # copy's hop is linked again but counted once), one per report.
+        hops = [r.network.hop for r in converted if isinstance(r, Converted) and r.network and r.network.hop]
+        assert sum_of(text, "nats_otel_hop_latency_seconds_count") == len(hops) > 0
+        assert len(hops) <= metric(text, "nats_otel_hop_links_total", result="matched")
+        assert sum_of(text, "nats_otel_hop_latency_seconds_sum") == pytest.approx(
+            sum(h.latency_ns for h in hops) / 1e9, abs=1e-9 * len(hops))
+        assert sum_of(text, "nats_otel_server_latency_seconds_count") == sum(
+            isinstance(r, Converted) for r in converted)
 
 
 async def test_jetstream_workers_ack_only_after_export(topo, tmp_path: Path) -> None:
@@ -164,5 +173,11 @@ async def test_jetstream_worker_killed_bridge_exits_2_and_restart_loses_nothing(
             assert await stop_bridge(bridge, task) == 0
     # At least once across the kill: every span of every archived message arrived, with its
     # id. (A downstream report redelivered without its upstream's - acked before the kill -
-    # cannot be linked again: it arrives under the producer span, `nats.trace.link`.)
+    # cannot be linked again: it arrives under the producer span, `messaging.nats.trace.link`.)
     assert span_ids(rx.requests) == expected_ids_from_archive(tmp_path / "archive.jsonl")
+
+
+def sum_of(text: str, name: str) -> float:
+    """The sum of every sample of `name` (all label sets) in Prometheus text."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + "{", name + " ")))

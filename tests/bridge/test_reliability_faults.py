@@ -67,7 +67,7 @@ async def traffic(url: str, stop: asyncio.Event, sent: list[str], rate: float = 
 def server_spans(rx: OTLPGrpcReceiver) -> list[tuple[str, str]]:
     """(trace id, server name) of every distinct server span: one per trace message exported."""
     return sorted(
-        (trace_id, res.get("nats.server.name"))
+        (trace_id, res.get("messaging.nats.server.name"))
         for trace_id, spans in spans_by_trace(rx.requests).items()
         for res, span in spans if span.kind == SpanKind.CONSUMER
     )

@@ -98,7 +98,8 @@ async def run_pair(topo, tmp_path: Path, extra: list[str], subject: str, seed: s
 def traceparent_trace_ids(rx: OTLPGrpcReceiver) -> set[bytes]:
     """Trace ids of the spans traced for a traceparent (ad-hoc ones depend on their links)."""
     spans = [span for _, span in rx.spans()]
-    adhoc = {span.trace_id for span in spans if any(kv.key == "nats.trace.adhoc_subject" for kv in span.attributes)}
+    adhoc = {span.trace_id for span in spans
+             if any(kv.key == "messaging.nats.trace.adhoc_subject" for kv in span.attributes)}
     return {span.trace_id for span in spans} - adhoc
 
 

@@ -48,7 +48,7 @@ def topo() -> Iterator:
 
 def body_of(server: SpanRecord) -> int:
     """The traced message's size without the hop header: equal on every server of one message."""
-    hop = server.attribute("nats.trace.hop")
+    hop = server.attribute("messaging.nats.trace.hop")
     size = server.attribute("messaging.message.envelope.size")
     assert isinstance(size, int)
     return size - (18 + len(hop) if isinstance(hop, str) else 0)
@@ -70,7 +70,8 @@ def check_identity(results: list, producer: bytes) -> list[SpanRecord]:
             assert body_of(upstream) == body_of(server), "linked to another message's egress"
             assert egress.end_ns <= server.start_ns + 100_000_000
         else:  # under the producer's span; an ad-hoc report is a root
-            assert server.parent_span_id == (b"" if server.attribute("nats.trace.adhoc_subject") else producer)
+            adhoc = server.attribute("messaging.nats.trace.adhoc_subject")
+            assert server.parent_span_id == (b"" if adhoc else producer)
     return spans
 
 
@@ -146,14 +147,15 @@ async def test_reused_contexts_through_route_gateway_leaf_and_a_restart(topo, tm
     # Fan-out reads right: one origin span per message (24 sent) under the one producer span.
     origins = [r.spans[0] for r in results if isinstance(r, Converted) and r.link == ""]
     under_producer = [s for s in spans if s.parent_span_id == bytes.fromhex(producer)]
-    assert 22 <= len(under_producer) == len([s for s in origins if not s.attribute("nats.trace.adhoc_subject")])
+    traced_origins = [s for s in origins if not s.attribute("messaging.nats.trace.adhoc_subject")]
+    assert 22 <= len(under_producer) == len(traced_origins)
     assert {s.trace_id.hex() for s in under_producer} == {trace_id}
     # Ad hoc: each of the 9 messages is a trace of its own, holding all its servers' reports.
-    adhoc = [s for s in spans if s.kind == SpanKind.CONSUMER and s.attribute("nats.trace.adhoc_subject")]
+    adhoc = [s for s in spans if s.kind == SpanKind.CONSUMER and s.attribute("messaging.nats.trace.adhoc_subject")]
     traces: dict[bytes, set[int]] = {}
     for server in adhoc:
         traces.setdefault(server.trace_id, set()).add(body_of(server))
-    adhoc_origins = [s for s in origins if s.attribute("nats.trace.adhoc_subject")]
+    adhoc_origins = [s for s in origins if s.attribute("messaging.nats.trace.adhoc_subject")]
     assert 8 <= len(traces) == len(adhoc_origins) and all(len(sizes) == 1 for sizes in traces.values())
     assert sum(1 for t in traces if sum(1 for s in adhoc if s.trace_id == t) >= 4) >= len(traces) - 1
 

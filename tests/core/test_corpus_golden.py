@@ -54,7 +54,8 @@ def test_whole_corpus_has_no_orphans_and_no_shared_ids(corpus_raws):
     app_parents = set()
     for raw in corpus_raws:
         results = convert_batch([raw])
-        msg_tp = next(r for r in results if isinstance(r, Converted)).spans[0].attribute("nats.header.traceparent")
+        server_span = next(r for r in results if isinstance(r, Converted)).spans[0]
+        msg_tp = server_span.attribute("messaging.nats.header.traceparent")
         if msg_tp:
             app_parents.add(parse_traceparent(msg_tp[0])[1].hex())
     assert len({s.span_id for s in spans}) == len(spans)
@@ -79,7 +80,8 @@ def test_manifest_expectations(manifest):
             match = [
                 s
                 for s in servers
-                if s.resource.get("nats.server.name") in names and s.attribute("nats.trace.hop") == hop
+                if s.resource.get("messaging.nats.server.name") in names
+                and s.attribute("messaging.nats.trace.hop") == hop
             ]
             assert match, f"{scenario['name']}: no server span for {event['server']} hop {hop}"
             if event.get("types"):
@@ -97,7 +99,7 @@ def test_reused_traceparent_gets_distinct_ids_and_linked_hops():
     # Three origins (under the producer span), three downstream reports each linked by evidence.
     assert sorted(r.link for r in results) == ["", "", "", "matched", "matched", "matched"]
     by_id = {s.span_id: s for s in spans}
-    downstream = [s for s in spans if s.kind == 5 and s.attribute("nats.trace.hop") == "1"]
+    downstream = [s for s in spans if s.kind == 5 and s.attribute("messaging.nats.trace.hop") == "1"]
     # The message sizes differ in this capture: the size check proves each child hangs
     # under the egress of its own message.
     for child in downstream:

@@ -40,7 +40,7 @@ def test_copied_headers_are_encoded_but_not_cached():
     resource = Resource((("service.name", "x"),))
     spans = [
         SpanRecord(b"\x01" * 16, i.to_bytes(8, "big"), b"", "s", 5, 1, 2, resource,
-                   (("messaging.system", "nats"), ("nats.header.traceparent", (f"00-{i:032x}-{i:016x}-01",))))
+                   (("messaging.system", "nats"), ("messaging.nats.header.traceparent", (f"00-{i:032x}-{i:016x}-01",))))
         for i in range(1, 2001)
     ]
     otlp_wire._pair_caches[9].clear()
@@ -60,7 +60,7 @@ def test_resource_pickled_in_another_process_hashes_like_one_made_here():
     import subprocess
     import sys
 
-    attributes = (("service.name", "nats-server"), ("nats.server.name", "n1"))
+    attributes = (("service.name", "nats-server"), ("messaging.nats.server.name", "n1"))
     code = ("import pickle, sys; from nats_otel.core.records import Resource; "
             f"sys.stdout.buffer.write(pickle.dumps(Resource({attributes!r})))")
     data = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,

@@ -42,7 +42,7 @@ def copy_of(span, by_id):
     """The copy a span belongs to: its server span's ingress connection id."""
     while span.kind != 5:
         span = by_id[span.parent_span_id]
-    return span.attribute("nats.connection.id") - COPY_CID
+    return span.attribute("messaging.nats.connection.id") - COPY_CID
 
 
 def check_no_false_links(results, app_parent, lost=frozenset()):
@@ -59,13 +59,13 @@ def check_no_false_links(results, app_parent, lost=frozenset()):
             egress = by_id[server.parent_span_id]
             up_copy, down_copy = copy_of(egress, by_id), copy_of(server, by_id)
             if up_copy != down_copy:
-                upstream = server.attribute("nats.connection.name")
-                downstream = server.resource.get("nats.server.name")
+                upstream = server.attribute("messaging.nats.connection.name")
+                downstream = server.resource.get("messaging.nats.server.name")
                 assert (upstream, down_copy) in lost and (downstream, up_copy) in lost, "linked to another message"
             assert egress.end_ns <= server.start_ns + int(WINDOW.max_clock_skew_s * 1e9)
         elif result.link in (UNMATCHED, AMBIGUOUS):
             assert server.parent_span_id == app_parent
-            assert server.attribute("nats.trace.link") == result.link
+            assert server.attribute("messaging.nats.trace.link") == result.link
     return spans
 
 

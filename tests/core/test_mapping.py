@@ -23,22 +23,28 @@ def spans_of(doc, subject="trace.a", options=MappingOptions(), placement=None):
     "event, name, kind, attributes",
     [
         (egress(kind=0, name="worker", sub="orders.*", queue="q1"), "send orders.new", SpanKind.PRODUCER,
-         {"nats.connection.kind": "client", "nats.connection.name": "worker", "nats.subscription.subject": "orders.*",
-          "messaging.consumer.group.name": "q1", "nats.account": "A"}),
+         {"messaging.nats.connection.kind": "client", "messaging.nats.connection.name": "worker",
+          "messaging.nats.subscription.subject": "orders.*", "messaging.consumer.group.name": "q1",
+          "messaging.nats.account": "A", "messaging.operation.type": "send", "messaging.client.id": "7"}),
         (egress(kind=1, name="s2", hop="1"), "send orders.new", SpanKind.PRODUCER,
-         {"nats.connection.kind": "router", "nats.trace.hop": "1", "nats.peer.server.name": "s2"}),
-        (egress(kind=2, name="w1", hop="2"), "send orders.new", SpanKind.PRODUCER, {"nats.connection.kind": "gateway"}),
-        (egress(kind=4, name="leaf", hop="3"), "send orders.new", SpanKind.PRODUCER, {"nats.connection.kind": "leaf"}),
+         {"messaging.nats.connection.kind": "router", "messaging.nats.trace.hop": "1",
+          "messaging.nats.peer.server.name": "s2", "messaging.client.id": None}),
+        (egress(kind=2, name="w1", hop="2"), "send orders.new", SpanKind.PRODUCER,
+         {"messaging.nats.connection.kind": "gateway"}),
+        (egress(kind=4, name="leaf", hop="3"), "send orders.new", SpanKind.PRODUCER,
+         {"messaging.nats.connection.kind": "leaf"}),
         ({"type": "sm", "ts": ts(150), "to": "orders.mapped"}, "map orders.mapped", SpanKind.INTERNAL,
-         {"nats.mapping.from": "orders.new", "nats.mapping.to": "orders.mapped"}),
+         {"messaging.nats.mapping.from": "orders.new", "messaging.nats.mapping.to": "orders.mapped"}),
         ({"type": "se", "ts": ts(150), "acc": "B", "to": "froma.orders.new"}, "stream export B", SpanKind.INTERNAL,
-         {"nats.export.account": "B", "nats.export.subject": "froma.orders.new"}),
+         {"messaging.nats.export.account": "B", "messaging.nats.export.subject": "froma.orders.new"}),
         ({"type": "si", "ts": ts(150), "acc": "A", "from": "asvc.x", "to": "svc.x"}, "service import A",
-         SpanKind.INTERNAL, {"nats.import.account": "A", "nats.import.from": "asvc.x", "nats.import.to": "svc.x"}),
+         SpanKind.INTERNAL, {"messaging.nats.import.account": "A", "messaging.nats.import.from": "asvc.x",
+                             "messaging.nats.import.to": "svc.x"}),
         ({"type": "js", "ts": ts(150), "stream": "ORDERS", "subject": "orders.new"}, "store ORDERS", SpanKind.INTERNAL,
-         {"nats.jetstream.stream": "ORDERS", "nats.jetstream.no_interest": False}),
+         {"messaging.nats.jetstream.stream": "ORDERS", "messaging.nats.jetstream.no_interest": False,
+          "messaging.operation.type": "process", "messaging.operation.name": "store"}),
         ({"type": "js", "ts": ts(150), "stream": "INTEREST", "nointerest": True}, "store INTEREST", SpanKind.INTERNAL,
-         {"nats.jetstream.no_interest": True, "nats.jetstream.subject": "orders.new"}),
+         {"messaging.nats.jetstream.no_interest": True, "messaging.destination.name": "orders.new"}),
     ],
 )
 def test_event_mappers(event, name, kind, attributes):
@@ -58,9 +64,11 @@ def test_server_span():
     assert server.trace_id.hex() == TRACE_ID and server.parent_span_id.hex() == PARENT_ID
     assert server.end_ns - server.start_ns == 200
     assert server.resource.get("service.name") == "nats-server"
-    assert server.resource.get("nats.server.name") == "s1" and server.resource.get("nats.cluster") == "c1"
+    assert server.resource.get("messaging.nats.server.name") == "s1"
+    assert server.resource.get("messaging.nats.server.cluster") == "c1"
     assert server.attribute("messaging.system") == "nats"
-    assert server.attribute("nats.header.traceparent") == (TRACEPARENT,)
+    assert server.attribute("messaging.nats.header.traceparent") == (TRACEPARENT,)
+    assert server.attribute("messaging.client.id") == "5"  # the publishing client's cid
 
 
 def test_subject_follows_mapping_and_service_import():
@@ -71,7 +79,7 @@ def test_subject_follows_mapping_and_service_import():
         egress(t=130),
     )
     assert spans_of(doc)[-1].name == "send svc.d"
-    assert spans_of(doc)[-1].attribute("nats.account") == "B"
+    assert spans_of(doc)[-1].attribute("messaging.nats.account") == "B"
 
 
 def test_downstream_server_parent_is_upstream_egress_with_same_hop():
@@ -85,14 +93,14 @@ def test_downstream_server_parent_is_upstream_egress_with_same_hop():
     up, down_result = convert_batch([raw(origin), raw(down)])
     up_spans, down_spans = up.spans, down_result.spans
     assert down_spans[0].parent_span_id == up_spans[1].span_id
-    assert down_result.link == "matched" and down_spans[0].attribute("nats.trace.link") is None
-    assert up_spans[1].attribute("nats.trace.hop") == "1"
+    assert down_result.link == "matched" and down_spans[0].attribute("messaging.nats.trace.link") is None
+    assert up_spans[1].attribute("messaging.nats.trace.hop") == "1"
 
 
 def test_client_republish_with_stale_hop_header_is_an_origin():
     doc = message(ingress(kind=0), egress(), headers={"traceparent": [TRACEPARENT], "Nats-Trace-Hop": ["1"]})
     server = spans_of(doc)[0]
-    assert server.parent_span_id.hex() == PARENT_ID and server.attribute("nats.trace.hop") is None
+    assert server.parent_span_id.hex() == PARENT_ID and server.attribute("messaging.nats.trace.hop") is None
 
 
 @pytest.mark.parametrize(
@@ -110,7 +118,7 @@ def test_egress_errors(error, code):
     if code == StatusCode.ERROR:
         assert child.status_message == error
     else:
-        assert child.attribute("nats.trace.note") == error
+        assert child.attribute("messaging.nats.trace.note") == error
 
 
 def test_ingress_and_jetstream_errors():
@@ -125,11 +133,12 @@ def test_header_allow_list_keeps_application_headers_out():
     headers = {"traceparent": [TRACEPARENT], "Authorization": ["Bearer secret"], "Nats-Msg-Id": ["m1"]}
     server = spans_of(message(ingress(), headers=headers))[0]
     keys = [k for k, _ in server.attributes]
-    assert "nats.header.authorization" not in keys and not any("secret" in str(v) for _, v in server.attributes)
-    assert server.attribute("nats.header.nats-msg-id") == ("m1",)
+    assert "messaging.nats.header.authorization" not in keys
+    assert not any("secret" in str(v) for _, v in server.attributes)
+    assert server.attribute("messaging.nats.header.nats-msg-id") == ("m1",)
     options = MappingOptions(header_allowlist=frozenset({"authorization"}))
     allowed = spans_of(message(ingress(), headers=headers), options=options)[0]
-    assert allowed.attribute("nats.header.authorization") == ("Bearer secret",)
+    assert allowed.attribute("messaging.nats.header.authorization") == ("Bearer secret",)
 
 
 def test_two_messages_under_one_traceparent_share_no_span_id():
@@ -165,10 +174,10 @@ def test_placement_sets_parent_trace_and_link_attributes():
     placement = Placement(identity(msg), b"\x07" * 16, b"\x05" * 8, "ambiguous", 3)
     server = spans_of(doc, placement=placement)[0]
     assert (server.trace_id, server.parent_span_id) == (b"\x07" * 16, b"\x05" * 8)
-    assert server.attribute("nats.trace.link") == "ambiguous"
-    assert server.attribute("nats.trace.link.candidates") == 3
+    assert server.attribute("messaging.nats.trace.link") == "ambiguous"
+    assert server.attribute("messaging.nats.trace.link.candidates") == 3
     matched = spans_of(doc, placement=placement._replace(link="matched", candidates=0))[0]
-    assert matched.attribute("nats.trace.link") is None
+    assert matched.attribute("messaging.nats.trace.link") is None
 
 
 @pytest.mark.parametrize(
@@ -183,4 +192,25 @@ def test_placement_sets_parent_trace_and_link_attributes():
 )
 def test_trace_only_only_where_the_server_honours_it(headers, expected):
     server = spans_of(message(ingress(), egress(), headers=headers))[0]
-    assert server.attribute("nats.trace.only") is expected
+    assert server.attribute("messaging.nats.trace.only") is expected
+
+
+@pytest.mark.parametrize(
+    "template, cluster, expected",
+    [
+        ("nats-server", "c1", "nats-server"),
+        ("nats/{cluster}", "c1", "nats/c1"),
+        ("nats/{cluster}", "", "nats/s1"),  # no cluster (standalone, leafnode): a cluster of its own
+        ("nats/{server}", "c1", "nats/s1"),
+        ("{cluster}:{server}", "c1", "c1:s1"),
+    ],
+)
+def test_service_name_template_names_each_server(template, cluster, expected):
+    server = spans_of(message(ingress(), cluster=cluster), options=MappingOptions(service_name=template))[0]
+    assert server.resource.get("service.name") == expected
+
+
+@pytest.mark.parametrize("template", ["nats/{zone}", "nats/{0}", "nats/{cluster", "  "])
+def test_service_name_template_with_unknown_fields_is_refused(template):
+    with pytest.raises(ValueError, match="service name"):
+        MappingOptions(service_name=template)

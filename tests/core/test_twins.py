@@ -141,7 +141,8 @@ def test_generated_spans_encode_to_the_same_bytes_or_fail_alike(wire, spans):
 def test_copied_headers_are_not_cached_by_the_compiled_twin(wire):
     resource = Resource((("service.name", "x"),))
     spans = [SpanRecord(b"\x01" * 16, i.to_bytes(8, "big"), b"", "s", 5, 1, 2, resource,
-                        (("messaging.system", "nats"), ("nats.header.traceparent", (f"00-{i:032x}-{i:016x}-01",))))
+                        (("messaging.system", "nats"),
+                         (otlp_wire._UNCACHED_PREFIX + "traceparent", (f"00-{i:032x}-{i:016x}-01",))))
              for i in range(1, 200)]
     wire.clear_caches()
     assert wire.encode_request(spans, SCOPE) == otlp_wire.python_encode_request(spans, SCOPE)

@@ -135,34 +135,34 @@ def test_demo_writes_complete_traces_and_leaves_nothing_running(tmp_path: Path) 
             assert c["name"] == "process demo.orders"
 
         # ... and the servers: the origin server span is the producer span's child.
-        servers = {s["resource"]["nats.server.name"]: s for s in nats_spans if s["kind"] == CONSUMER}
+        servers = {s["resource"]["messaging.nats.server.name"]: s for s in nats_spans if s["kind"] == CONSUMER}
         assert sorted(servers) == ["east-1", "east-2", "east-3", "leaf-1"]
         origin = servers["east-2"]
         assert origin["parentSpanId"] == producer["spanId"]
-        assert "nats.trace.hop" not in origin["attrs"]
+        assert "messaging.nats.trace.hop" not in origin["attrs"]
         assert origin["attrs"]["messaging.destination.name"] == "demo.orders"
 
         # Each downstream server span hangs under the upstream egress with its hop id.
-        egress_by_hop = {s["attrs"]["nats.trace.hop"]: s for s in nats_spans
-                         if s["kind"] == PRODUCER and "nats.trace.hop" in s["attrs"]}
+        egress_by_hop = {s["attrs"]["messaging.nats.trace.hop"]: s for s in nats_spans
+                         if s["kind"] == PRODUCER and "messaging.nats.trace.hop" in s["attrs"]}
         # east-2 numbers its two route egresses 1 and 2 in the order it serves them (either
         # server may be first); east-1 then forwards to leaf-1 one level down.
-        east1_hop = servers["east-1"]["attrs"]["nats.trace.hop"]
+        east1_hop = servers["east-1"]["attrs"]["messaging.nats.trace.hop"]
         assert east1_hop in ("1", "2")
         assert sorted(egress_by_hop) == sorted(["1", "2", f"{east1_hop}.1"])
         span_by_id = {s["spanId"]: s for s in nats_spans}
         expected_upstream = {"east-3": "east-2", "east-1": "east-2", "leaf-1": "east-1"}
         for name, upstream in expected_upstream.items():
             server = servers[name]
-            hop = server["attrs"]["nats.trace.hop"]
+            hop = server["attrs"]["messaging.nats.trace.hop"]
             egress = egress_by_hop[hop]
             assert server["parentSpanId"] == egress["spanId"], (name, hop)
             assert span_by_id[egress["parentSpanId"]] is servers[upstream]
-        assert servers["leaf-1"]["attrs"]["nats.trace.hop"] == f"{east1_hop}.1"
+        assert servers["leaf-1"]["attrs"]["messaging.nats.trace.hop"] == f"{east1_hop}.1"
 
         # Deliveries to the two consumer connections are egress spans too.
-        delivered = sorted(s["attrs"].get("nats.connection.name") for s in nats_spans
-                           if s["kind"] == PRODUCER and "nats.trace.hop" not in s["attrs"])
+        delivered = sorted(s["attrs"].get("messaging.nats.connection.name") for s in nats_spans
+                           if s["kind"] == PRODUCER and "messaging.nats.trace.hop" not in s["attrs"])
         assert delivered == ["demo-consumer@east-3", "demo-consumer@leaf-1"]
         assert all(s.get("status", {}).get("code", 0) != 2 for s in trace)
 

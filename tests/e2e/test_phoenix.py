@@ -77,8 +77,8 @@ def test_demo_trace_in_phoenix(phoenix: Phoenix, tmp_path: Path) -> None:
         spans = by_trace.get(trace_id, [])
         assert len(spans) == count, f"trace {trace_id}: {len(spans)} of {count} spans in Phoenix"
         by_id = {s["context"]["span_id"]: s for s in spans}
-        nats_spans = [s for s in spans if "nats.account" in s["attributes"]]
-        app = [s for s in spans if "nats.account" not in s["attributes"]]
+        nats_spans = [s for s in spans if "messaging.nats.account" in s["attributes"]]
+        app = [s for s in spans if "messaging.nats.account" not in s["attributes"]]
 
         producer, = [s for s in app if s["name"] == "send demo.orders"]
         assert not producer["parent_id"], "the producer span is the root"
@@ -88,15 +88,15 @@ def test_demo_trace_in_phoenix(phoenix: Phoenix, tmp_path: Path) -> None:
 
         servers = [s for s in nats_spans if s["name"] == "receive demo.orders"]
         assert len(servers) == 4
-        origin = [s for s in servers if "nats.trace.hop" not in s["attributes"]]
+        origin = [s for s in servers if "messaging.nats.trace.hop" not in s["attributes"]]
         assert len(origin) == 1 and origin[0]["parent_id"] == producer["context"]["span_id"]
         for server in servers:
-            hop = server["attributes"].get("nats.trace.hop")
+            hop = server["attributes"].get("messaging.nats.trace.hop")
             if hop is None:
                 continue
             egress = by_id[server["parent_id"]]
-            assert egress["name"] == "send demo.orders" and egress["attributes"]["nats.trace.hop"] == hop
-            assert "nats.account" in egress["attributes"]
+            assert egress["name"] == "send demo.orders" and egress["attributes"]["messaging.nats.trace.hop"] == hop
+            assert "messaging.nats.account" in egress["attributes"]
             assert by_id[egress["parent_id"]]["name"] == "receive demo.orders"
         # Every NATS span hangs somewhere under the producer span.
         for span in nats_spans:

@@ -1,0 +1,83 @@
+"""What became of each batch, in metrics and logs: rejections, mapping issues, hop links,
+the network view, exports. One place, so the core and JetStream loops count alike."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+
+from nats_otel.bridge.network_metrics import NetworkMetrics
+from nats_otel.bridge.processor import BatchOutcome
+from nats_otel.bridge.readiness import BackendReadiness
+from nats_otel.bridge.settings import TelemetrySettings
+from nats_otel.bridge.telemetry import Metrics
+from nats_otel.core.network import NetworkSample
+from nats_otel.core.pipeline import Rejected
+
+__all__ = ["BatchAccounting"]
+
+log = logging.getLogger("nats_otel.bridge")
+
+
+class BatchAccounting:
+    """Counts batches into the bridge's metrics (the network view included)."""
+
+    def __init__(self, metrics: Metrics, telemetry: TelemetrySettings, backend: BackendReadiness,
+                 exporter_names: Iterable[str] = ()) -> None:
+        self.metrics = metrics
+        self.backend = backend
+        for name in exporter_names:  # at 0 from the start: dashboards and alerts see each series
+            metrics.spans_exported.labels(name)
+            metrics.spans_rejected.labels(name)
+            metrics.export_failures.labels(name)
+        self.network = NetworkMetrics(metrics.registry, telemetry.network_labels, telemetry.network_max_series)
+
+    def account(self, outcome: BatchOutcome) -> None:
+        """Count one batch's results and export results; log what was lost or odd."""
+        m = self.metrics
+        decoded = 0
+        issues: Counter[str] = Counter()
+        links: Counter[str] = Counter()
+        samples: list[NetworkSample] = []
+        for result in outcome.results:
+            if isinstance(result, Rejected):
+                m.rejected.labels(result.reason).inc()
+                log.warning("trace message rejected", extra={"fields": {
+                    "reason": result.reason, "subject": result.subject, "detail": result.detail[:300]}})
+            else:
+                decoded += 1
+                issues.update(i.split(":", 1)[0] for i in result.issues)
+                if result.link:
+                    links[result.link] += 1
+                if result.network is not None:
+                    samples.append(result.network)
+        self.network.record(samples, outcome.expired_unmatched)
+        m.decoded.inc(decoded)
+        for kind, count in issues.items():
+            m.issues.labels(kind).inc(count)
+        for link, count in links.items():
+            m.hop_links.labels(link).inc(count)
+        if outcome.evicted:
+            m.link_evicted.inc(outcome.evicted)
+            log.warning("link window full: hop evidence forgotten early (raise link.capacity)",
+                        extra={"fields": {"evicted": outcome.evicted}})
+        for error in outcome.poisoned.values():
+            m.dropped.labels("export_invalid").inc()
+            log.warning("trace message dropped: the backend refused its spans as invalid",
+                        extra={"fields": {"error": error[:300]}})
+        spans = outcome.span_count
+        for name, export in outcome.exports.items():
+            m.export_latency.labels(name).observe(outcome.durations.get(name, 0.0))
+            if export.ok:
+                m.spans_exported.labels(name).inc(spans - export.rejected_spans)
+                if export.rejected_spans:
+                    m.spans_rejected.labels(name).inc(export.rejected_spans)
+            else:
+                m.export_failures.labels(name).inc()
+                log.warning("export failed", extra={"fields": {
+                    "exporter": name, "error": export.error, "attempts": export.attempts, "spans": spans,
+                    "retryable": export.retryable}})
+            self.backend.note_export(name, export)
+
+

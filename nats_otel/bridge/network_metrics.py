@@ -1,0 +1,166 @@
+"""The live network view in `/metrics`: latency of every hop seen from both sides, time in
+each server, failures per server and per edge (docs/metrics.md).
+
+Fed once per batch with the `NetworkSample`s the core worked out (`core/network.py`), so the
+per-message cost is a dict look-up and a bisect, not a `prometheus_client` call. Exposed by a
+custom collector at scrape time. Label sets are bounded: server names (and edge kinds) by
+default, accounts and subjects only when asked (`telemetry.network_labels`), and at most
+`telemetry.network_max_series` label sets per metric; samples past that go to one series
+whose labels are all `_other`, counted in `nats_otel_network_series_overflow_total`.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from nats_otel.core.network import NetworkSample
+
+__all__ = ["HOP_LATENCY_BUCKETS", "SERVER_LATENCY_BUCKETS", "NetworkMetrics"]
+
+# Seconds. Hops: loopback and LAN links (100 us - 5 ms) to WAN gateways (up to the linking
+# window, `link.max_hop_latency`, 0.5 s by default: no hop is matched above it).
+HOP_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+# Time in a server: microseconds for a plain delivery, more for JetStream stores.
+SERVER_LATENCY_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                          0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+OTHER = "_other"
+
+
+class _Family:
+    """Series of one metric by label values, with the bound on how many."""
+
+    __slots__ = ("label_names", "max_series", "overflowed", "series")
+
+    def __init__(self, label_names: Sequence[str], max_series: int) -> None:
+        self.label_names = list(label_names)
+        self.max_series = max_series
+        self.overflowed = 0
+        self.series: dict[tuple[str, ...], list[int]] = {}
+
+    def row(self, labels: tuple[str, ...], width: int) -> list[int]:
+        row = self.series.get(labels)
+        if row is None:
+            if len(self.series) >= self.max_series:
+                self.overflowed += 1
+                labels = (OTHER,) * len(labels)
+                row = self.series.get(labels)
+            if row is None:
+                row = self.series[labels] = [0] * width
+        return row
+
+
+class _Histogram(_Family):
+    """Bucket counts (not cumulative) then the +Inf bucket, then the sum, in nanoseconds:
+    integers, so the sum is exact whatever the order of the samples."""
+
+    __slots__ = ("bounds_ns", "bounds_s")
+
+    def __init__(self, label_names: Sequence[str], bounds_s: Sequence[float], max_series: int) -> None:
+        super().__init__(label_names, max_series)
+        self.bounds_s = list(bounds_s)
+        self.bounds_ns = [round(b * 1e9) for b in bounds_s]
+
+    def observe(self, labels: tuple[str, ...], value_ns: int) -> None:
+        row = self.row(labels, len(self.bounds_ns) + 2)
+        row[bisect_left(self.bounds_ns, value_ns)] += 1  # the first bucket whose `le` holds it
+        row[-1] += value_ns
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        metric = HistogramMetricFamily(name, documentation, labels=self.label_names)
+        for labels, row in list(self.series.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip([*self.bounds_s, float("inf")], row[:-1], strict=True):
+                cumulative += count
+                buckets.append((_le(bound), cumulative))
+            metric.add_metric(list(labels), buckets, row[-1] / 1e9)
+        return metric
+
+
+class _Counter(_Family):
+    __slots__ = ()
+
+    def inc(self, labels: tuple[str, ...], amount: int = 1) -> None:
+        self.row(labels, 1)[0] += amount
+
+    def family(self, name: str, documentation: str) -> CounterMetricFamily:
+        metric = CounterMetricFamily(name, documentation, labels=self.label_names)
+        for labels, row in list(self.series.items()):
+            metric.add_metric(list(labels), row[0])
+        return metric
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+class NetworkMetrics(Collector):
+    """Hop latency, server latency and failures, registered on the bridge's registry."""
+
+    def __init__(self, registry: CollectorRegistry, extra_labels: Sequence[str] = (),
+                 max_series: int = 1000) -> None:
+        self.extra_labels = tuple(extra_labels)  # of "account", "subject"
+        extra = list(self.extra_labels)
+        self._lock = threading.Lock()  # batches are recorded in the loop, scraped in the HTTP thread
+        self.hop_latency = _Histogram(["from_server", "to_server", "kind", *extra], HOP_LATENCY_BUCKETS, max_series)
+        self.server_latency = _Histogram(["server", *extra], SERVER_LATENCY_BUCKETS, max_series)
+        self.server_errors = _Counter(["server", *extra], max_series)
+        self.hop_errors = _Counter(["from_server", "to_server", "kind"], max_series)
+        self.sides_expired = _Counter(["side"], 2)
+        for side in ("upstream", "downstream"):
+            self.sides_expired.inc((side,), 0)
+        registry.register(self)
+
+    def record(self, samples: Iterable[NetworkSample], expired_unmatched: dict[str, int] | None = None) -> None:
+        """Account one batch's samples, and the hop sides the link index let go unmatched."""
+        with self._lock:
+            for sample in samples:
+                extra = self._extra(sample)
+                self.server_latency.observe((sample.server, *extra), sample.in_server_ns)
+                # Error series exist (at 0) from the first sample on: rate() and alerts see them.
+                self.server_errors.row((sample.server, *extra), 1)[0] += sample.failed
+                hop = sample.hop
+                if hop is not None:
+                    self.hop_latency.observe((hop.from_server, hop.to_server, hop.kind, *extra), hop.latency_ns)
+                    self.hop_errors.row((hop.from_server, hop.to_server, hop.kind), 1)
+                for to_server, kind in sample.failed_hops:
+                    self.hop_errors.inc((sample.server, to_server, kind))
+            for side, count in (expired_unmatched or {}).items():
+                if count:
+                    self.sides_expired.inc((side,), count)
+
+    def _extra(self, sample: NetworkSample) -> tuple[str, ...]:
+        if not self.extra_labels:
+            return ()
+        return tuple(sample.account if name == "account" else sample.subject for name in self.extra_labels)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            yield self.hop_latency.family(
+                "nats_otel_hop_latency_seconds",
+                "Hop latency: the downstream server's ingress time minus the upstream server's egress time, "
+                "for every hop whose two trace messages the bridge matched (negative: clock skew)")
+            yield self.server_latency.family(
+                "nats_otel_server_latency_seconds",
+                "Time a server held a traced message: from its arrival to the server's last action on it")
+            yield self.server_errors.family(
+                "nats_otel_server_errors", "Trace messages on which a server reported a failure (span status ERROR)")
+            yield self.hop_errors.family(
+                "nats_otel_hop_errors", "Forwards to another server (route, gateway, leafnode) that reported an error")
+            yield self.sides_expired.family(
+                "nats_otel_hop_sides_expired_unmatched",
+                "Hop sides forgotten without their counterpart: an upstream egress no downstream report "
+                "matched, or a downstream arrival whose upstream egress was not seen (link.retention)")
+            overflow = CounterMetricFamily(
+                "nats_otel_network_series_overflow",
+                "Samples counted under the _other series because a network metric reached "
+                "telemetry.network_max_series label sets", labels=["metric"])
+            for name, family in (("hop_latency", self.hop_latency), ("server_latency", self.server_latency),
+                                 ("server_errors", self.server_errors), ("hop_errors", self.hop_errors)):
+                overflow.add_metric([name], family.overflowed)
+            yield overflow

@@ -1,0 +1,58 @@
+"""What one trace message says about the network: time in the server, the hop that brought
+it, and what failed. The live bridge turns these into metrics (`bridge/network_metrics.py`).
+
+Pure and small on purpose: it runs once per trace message, next to mapping. A hop's latency
+needs both sides of it - the upstream server's egress time and this server's ingress time -
+so it is known only when `linking` matched the two reports (`pipeline.finish` passes the
+egress); a side whose counterpart never came is counted by the link index instead.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from nats_otel.core.mapping import is_failure
+from nats_otel.core.model import ConnectionKind, Egress, JetStreamEvent, TraceMessage
+
+__all__ = ["HopSample", "NetworkSample", "network_sample"]
+
+
+class HopSample(NamedTuple):
+    """One hop seen from both sides: the message left `from_server` and reached `to_server`
+    `latency_ns` later (negative when the two servers' clocks disagree by more than that)."""
+
+    from_server: str
+    to_server: str
+    kind: str  # router, gateway, leaf
+    latency_ns: int
+
+
+class NetworkSample(NamedTuple):
+    """The network facts of one trace message (one server's report)."""
+
+    server: str
+    account: str
+    subject: str
+    in_server_ns: int  # from arrival to the server's last action on the message
+    failed: bool  # the server reported an error on the message (status ERROR on a span)
+    hop: HopSample | None  # the hop that brought it, when its upstream egress was matched
+    #: (to_server, kind) of each forwarding egress that reported an error.
+    failed_hops: tuple[tuple[str, str], ...] = ()
+
+
+def network_sample(msg: TraceMessage, upstream_egress_ns: int | None) -> NetworkSample:
+    """The facts of `msg`; `upstream_egress_ns` is the matched upstream egress's time, if any."""
+    ingress = msg.ingress
+    failed = is_failure(ingress.error)
+    failed_hops: list[tuple[str, str]] = []
+    for event in msg.events:
+        if isinstance(event, Egress | JetStreamEvent) and is_failure(event.error):
+            failed = True
+            if isinstance(event, Egress) and event.forwards:
+                failed_hops.append((event.name, ConnectionKind.label(event.kind)))
+    hop = None
+    if upstream_egress_ns is not None:
+        hop = HopSample(ingress.name, msg.server.name, ConnectionKind.label(ingress.kind),
+                        ingress.ts_ns - upstream_egress_ns)
+    return NetworkSample(msg.server.name, ingress.account, ingress.subject, msg.end_ns - ingress.ts_ns,
+                         failed, hop, tuple(failed_hops))

@@ -14,8 +14,9 @@ Stages, on the same replicated corpus (`corpus_replay.replicate`), best of --rou
 * gRPC send      - `GrpcExporter.export_bytes` of those requests to a real receiver in
                    another process (this thread's CPU: serialization is done, this is
                    the call);
-* metrics        - the per-batch counter updates of `Bridge._account` (per message: the
-                   received counter, counted in intake);
+* network        - the network sample of each message (`core.network`, pure Python);
+* accounting     - `BatchAccounting.account` of each batch (counters, the network view's
+                   per-message histograms; the received counter is counted in intake);
 * GC             - time in collections while the core stages run with the bridge's GC
                    settings (`gc_tuning`), measured with `gc.callbacks`.
 The core stages run in this process (the core it chose) and again in a child with
@@ -87,7 +88,10 @@ def core_stages(messages: int, rounds: int) -> dict[str, float]:
                 batch, count = [], 0
 
     out["request"] = _best(rounds, requests)
-    for key in ("decode", "link", "map+encode", "request"):
+    from nats_otel.core.network import network_sample
+
+    out["network"] = _best(rounds, lambda: [network_sample(p.msg, None) for p in prepared])
+    for key in ("decode", "link", "map+encode", "request", "network"):
         out[key] = out[key] / len(raws) * 1e6
     # GC: the same stages with the bridge's settings, time spent collecting.
     from nats_otel.gc_tuning import tune_gc_for_throughput
@@ -217,20 +221,23 @@ def send_stage(messages: int) -> dict[str, float]:
     finally:
         receiver.kill()
         receiver.wait()
-    metrics = Metrics()
-    per_batch = len(items) / max(len(requests), 1)
+    # Accounting of batches of 500 converted messages, all exported (the usual case).
+    from nats_otel.bridge.accounting import BatchAccounting
+    from nats_otel.bridge.export.result import ExportResult
+    from nats_otel.bridge.processor import BatchOutcome
+    from nats_otel.bridge.readiness import BackendReadiness
+    from nats_otel.bridge.settings import TelemetrySettings
 
-    def account() -> None:
-        # What Bridge._account does per batch when all went well (no issues, no rejects).
-        metrics.decoded.inc(per_batch)
-        metrics.export_latency.labels("otlp-grpc").observe(0.01)
-        metrics.spans_exported.labels("otlp-grpc").inc(BATCH)
-
+    results = [r for r in (Converter().convert(raw, encoded=True) for raw in replicate(messages))
+               if isinstance(r, Converted)]
+    accounting = BatchAccounting(Metrics(), TelemetrySettings(), BackendReadiness([]), ["otlp-grpc"])
+    outcomes = [BatchOutcome(results[i : i + 500], {"otlp-grpc": ExportResult.success()}, {"otlp-grpc": 0.01},
+                             spans=1000) for i in range(0, len(results), 500)]
     started = time.process_time()
-    for _ in range(10_000):
-        account()
-    per_account = (time.process_time() - started) / 10_000
-    return {"gRPC send": best / len(items) * 1e6, "metrics": per_account / per_batch * 1e6}
+    for outcome in outcomes:
+        accounting.account(outcome)
+    per_message = (time.process_time() - started) / len(results)
+    return {"gRPC send": best / len(items) * 1e6, "accounting": per_message * 1e6}
 
 
 def main() -> None:
@@ -252,13 +259,13 @@ def main() -> None:
     print(f"\n{'stage':<14}{ours['implementation'] + ' core':>16}{'python core':>14}   (us of CPU per trace message)")
     for key in ("receive", "intake"):
         print(f"{key:<14}{other[key]:>16.1f}{'':>14}")
-    for key in ("decode", "link", "map+encode", "request"):
+    for key in ("decode", "link", "map+encode", "request", "network"):
         print(f"{key:<14}{ours[key]:>16.1f}{pure[key]:>14.1f}")
-    for key in ("gRPC send", "metrics"):
+    for key in ("gRPC send", "accounting"):
         print(f"{key:<14}{other[key]:>16.1f}{'':>14}")
     print(f"{'GC':<14}{ours['GC']:>16.1f}{pure['GC']:>14.1f}   ({ours['GC share']:.0%} / {pure['GC share']:.0%} "
           "of the core's time)")
-    total = sum(other.values()) + sum(ours[k] for k in ("decode", "link", "map+encode", "request", "GC"))
+    total = sum(other.values()) + sum(ours[k] for k in ("decode", "link", "map+encode", "request", "network", "GC"))
     print(f"{'sum':<14}{total:>16.1f}")
     print("\n" + json.dumps({"ours": ours, "python": pure, "loop": other}))
 

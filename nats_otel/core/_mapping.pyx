@@ -119,22 +119,10 @@ cdef int put_head(Buf* s, bytes trace_id, bytes span_id, bytes parent, object st
                   Py_ssize_t prefix_size, object rest, bint always, int kind, uint64_t start, uint64_t end) except -1:
     """A span's fields up to its attributes, as `otlp_wire._span` writes them; the name is
     `prefix + " " + rest`, or `prefix` alone when `rest` is empty and not `always`."""
-    cdef Py_ssize_t rest_size = 0, i
+    cdef Py_ssize_t rest_size = 0
     cdef const char* rest_data = NULL
-    cdef char times[18]
-    put(s, b"\x0a\x10", 2)
-    put_bytes(s, trace_id)
-    put(s, b"\x12\x08", 2)
-    put_bytes(s, span_id)
-    if len(state):
-        if not put_utf8(s, 3, state):
-            return 0
-    if PyBytes_GET_SIZE(parent):
-        if PyBytes_GET_SIZE(parent) == 8:
-            put(s, b"\x22\x08", 2)
-            put_bytes(s, parent)
-        else:
-            put_field(s, 4, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent))
+    if not put_ids(s, trace_id, span_id, state, parent):
+        return 0
     if type(rest) is not str:
         return 0
     try:
@@ -152,12 +140,7 @@ cdef int put_head(Buf* s, bytes trace_id, bytes span_id, bytes parent, object st
         put(s, prefix, prefix_size)
     put_byte(s, 0x30)
     put_byte(s, kind)
-    times[0] = <char>0x39
-    times[9] = <char>0x41
-    for i in range(8):
-        times[1 + i] = <char>((start >> (8 * i)) & 0xFF)
-        times[10 + i] = <char>((end >> (8 * i)) & 0xFF)
-    put(s, times, 18)
+    put_times(s, start, end)
     return 1
 
 
@@ -179,6 +162,14 @@ cdef int put_status(Buf* s, object error) except -1:
 
 cdef inline object _note(object error):
     return error if len(error) and error.startswith(_not_failures) else None
+
+
+cdef int put_outcome(Buf* s, int role, int index, object error) except -1:
+    """What `mapping._child` makes of an event's error: a note attribute, or the status."""
+    note = _note(error)
+    if note is not None and not put_pair(s, role, index, note):
+        return 0
+    return put_status(s, error)
 
 
 cdef int put_headers(Buf* s, object headers, object allowlist) except -1:
@@ -292,10 +283,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             if event.hop and event.kind in _forwarding:
                 if not (put_pair(s, EGRESS, E_HOP, event.hop) and put_pair(s, EGRESS, E_PEER, event.name)):
                     return 0
-            note = _note(event.error)
-            if note is not None and not put_pair(s, EGRESS, E_NOTE, note):
-                return 0
-            if not put_status(s, event.error):
+            if not put_outcome(s, EGRESS, E_NOTE, event.error):
                 return 0
         elif kind is _SubjectMapping:
             to = event.to
@@ -325,10 +313,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
                     and put_pair(s, JETSTREAM, J_STREAM, event.stream)
                     and put_pair(s, JETSTREAM, J_NO_INTEREST, event.no_interest)):
                 return 0
-            note = _note(event.error)
-            if note is not None and not put_pair(s, JETSTREAM, J_NOTE, note):
-                return 0
-            if not put_status(s, event.error):
+            if not put_outcome(s, JETSTREAM, J_NOTE, event.error):
                 return 0
         else:
             return 0

@@ -92,9 +92,7 @@ cdef int put_span_fields(Buf* b, object span) except -1:
     """A Span message's fields, as `otlp_wire._span`; 0 if the span must go to Python."""
     cdef object trace_id, span_id, parent, name, kind, start, end, attributes, code, message, state
     cdef uint64_t v, start_ns, end_ns
-    cdef char times[18]
     cdef Buf status
-    cdef int i
     if not PyTuple_Check(span) or PyTuple_GET_SIZE(span) != 12:
         return 0
     trace_id = <object>PyTuple_GET_ITEM(span, 0)
@@ -117,31 +115,15 @@ cdef int put_span_fields(Buf* b, object span) except -1:
         end_ns = PyLong_AsUnsignedLongLong(end)
     except OverflowError:  # Python's struct.error, from the twin
         return 0
-    put(b, b"\x0a\x10", 2)
-    put_bytes(b, trace_id)
-    put(b, b"\x12\x08", 2)
-    put_bytes(b, span_id)
-    if len(state):
-        if not put_utf8(b, 3, state):
-            return 0
-    if PyBytes_GET_SIZE(parent):
-        if PyBytes_GET_SIZE(parent) == 8:
-            put(b, b"\x22\x08", 2)
-            put_bytes(b, parent)
-        else:
-            put_field(b, 4, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent))
+    if not put_ids(b, trace_id, span_id, state, parent):
+        return 0
     if not put_utf8(b, 5, name):
         return 0
     if not int_as_varint(kind, &v):
         return 0
     put_byte(b, 0x30)
     put_varint(b, v)
-    times[0] = <char>0x39
-    times[9] = <char>0x41
-    for i in range(8):
-        times[1 + i] = <char>((start_ns >> (8 * i)) & 0xFF)
-        times[10 + i] = <char>((end_ns >> (8 * i)) & 0xFF)
-    put(b, times, 18)
+    put_times(b, start_ns, end_ns)
     if not put_attributes(b, 9, attributes):
         return 0
     if code or len(message):

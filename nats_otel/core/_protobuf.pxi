@@ -215,3 +215,35 @@ cdef inline Py_ssize_t varint_size(uint64_t value):
         value >>= 7
         n += 1
     return n
+
+
+# --- span fields ------------------------------------------------------------------------
+
+cdef int put_ids(Buf* b, bytes trace_id, bytes span_id, object state, bytes parent) except -1:
+    """A Span's fields 1-4 as `otlp_wire._span` writes them (trace_state strictly UTF-8);
+    0 if the state must go to Python."""
+    put(b, b"\x0a\x10", 2)
+    put_bytes(b, trace_id)
+    put(b, b"\x12\x08", 2)
+    put_bytes(b, span_id)
+    if len(state) and not put_utf8(b, 3, state):
+        return 0
+    if PyBytes_GET_SIZE(parent):
+        if PyBytes_GET_SIZE(parent) == 8:
+            put(b, b"\x22\x08", 2)
+            put_bytes(b, parent)
+        else:
+            put_field(b, 4, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent))
+    return 1
+
+
+cdef int put_times(Buf* b, uint64_t start, uint64_t end) except -1:
+    """Span fields 7 and 8 (start and end, fixed64 little-endian)."""
+    cdef char times[18]
+    cdef int i
+    times[0] = <char>0x39
+    times[9] = <char>0x41
+    for i in range(8):
+        times[1 + i] = <char>((start >> (8 * i)) & 0xFF)
+        times[10 + i] = <char>((end >> (8 * i)) & 0xFF)
+    return put(b, times, 18)

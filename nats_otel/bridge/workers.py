@@ -77,14 +77,22 @@ def shard_key(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> by
             payload = decompress(payload, encoding, limits)
         except DecodeError:
             return (raw.subject or "").encode()
-    lowered = payload.lower()
-    start = lowered.find(b'"traceparent":["')
-    if start >= 0:  # how nats-server writes it (Go's encoding/json: no spaces)
+    # How nats-server writes it (Go's encoding/json: no spaces), with the name as publishers
+    # almost always spell it: found without copying the payload in lower case. (Which
+    # occurrence is used only has to be the same for every report of one message.)
+    start = payload.find(b'"traceparent":["')
+    if start >= 0:
         start += 16
-        value: bytes | None = lowered[start : lowered.find(b'"', start)]
+        value: bytes | None = payload[start : payload.find(b'"', start)]
     else:
-        match = _TRACEPARENT.search(lowered) if b"traceparent" in lowered else None
-        value = match.group(1) if match is not None else None
+        lowered = payload.lower()
+        start = lowered.find(b'"traceparent":["')
+        if start >= 0:
+            start += 16
+            value = lowered[start : lowered.find(b'"', start)]
+        else:
+            match = _TRACEPARENT.search(lowered) if b"traceparent" in lowered else None
+            value = match.group(1) if match is not None else None
     if value:
         try:
             trace_id, _, _ = parse_traceparent(value.decode("ascii", "replace"))

@@ -1,18 +1,38 @@
-"""Which core the bridge runs: the info metric, the worker processes, the environment switch."""
+"""Which core the bridge runs (the info metric, the worker processes, the environment
+switch), and how the worker processes get their messages (once each)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from nats_otel.bridge.settings import load_settings
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.bridge.workers import WorkerPool
 from nats_otel.core import accel
+from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 
 _CORE_INFO = "nats_otel_core_info"
+
+
+@contextmanager
+def worker_pool(workers: int = 2) -> Iterator[WorkerPool]:
+    """Started worker processes exporting to a real OTLP/gRPC receiver."""
+    with OTLPGrpcReceiver() as rx:
+        settings = load_settings(overrides={
+            "sources": [{"name": "a", "urls": ["nats://127.0.0.1:4222"], "subjects": ["t"]}],
+            "otlp": {"endpoint": rx.endpoint}, "batch": {"workers": workers}}, env={})
+        pool = WorkerPool(settings, workers)
+        pool.start()
+        try:
+            yield pool
+        finally:
+            pool.close()
 
 
 def test_metrics_expose_the_core_in_use():
@@ -24,16 +44,27 @@ def test_metrics_expose_the_core_in_use():
 
 
 def test_worker_processes_run_the_same_core_as_the_bridge():
-    with OTLPGrpcReceiver() as rx:
-        settings = load_settings(overrides={
-            "sources": [{"name": "a", "urls": ["nats://127.0.0.1:4222"], "subjects": ["t"]}],
-            "otlp": {"endpoint": rx.endpoint}, "batch": {"workers": 2}}, env={})
-        pool = WorkerPool(settings, 2)
-        pool.start()
-        try:
-            assert [w.implementation for w in pool._workers] == [accel.implementation()] * 2
-        finally:
-            pool.close()
+    with worker_pool() as pool:
+        assert [w.implementation for w in pool._workers] == [accel.implementation()] * 2
+
+
+def test_observed_batches_are_processed_by_token_and_others_whole(corpus_raws):
+    with worker_pool() as pool:
+        sent: list[object] = []
+        for worker in pool._workers:  # record what goes down each pipe
+            original = worker.submit
+            worker.submit = (lambda batch_id, items, deadline, original=original:  # type: ignore[method-assign]
+                             sent.append(items) or original(batch_id, items, deadline))
+        observed, unobserved = list(corpus_raws), list(corpus_raws)
+        pool.observe(observed)
+        first = asyncio.run(pool.process(observed, None))
+        second = asyncio.run(pool.process(unobserved, None))  # no longer remembered: sent whole
+    assert pool._observed == {}
+    assert [type(items) for items in sent] == [int, int, list, list]
+    expected = sum(len(r.spans) for r in convert_batch(corpus_raws) if isinstance(r, Converted))
+    for outcomes in (first, second):
+        assert sum(outcome.span_count for _, outcome in outcomes) == expected
+        assert sorted(p for positions, _ in outcomes for p in positions) == list(range(len(corpus_raws)))
 
 
 def test_the_environment_variable_forces_the_python_core():

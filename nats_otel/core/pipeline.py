@@ -63,9 +63,11 @@ class Prepared:
     def egresses(self) -> Iterator[tuple[LinkKey, Egress]]:
         """Its egresses to other servers, with the span ids `map_message` gives them."""
         msg = self.msg
-        size = body_size(msg.msg_size, msg.headers)
+        size = -1  # worked out at the first forwarding egress: most reports have none
         for position, event in enumerate(msg.events, start=1):
             if isinstance(event, EgressEvent) and event.forwards:
+                if size < 0:
+                    size = body_size(msg.msg_size, msg.headers)
                 key = (self.ctx.id_fields, event.hop, msg.server.name, event.name)
                 yield key, Egress(event.ts_ns, size, self.ident, event_span_id(self.ctx, self.ident, position))
 

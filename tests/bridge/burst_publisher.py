@@ -1,7 +1,7 @@
 """One client publishing traced messages as fast as it can (a burst), with one subscriber so
 that each gives one trace message of ingress + egress; prints {"published", "seconds"}.
 
-    python -m tests.bridge.burst_publisher URL COUNT [SUBJECT] [--ids FILE]
+    python -m tests.bridge.burst_publisher URL COUNT [SUBJECT] [--ids FILE] [--pad BYTES]
 
 `--ids FILE` writes the trace id (hex) of every message published, one a line, so that a
 test can tell which traces arrived whole, not only how many spans.
@@ -20,7 +20,7 @@ import nats
 from nats.aio.msg import Msg
 
 
-async def burst(url: str, count: int, subject: str, ids: Path | None = None) -> dict[str, float]:
+async def burst(url: str, count: int, subject: str, ids: Path | None = None, pad: int = 0) -> dict[str, float]:
     nc = await nats.connect(url)
     delivered = 0
     all_back = asyncio.Event()
@@ -42,7 +42,8 @@ async def burst(url: str, count: int, subject: str, ids: Path | None = None) -> 
     started = time.monotonic()
     for trace_id in trace_ids:
         traceparent = f"00-{trace_id}-{os.urandom(8).hex()}-01"
-        await nc.publish(subject, b"work", headers={"traceparent": traceparent})
+        headers = {"traceparent": traceparent, **({"x-pad": "p" * pad} if pad else {})}
+        await nc.publish(subject, b"work", headers=headers)
     await nc.flush(timeout=30)
     try:
         await asyncio.wait_for(all_back.wait(), 60 + count / 10_000)
@@ -62,8 +63,10 @@ def main() -> None:
     parser.add_argument("count", type=int)
     parser.add_argument("subject", nargs="?", default="app.work")
     parser.add_argument("--ids", type=Path, help="write the published trace ids (hex) here, one a line")
+    parser.add_argument("--pad", type=int, default=0, help="a header of this many bytes: the server copies the "
+                        "headers into its trace message, so this makes big trace messages")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(burst(args.url, args.count, args.subject, args.ids))))
+    print(json.dumps(asyncio.run(burst(args.url, args.count, args.subject, args.ids, args.pad))))
 
 
 if __name__ == "__main__":

@@ -67,10 +67,11 @@ def ready(port: int) -> bool:
         return False
 
 
-def bridge_process(url: str, endpoint: str, port: int, log: IO[bytes], *flags: str) -> subprocess.Popen[bytes]:
+def bridge_process(url: str, endpoint: str, port: int, log: IO[bytes], *flags: str,
+                   env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """`nats-otel bridge` as a user starts it: URL, trace subject, endpoint, metrics port
-    (/metrics on loopback), plus `flags`; everything else default."""
-    env = {**os.environ, "NATS_OTEL_TELEMETRY__METRICS_HOST": "127.0.0.1"}
+    (/metrics on loopback), plus `flags` and settings in `env`; everything else default."""
+    env = {**os.environ, "NATS_OTEL_TELEMETRY__METRICS_HOST": "127.0.0.1", **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "nats_otel.cli", "bridge", "--nats-url", url, "--subject", "trace.a",
          "--otlp-endpoint", endpoint, "--metrics-port", str(port), "--log-level", "WARNING", *flags],
@@ -84,11 +85,12 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
     return proc.wait(timeout)
 
 
-async def publish_burst(url: str, count: int, ids: Path | None = None) -> dict[str, float]:
-    """`count` traced messages from one publisher process, as fast as it writes them."""
+async def publish_burst(url: str, count: int, *flags: str) -> dict[str, float]:
+    """`count` traced messages from one publisher process, as fast as it writes them
+    (`flags`: burst_publisher's `--ids FILE`, `--pad BYTES`)."""
     publisher = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.bridge.burst_publisher", url, str(count),
-        *(["--ids", str(ids)] if ids else []), stdout=asyncio.subprocess.PIPE, cwd=ROOT)
+        sys.executable, "-m", "tests.bridge.burst_publisher", url, str(count), *flags,
+        stdout=asyncio.subprocess.PIPE, cwd=ROOT)
     out, _ = await publisher.communicate()
     assert publisher.returncode == 0
     return json.loads(out)

@@ -137,14 +137,15 @@ class AbsorbBench(Bench):
 
 def report(rows: list[dict]) -> None:
     print("\n== burst absorption (same run, same machine; default settings) ==")
-    print(f"{'mode':<10}{'bridge':<26}{'burst':>8}{'arrived':>9}{'drops':>28}{'held peak':>22}{'RSS MB':>8}"
+    print(f"{'mode':<10}{'bridge':<26}{'burst':>8}{'arrived':>9}{'drops':>28}{'held at peak':>28}{'RSS MB':>8}"
           f"{'drain s':>9}")
     for r in rows:
         drops = ", ".join(f"{v:,.0f} {k}" for k, v in r["drops"].items()) or "0"
-        held = f"{r['held_peak']:,.0f} msgs" + (f" / {r['held_peak_bytes'] / 2**20:.1f} MiB"
-                                                if r["mode"] == "core" else " unacked")
+        held = f"{r['held_peak']:,.0f} msgs" + (" unacked" if r["mode"] == "jetstream" else
+                                                f" / {r['held_peak_bytes'] / 2**20:.1f} MiB" if r["held_peak_bytes"]
+                                                else " (no byte gauge)")
         print(f"{r['mode']:<10}{Path(r['bridge']).name[:25]:<26}{r['sent']:>8,}{r['share']:>9.1%}{drops:>28}"
-              f"{held:>22}{r['rss'] / 2**20:>8.0f}{r['drain']:>9.1f}")
+              f"{held:>28}{r['rss'] / 2**20:>8.0f}{r['drain']:>9.1f}")
     for mode in ("core", "jetstream"):
         ours = [r for r in rows if r["mode"] == mode and r["bridge"] == "this"]
         base = [r for r in rows if r["mode"] == mode and r["bridge"] != "this"]

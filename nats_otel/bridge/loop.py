@@ -187,7 +187,7 @@ class Bridge:
         if s.mode == "core":
             self.sources = [CoreSource(src, s.batch, self.intake, self.metrics, s.nats) for src in s.sources]
         else:
-            self.sources = [JetStreamSource(src, s.jetstream, self.metrics, s.nats) for src in s.sources]
+            self.sources = list(JetStreamSource.for_settings(s, self.metrics))
         try:
             started = await asyncio.gather(*(src.start(self._stopping) for src in self.sources))
         except JetStreamSetupError as exc:

@@ -139,12 +139,12 @@ def write_parquet(spans: Any, out: str, mode: str = "errorifexists") -> None:
     spans.drop(*ENCODED_COLUMNS).write.mode(mode).parquet(out)
 
 
-def write_rejects(rows: Any, out: str, mode: str = "errorifexists") -> None:
-    """Rejected records as JSON Lines: reason, detail, subject, source, the record itself."""
+def write_rejects(rows: Any, out: str, mode: str = "errorifexists", compression: str = "none") -> None:
+    """Rejected records as JSON Lines (one file): reason, detail, subject, source, the record."""
     rejects = rows.filter(rows.row_type == "reject").select(*_REJECT_COLUMNS)
     rejects.withColumnRenamed("reject_reason", "reason").withColumnRenamed("reject_detail", "detail").coalesce(
         1
-    ).write.mode(mode).json(out)
+    ).write.mode(mode).option("compression", compression).json(out)
 
 
 # --- OTLP export from the executors ------------------------------------------------------

@@ -213,13 +213,15 @@ def _load(spark: Any, args: argparse.Namespace, rows: Any, started: float, targe
     if "--rejects-out" in targets:
         sinks.write_rejects(rows, targets["--rejects-out"], mode, args.compress)
         log.info("wrote %d rejects to %s", sum(rejects.values()), args.rejects_out)
+    # File counts by size, not by trace count. Parquet is some 5-10x smaller than OTLP/JSON:
+    # as many Parquet files keeps them a few MB each, not one per input split.
+    files = args.otlp_json_files or otlp_json_files(estimated, args.target_file_bytes)
     if "--otlp-json-out" in targets:
-        files = args.otlp_json_files or otlp_json_files(estimated, args.target_file_bytes)
         sinks.write_otlp_json(spans, targets["--otlp-json-out"], files, mode, args.compress)
         log.info("wrote OTLP/JSON (~%.1f MB before compression) in %d files to %s (%.1fs)", estimated / 1e6, files,
                  args.otlp_json_out, time.monotonic() - started)
     if "--parquet-out" in targets:
-        sinks.write_parquet(spans, targets["--parquet-out"], mode)
+        sinks.write_parquet(spans, targets["--parquet-out"], mode, files)
         log.info("wrote Parquet span table to %s (%.1fs)", args.parquet_out, time.monotonic() - started)
     status = 0
     if args.otlp_endpoint:

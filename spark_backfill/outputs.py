@@ -86,7 +86,7 @@ class _Staged:
 class StagedOutputs:
     """Outputs staged in hidden siblings, through the driver JVM's Hadoop `FileSystem`."""
 
-    mode = "errorifexists"  # each staged folder is new
+    mode = "error"  # each staged folder is new (Spark Connect knows "error", not "errorifexists")
 
     def __init__(self, spark: Any, overwrite: bool) -> None:
         self._jvm = spark._jvm
@@ -163,7 +163,7 @@ class DirectOutputs:
 
     def __init__(self, spark: Any, overwrite: bool) -> None:
         self._spark = spark
-        self.mode = "overwrite" if overwrite else "errorifexists"
+        self.mode = "overwrite" if overwrite else "error"
 
     def stage(self, final: str, jsonl: bool = False) -> str:
         if self.mode != "overwrite" and _exists_remotely(self._spark, final):

@@ -108,9 +108,9 @@ def build_session(
     With `remote` (`sc://HOST:PORT`), a Spark Connect session: the server's settings and
     Python workers are its own, only runtime settings (`extra_conf`) are passed.
     """
+    _quiet()
     from pyspark.sql import SparkSession
 
-    _quiet()
     if remote:
         runtime = dict(extra_conf or {})
         if shuffle_partitions:

@@ -117,7 +117,7 @@ def otlp_json_lines(batches: Iterator[Any]) -> Iterator[Any]:
         yield pa.RecordBatch.from_arrays([pa.array([trace_line(pending, resource_key)], pa.string())], names=["value"])
 
 
-def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "errorifexists",
+def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "error",
                     compression: str = "none") -> None:
     """OTLP/JSON lines, `partitions` files range-partitioned by trace id, each sorted."""
     from pyspark.sql import functions as F
@@ -135,14 +135,14 @@ def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "errorife
 # --- Parquet -----------------------------------------------------------------------------
 
 
-def write_parquet(spans: Any, out: str, mode: str = "errorifexists", files: int | None = None) -> None:
+def write_parquet(spans: Any, out: str, mode: str = "error", files: int | None = None) -> None:
     """The Parquet span table: one row per span, flat columns, attributes as maps; at most
     `files` files (fewer, larger files than the input's splits give)."""
     table = spans.drop(*ENCODED_COLUMNS)
     (table.coalesce(files) if files else table).write.mode(mode).parquet(out)
 
 
-def write_rejects(rows: Any, out: str, mode: str = "errorifexists", compression: str = "none") -> None:
+def write_rejects(rows: Any, out: str, mode: str = "error", compression: str = "none") -> None:
     """Rejected records as JSON Lines (one file): reason, detail, subject, source, the record."""
     rejects = rows.filter(rows.row_type == "reject").select(*_REJECT_COLUMNS)
     rejects.withColumnRenamed("reject_reason", "reason").withColumnRenamed("reject_detail", "detail").coalesce(

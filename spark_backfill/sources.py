@@ -39,6 +39,9 @@ __all__ = [
 
 log = logging.getLogger("spark_backfill")
 
+# The names `nats_otel.archive.expand_inputs` takes from a folder, as a Hadoop glob.
+ARCHIVE_GLOB = "*.{jsonl,ndjson,jsonl.gz,ndjson.gz}"
+
 # Headers the server adds to messages it hands out of a stream; not the trace message's own.
 _STREAM_HEADERS = frozenset(
     {"nats-stream", "nats-sequence", "nats-subject", "nats-time-stamp", "nats-num-pending", "nats-last-sequence"}
@@ -61,9 +64,12 @@ def read_archive(spark: Any, paths: Sequence[str]) -> Any:
 
     from spark_backfill.session import is_remote
 
-    # A Connect server reads its own file system: paths go to it as given.
-    files = list(paths) if is_remote(spark) else local_inputs(paths)
-    df = spark.read.text(files)
+    if is_remote(spark):
+        # A Connect server reads its own file system: it expands folders (to their archive
+        # files, like `convert`) and globs.
+        df = spark.read.options(recursiveFileLookup="true", pathGlobFilter=ARCHIVE_GLOB).text(list(paths))
+    else:
+        df = spark.read.text(local_inputs(paths))
     return df.filter(F.trim("value") != "").select("value", F.input_file_name().alias("source"))
 
 

@@ -117,9 +117,9 @@ def test_no_java_is_one_line_before_spark_starts(tmp_path, fake_spark_home):
     done, _ = _backfill(["convert", "--input", CORPUS_FILE, "--otlp-json-out", str(tmp_path / "o")], tmp_path,
                         fake_spark_home, env={"JAVA_HOME": str(tmp_path / "no-jdk")})
     assert done.returncode == 2
-    assert done.stderr.splitlines() == [
-        f"python -m spark_backfill convert: error: JAVA_HOME={tmp_path / 'no-jdk'} has no bin/java; "
-        "Spark needs Java 17 or newer"]
+    wanted = (f"python -m spark_backfill convert: error: JAVA_HOME={tmp_path / 'no-jdk'} has no bin/java; "
+              "Spark needs Java 17 or newer")
+    assert done.stderr.splitlines() == [wanted]
     assert not (tmp_path / "spark-started").exists()
 
 

@@ -139,7 +139,7 @@ def to_dot(edges: Sequence[EdgeStats], clusters: Mapping[str, str]) -> str:
             lines.append(f"  {_quote(name)} {_attrs(label=label, fillcolor='#eef7ee')};")
     for e in edges:
         colour = KIND_COLOURS.get(e.kind, _OTHER_COLOUR)
-        label = f"{e.kind}  n={e.count}\np50 {_ms(e.p50_ms)} / p99 {_ms(e.p99_ms)} ms"
+        label = f"{e.kind} n={e.count}\np50 {_ms(e.p50_ms)} / p99 {_ms(e.p99_ms)} ms"
         # A heavy leaf edge is kept short: the leafnode stays beside its hub.
         weight = 8 if e.kind == "leaf" else 1
         lines.append(

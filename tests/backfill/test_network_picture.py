@@ -81,7 +81,7 @@ def test_picture_layout(network, tmp_path: Path):
     assert sorted(layout.edges) == sorted(edge_id(e.source, e.target, e.kind) for e in edges)
     for e in edges:
         text = layout.label_texts[edge_id(e.source, e.target, e.kind)]
-        assert f"{e.kind}  n={e.count}" in text and "p50 " in text and " p99 " in text
+        assert f"{e.kind} n={e.count}" in text and "p50 " in text and " p99 " in text
     # No label covers another label, or a server.
     labels = list(layout.labels.items())
     assert [(a, b) for (a, box_a), (b, box_b) in itertools.combinations(labels, 2) if box_a.overlaps(box_b)] == []

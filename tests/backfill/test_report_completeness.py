@@ -55,7 +55,7 @@ def test_report_edges_errors_and_picture(spark, corpus_run, workdir):
              for g in svg.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "edge"}
     assert set(drawn) == {edge_id(*key) for key in expected}
     for (source, target, kind), count in expected.items():
-        assert f"{kind}  n={count}" in drawn[edge_id(source, target, kind)]
+        assert f"{kind} n={count}" in drawn[edge_id(source, target, kind)]
     assert (out / "network.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (out / "report.md").read_text()
     assert "| source | target | kind |" in text and "](network.svg)" in text

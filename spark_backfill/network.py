@@ -17,7 +17,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # report imports this module: the name is for the type checker only
+    from spark_backfill.report import Edge
 
 __all__ = ["KIND_COLOURS", "Box", "Layout", "edge_id", "render", "roles", "to_dot"]
 
@@ -25,23 +28,6 @@ KIND_COLOURS = {"router": "#1f77b4", "gateway": "#d62728", "leaf": "#2ca02c"}
 _OTHER_COLOUR = "#777777"
 _FONT = "Helvetica"
 TITLE = "Observed NATS network: forwarded messages per edge, hop latency p50 / p99 (ms)"
-
-
-class EdgeStats(Protocol):
-    """What the picture needs of an edge (`report.Edge` has it)."""
-
-    @property
-    def source(self) -> str: ...
-    @property
-    def target(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def count(self) -> int: ...
-    @property
-    def p50_ms(self) -> float: ...
-    @property
-    def p99_ms(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +63,7 @@ def edge_id(source: str, target: str, kind: str) -> str:
     return f"edge:{source}>{target}:{kind}"
 
 
-def roles(edges: Sequence[EdgeStats], clusters: Mapping[str, str]) -> tuple[dict[str, list[str]], dict[str, str]]:
+def roles(edges: Sequence[Edge], clusters: Mapping[str, str]) -> tuple[dict[str, list[str]], dict[str, str]]:
     """(servers by cluster, hub of each leafnode).
 
     A leafnode server reports its own name (or nothing) as its cluster; it is drawn beside
@@ -118,7 +104,7 @@ def _attrs(**attrs: object) -> str:
     return "[" + ", ".join(f"{k}={_quote(str(v))}" for k, v in attrs.items()) + "]"
 
 
-def to_dot(edges: Sequence[EdgeStats], clusters: Mapping[str, str]) -> str:
+def to_dot(edges: Sequence[Edge], clusters: Mapping[str, str]) -> str:
     """The Graphviz source of the picture (no coordinates: `dot` lays it out)."""
     grouped, hubs = roles(edges, clusters)
     names = sorted({e.source for e in edges} | {e.target for e in edges} | set(clusters))
@@ -202,7 +188,7 @@ def parse_layout(doc: Mapping[str, Any]) -> Layout:
     return Layout(nodes, clusters, labels, texts, tuple(drawn))
 
 
-def render(edges: Sequence[EdgeStats], clusters: Mapping[str, str], out: Path,
+def render(edges: Sequence[Edge], clusters: Mapping[str, str], out: Path,
            stem: str = "network") -> Layout:
     """Write `stem`.svg, `stem`.png and `stem`.dot into `out`; the layout `dot` chose."""
     source = to_dot(edges, clusters)

@@ -197,27 +197,32 @@ def measure(kind: str, *args: str) -> dict:
     return result
 
 
-def output_files(work: Path, n: int) -> None:
+def output_files(work: Path, n: int, rounds: int = 2) -> None:
     """The OTLP/JSON output as a user's default run gets it (Spark's 200 shuffle partitions):
     files by trace range over the shuffle partitions (the old default, the baseline), by size
-    (the default now), and by size gzip-compressed; same run, same input, as ratios."""
+    (the default now), and by size gzip-compressed; same input, as ratios. The machine is
+    shared: the layouts take turns, `rounds` times, and each keeps its best run."""
     folder = work / f"in-{n}"
     written = generate(folder, n)
     print(f"generated {n} messages ({written / 1e6:.0f} MB)", flush=True)
-    rows = []
-    for label, flags in (("200 files (shuffle partitions)", ["--otlp-json-files", "200"]),
-                         ("by size (64 MiB files)", []),
-                         ("by size, gzip", ["--compress", "gzip"])):
-        out = str(work / f"out-{len(rows)}")
-        result = measure("spark", str(folder), "local[2]", out, "--spark-default-shuffle", *flags)
-        result.update(label=label, rate=n / result["seconds"])
-        rows.append(result)
-        print(f"{label:32} {result['seconds']:7.1f}s {result['rate']:7.0f} msg/s  {result['files']:4d} files "
-              f"{result['out_bytes'] / 1e6:8.1f} MB  [{result['load_before']} | after: {result['load_after']}]",
-              flush=True)
-    base = rows[0]["rate"]
-    print("throughput vs 200 files: " + ", ".join(f"{r['label']}: {r['rate'] / base:.2f}" for r in rows[1:]))
-    (work / "output-files.json").write_text(json.dumps(rows, indent=2))
+    layouts = (("200 files (shuffle partitions)", ["--otlp-json-files", "200"]),
+               ("by size (64 MiB files)", []),
+               ("by size, gzip", ["--compress", "gzip"]))
+    best: dict[str, dict] = {}
+    for turn in range(rounds):
+        for index, (label, flags) in enumerate(layouts):
+            out = str(work / f"out-{index}")
+            result = measure("spark", str(folder), "local[2]", out, "--spark-default-shuffle", *flags)
+            result.update(label=label, rate=n / result["seconds"], turn=turn)
+            print(f"{label:32} {result['seconds']:7.1f}s {result['rate']:7.0f} msg/s  {result['files']:4d} files "
+                  f"{result['out_bytes'] / 1e6:8.1f} MB  [{result['load_before']} | after: {result['load_after']}]",
+                  flush=True)
+            if label not in best or result["rate"] > best[label]["rate"]:
+                best[label] = result
+    base = best[layouts[0][0]]["rate"]
+    print("best of each, throughput vs 200 files: "
+          + ", ".join(f"{label}: {best[label]['rate'] / base:.2f}" for label, _ in layouts[1:]))
+    (work / "output-files.json").write_text(json.dumps(list(best.values()), indent=2))
 
 
 def main() -> None:

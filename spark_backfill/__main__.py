@@ -291,6 +291,9 @@ def _guarded(args: argparse.Namespace, job: Any) -> int:
     except UsageError as exc:
         _say(args, str(exc))
         return 2
+    except KeyboardInterrupt:
+        _say(args, "interrupted (outputs of this run removed)")
+        return 130
     except Exception as exc:  # the error policy's boundary: say why, in one line
         mistake = _user_mistake(exc)
         if mistake is not None:

@@ -35,11 +35,12 @@ def corpus_network() -> tuple[list[Edge], dict[str, str]]:
     latencies: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     clusters = {}
     for s in spans:
-        name = str(s.resource.get("nats.server.name"))
-        clusters[name] = str(s.resource.get("nats.cluster") or "")
+        name = str(s.resource.get("messaging.nats.server.name"))
+        clusters[name] = str(s.resource.get("messaging.nats.server.cluster") or "")
         parent = by_id.get((s.trace_id, s.parent_span_id))
-        if s.kind == SpanKind.CONSUMER and parent is not None and parent.attribute("nats.trace.hop"):
-            key = (str(parent.resource.get("nats.server.name")), name, str(parent.attribute("nats.connection.kind")))
+        if s.kind == SpanKind.CONSUMER and parent is not None and parent.attribute("messaging.nats.trace.hop"):
+            key = (str(parent.resource.get("messaging.nats.server.name")), name,
+                   str(parent.attribute("messaging.nats.connection.kind")))
             latencies[key].append((s.start_ns - parent.end_ns) / 1e6)
     edges = [Edge(a, b, k, len(v), statistics.median(v), max(v), max(v), max(v))
              for (a, b, k), v in sorted(latencies.items())]

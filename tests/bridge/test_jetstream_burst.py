@@ -192,8 +192,9 @@ async def test_jetstream_burst_of_60k_arrives_whole(server: RunningTopology, tmp
 async def test_jetstream_backlog_of_60k_drains_whole_in_bounded_memory(server: RunningTopology,
                                                                        tmp_path: Path) -> None:
     got = await _run(server, tmp_path, backlog=True)
-    # The bound was reached, so the memory is what the setting allows, not what waits.
-    assert got["peak_unacked"] == MAX_ACK_PENDING, got["summary"]
+    # What the bridge held is bounded by the setting, not by what waits (3x more). Whether the
+    # bound is reached depends on how fast it fetches during the first link.wait (machine load).
+    assert 0 < got["peak_unacked"] <= MAX_ACK_PENDING < 60_000, got["summary"]
     assert got["rss"] < RSS_BOUND, got["summary"]
 
 

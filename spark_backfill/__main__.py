@@ -14,7 +14,7 @@ import time
 from typing import Any, NoReturn
 
 # Absolute imports: spark-submit runs this file as a script, outside the package.
-from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions, check_service_name
+from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 from spark_backfill import checks
 from spark_backfill.checks import UsageError
 from spark_backfill.outputs import DEFAULT_TARGET_FILE_BYTES
@@ -34,14 +34,6 @@ def _count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
-
-
-def _service_name(text: str) -> str:
-    try:
-        check_service_name(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def _rate(text: str) -> float:
@@ -92,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--mark-incomplete", action="store_true",
                    help="flag traces with a forwarded hop whose downstream trace message is missing")
     c.add_argument("--placeholders", action="store_true", help="with --mark-incomplete: add a placeholder span")
-    c.add_argument("--service-name", default="nats-server", type=_service_name, metavar="NAME",
+    c.add_argument("--service-name", default="nats-server", metavar="NAME",
                    help="service.name of the spans: fixed, or a template of the reporting server "
                         "({server}, {cluster}, {domain}), as in nats-otel convert")
     c.add_argument("--allow-header", action="append", default=[], metavar="NAME")

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nats_otel.archive import expand_inputs
+from nats_otel.core.mapping import check_service_name
 
 __all__ = ["UsageError", "check_convert", "check_report", "is_local", "local_inputs", "output_paths"]
 
@@ -158,6 +159,10 @@ def check_convert(args: argparse.Namespace, starting_spark: bool = True, local_p
         raise UsageError("no input: give --input PATH... and/or --jetstream-url URL --stream NAME")
     if args.placeholders and not args.mark_incomplete:
         raise UsageError("--placeholders needs --mark-incomplete")
+    try:
+        check_service_name(args.service_name)
+    except ValueError as exc:
+        raise UsageError(f"--service-name: {exc}") from None
     outputs = output_paths(args)
     if not outputs and not args.otlp_endpoint:
         raise UsageError("nothing to write: give --otlp-json-out DIR, --parquet-out DIR, --otlp-endpoint URL "

@@ -70,6 +70,8 @@ MISTAKES = [
      "the job would read its own output"),
     ("placeholders alone", ["convert", "--input", CORPUS_FILE, "--parquet-out", "{tmp}/o", "--placeholders"],
      "--placeholders needs --mark-incomplete"),
+    ("service name template", ["convert", "--input", CORPUS_FILE, "--parquet-out", "{tmp}/o", "--service-name",
+                               "nats/{{zone}}"], "a template may use only {{server}}, {{cluster}}, {{domain}}"),
     ("url without stream", ["convert", "--jetstream-url", "nats://127.0.0.1:4222", "--parquet-out", "{tmp}/o"],
      "--jetstream-url and --stream go together"),
     ("conf without value", ["convert", "--input", CORPUS_FILE, "--parquet-out", "{tmp}/o", "--conf", "spark.x"],

@@ -152,7 +152,15 @@ def role_naive(args: argparse.Namespace) -> None:
     from nats_otel.bridge.sources.connection import raw_from_msg
     from nats_otel.core.pipeline import Converted, Converter
 
-    processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=args.endpoint, insecure=True))
+    # --max-queue 0: the SDK's defaults (a 2,048-span queue that drops past it: "Queue full,
+    # dropping Span"). Otherwise the settings a user picks after seeing that warning: a queue
+    # holding the whole run, the default export batch, and the bridge's 0.2 s delay.
+    if args.max_queue:
+        processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=args.endpoint, insecure=True),
+                                       max_queue_size=args.max_queue, max_export_batch_size=args.batch_size,
+                                       schedule_delay_millis=args.delay_ms)
+    else:
+        processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=args.endpoint, insecure=True))
     converter = Converter()
     resources: dict = {}
     state = {"n": 0, "spans": 0, "first": 0.0, "last": 0.0}
@@ -183,6 +191,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--rate", type=float, default=0)
     p.add_argument("--duration", type=float, default=0)
     p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--max-queue", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--delay-ms", type=float, default=200)
     a = p.parse_args(rest)
     roles: dict[str, Callable[[argparse.Namespace], None]] = {
         "_publish": role_publish, "_raw": role_raw, "_naive": role_naive}

@@ -3,10 +3,13 @@
     python bench/convert_throughput.py [--messages 200000] [--rounds 3] [--tune-gc]
 
 Both paths start from the same raw trace messages (the real corpus replicated with fresh
-trace ids), decode and map them with the same core, and end with serialized OTLP protobuf
-export requests of 512 spans:
-- ours:  SpanRecord -> opentelemetry-proto messages built directly -> SerializeToString
-- naive: SpanRecord -> SDK ReadableSpan -> the SDK exporter's encode_spans -> SerializeToString
+trace ids) and end with serialized OTLP protobuf export requests of 512 spans:
+- ours:  the bridge's OTLP path: decode -> link -> map straight into protobuf
+         (`Converter.convert(encoded=True)`, the compiled core when built) -> one request
+         per 512 spans (`span_bytes.encode_request`). A checkout without that path (a
+         baseline of `bench/core_ab.py`) runs its SpanRecord path + `to_protobuf_bytes`.
+- naive: the same decode and mapping to SpanRecords -> SDK ReadableSpan -> the SDK
+         exporter's encode_spans -> SerializeToString.
 Rounds alternate between the two so machine noise hits both; the best round counts.
 """
 
@@ -36,6 +39,29 @@ _SCOPE = InstrumentationScope("nats-otel", "0.1.0")
 
 
 def ours(raws) -> tuple[int, int]:
+    try:
+        from nats_otel.core.span_bytes import encode_request
+    except ImportError:  # an older checkout: span records, then the encoder
+        return ours_records(raws)
+    converter = Converter()
+    batch, count, spans_total, bytes_total = [], 0, 0, 0
+    for raw in raws:
+        result = converter.convert(raw, encoded=True)
+        if isinstance(result, Converted) and result.encoded is not None:
+            batch.append(result.encoded)
+            count += result.encoded.span_count
+            if count >= BATCH:
+                bytes_total += len(encode_request(batch))
+                spans_total += count
+                batch, count = [], 0
+    if batch:
+        bytes_total += len(encode_request(batch))
+        spans_total += count
+    return spans_total, bytes_total
+
+
+def ours_records(raws) -> tuple[int, int]:
+    """Span records, then one request per 512 spans (`to_protobuf_bytes`)."""
     converter = Converter()
     batch, spans_total, bytes_total = [], 0, 0
     for raw in raws:

@@ -7,22 +7,28 @@ Runs where the work is done: the loop's worker thread, or each worker process
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from nats_otel.archive import archive_record
 from nats_otel.bridge.export.file import FileExporter
 from nats_otel.bridge.export.otlp import make_otlp_exporter
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import BridgeSettings
+from nats_otel.core import accel
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 from nats_otel.core.pipeline import Converted, Converter, Rejected
 from nats_otel.core.records import SpanRecord
+from nats_otel.core.span_bytes import encode_request
 
-__all__ = ["BatchOutcome", "Exporter", "Processor", "make_exporters"]
+__all__ = ["BatchOutcome", "BytesExporter", "Exporter", "Processor", "log_core", "make_exporters"]
+
+log = logging.getLogger("nats_otel.bridge.processor")
 
 
 class Exporter(Protocol):
@@ -31,6 +37,13 @@ class Exporter(Protocol):
     def export(self, spans: Sequence[SpanRecord], deadline: float | None = None) -> ExportResult: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BytesExporter(Exporter, Protocol):
+    """An exporter that also sends an already serialized export request (the OTLP ones)."""
+
+    def export_bytes(self, request: bytes, deadline: float | None = None) -> ExportResult: ...
 
 
 @dataclass(slots=True)
@@ -53,7 +66,7 @@ class BatchOutcome:
     def span_count(self) -> int:
         if self.spans >= 0:
             return self.spans
-        return sum(len(r.spans) for r in self.results if isinstance(r, Converted))
+        return sum(r.span_count for r in self.results if isinstance(r, Converted))
 
     @property
     def exported(self) -> bool:
@@ -69,10 +82,15 @@ class Processor:
         limits = DecodeLimits(**settings.limits.model_dump())
         self.converter = Converter(MappingOptions(settings.service_name, allow), limits, settings.link.core())
         self.exporters = list(exporters)
+        # When every exporter sends serialized requests (OTLP), messages are mapped straight
+        # into protobuf (`span_bytes`: no span records, the compiled core's fast path); the
+        # file exporter needs span records.
+        self._encoded = bool(self.exporters) and all(isinstance(e, BytesExporter) for e in self.exporters)
         # Unbuffered, one write per batch: atomic with O_APPEND, so worker processes can share it.
         self._archive = open(settings.archive, "ab", buffering=0) if settings.archive else None  # noqa: SIM115
         self._evicted_seen = 0
         self._expired_seen: dict[str, int] = {}
+        self.implementation = log_core()
 
     def observe(self, raws: Sequence[RawTraceMessage]) -> None:
         """Record the hop evidence of messages that just arrived (mapped `link.wait` later)."""
@@ -84,18 +102,25 @@ class Processor:
         if self._archive is not None:
             self._archive.write(b"".join(archive_record(raw) for raw in raws))
         now = time.monotonic()
-        outcome = BatchOutcome([self.converter.convert(raw, now) for raw in raws])
+        encoded = self._encoded
+        outcome = BatchOutcome([self.converter.convert(raw, now, encoded) for raw in raws])
         index = self.converter.linker.index
         outcome.evicted, self._evicted_seen = index.evicted - self._evicted_seen, index.evicted
         outcome.expired_unmatched = {side: count - self._expired_seen.get(side, 0)
                                      for side, count in index.expired_unmatched.items()}
         self._expired_seen = dict(index.expired_unmatched)
-        spans = [s for r in outcome.results if isinstance(r, Converted) for s in r.spans]
-        outcome.spans = len(spans)
-        if spans:
+        if encoded:
+            items = [r.encoded for r in outcome.results if isinstance(r, Converted) and r.encoded is not None]
+            outcome.spans = sum(item.span_count for item in items)
+            request = encode_request(items) if outcome.spans else b""
+        else:
+            spans = [s for r in outcome.results if isinstance(r, Converted) for s in r.spans]
+            outcome.spans = len(spans)
+        if outcome.spans:
             for exporter in self.exporters:
                 started = time.monotonic()
-                result = exporter.export(spans, deadline)
+                result = (exporter.export_bytes(request, deadline) if encoded and isinstance(exporter, BytesExporter)
+                          else exporter.export(spans, deadline))
                 if result.invalid:
                     result = self._isolate(exporter, outcome, result, deadline)
                 outcome.exports[exporter.name] = result
@@ -111,15 +136,18 @@ class Processor:
         exported. Rare, so a request per message is affordable."""
         attempts, refused_spans = failed.attempts, 0
         for position, result in enumerate(outcome.results):
-            if not isinstance(result, Converted) or not result.spans or position in outcome.poisoned:
+            if not isinstance(result, Converted) or not result.span_count or position in outcome.poisoned:
                 continue
-            alone = exporter.export(result.spans, deadline)
+            if result.encoded is not None and isinstance(exporter, BytesExporter):
+                alone = exporter.export_bytes(encode_request([result.encoded]), deadline)
+            else:
+                alone = exporter.export(result.spans, deadline)
             attempts += alone.attempts
             if alone.ok:
                 refused_spans += alone.rejected_spans
             elif alone.invalid:
                 outcome.poisoned[position] = alone.error
-                refused_spans += len(result.spans)
+                refused_spans += result.span_count
             else:  # now the backend is down: the whole batch again later (duplicates are fine)
                 return dataclasses.replace(alone, attempts=attempts)
         return ExportResult.success(attempts, refused_spans)
@@ -129,6 +157,19 @@ class Processor:
             exporter.close()
         if self._archive is not None:
             self._archive.close()
+
+
+def log_core() -> str:
+    """Log which core converts in this process (at start, by the bridge and each worker's parent);
+    a warning when the compiled core was expected but could not be imported."""
+    implementation = accel.implementation()
+    fields: dict[str, object] = {"implementation": implementation, "pid": os.getpid()}
+    if implementation == "compiled" or accel.NO_EXTENSIONS:
+        log.info("core implementation", extra={"fields": fields | {"forced_python": accel.NO_EXTENSIONS}})
+    else:
+        log.warning("the compiled core is not available: converting with the pure-Python core (correct, slower)",
+                    extra={"fields": fields | {"unavailable": accel.unavailable()}})
+    return implementation
 
 
 def make_exporters(settings: BridgeSettings) -> list[Exporter]:

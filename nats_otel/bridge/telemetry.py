@@ -16,7 +16,9 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
+
+from nats_otel.core import accel
 
 __all__ = ["DROP_REASONS", "HealthServer", "JsonFormatter", "Metrics", "TextFormatter", "configure_logging"]
 
@@ -87,6 +89,11 @@ class Metrics:
             ["source"], registry=r)
         self.connected = Gauge("nats_otel_nats_connected", "1 while the source's connection is up",
                                ["source"], registry=r)
+        # Which core converts: "compiled" (the Cython twins) or "python" (not built, or
+        # NATS_OTEL_NO_EXTENSIONS set). Exported as nats_otel_core_info{implementation=...} 1.
+        self.core = Info("nats_otel_core", "The implementation of the core's hot path in use",
+                         registry=r)
+        self.core.info({"implementation": accel.implementation()})
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Current value of a sample (tests and logs); 0.0 if it was never set."""

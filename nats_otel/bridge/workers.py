@@ -11,7 +11,9 @@ sub-batch with a slim `BatchOutcome` (results without span records, the export r
 so JetStream acks still follow the export.
 
 Pipes carry plain tuples both ways (subject, headers, payload, received_at in; packed
-results out): pickling one dataclass per message cost more than converting it. A sender
+results out): pickling one dataclass per message cost more than converting it. Each
+message goes over once, when it is observed: `process` names the observed sub-batch by a
+token (the parent's share of the work is what limits `--workers` on few cores). A sender
 thread per worker writes them, a reader thread resolves the asyncio futures, so the event
 loop never blocks on a full pipe.
 
@@ -38,6 +40,7 @@ from typing import Any
 
 from nats_otel.bridge.processor import BatchOutcome, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
+from nats_otel.core import accel
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decompress
 from nats_otel.core.ids import parse_traceparent
 from nats_otel.core.network import HopSample, NetworkSample
@@ -52,6 +55,11 @@ log = logging.getLogger("nats_otel.bridge.workers")
 _TRACEPARENT = re.compile(rb'"traceparent"\s*:\s*\[\s*"([^"]{1,128})"', re.IGNORECASE)
 _READY = "ready"
 _OBSERVE = "observe"  # a message that only records hop evidence: no answer
+# Observed sub-batches are sent once: `process` names them by token. The parent remembers
+# this many observed batches (older ones are sent whole again), a worker more, so that
+# every token the parent sends is still there.
+_OBSERVED_KEPT = 4096
+_WORKER_KEPT = 2 * _OBSERVED_KEPT
 _START_TIMEOUT_S = 60.0
 
 
@@ -69,14 +77,22 @@ def shard_key(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> by
             payload = decompress(payload, encoding, limits)
         except DecodeError:
             return (raw.subject or "").encode()
-    lowered = payload.lower()
-    start = lowered.find(b'"traceparent":["')
-    if start >= 0:  # how nats-server writes it (Go's encoding/json: no spaces)
+    # How nats-server writes it (Go's encoding/json: no spaces), with the name as publishers
+    # almost always spell it: found without copying the payload in lower case. (Which
+    # occurrence is used only has to be the same for every report of one message.)
+    start = payload.find(b'"traceparent":["')
+    if start >= 0:
         start += 16
-        value: bytes | None = lowered[start : lowered.find(b'"', start)]
+        value: bytes | None = payload[start : payload.find(b'"', start)]
     else:
-        match = _TRACEPARENT.search(lowered) if b"traceparent" in lowered else None
-        value = match.group(1) if match is not None else None
+        lowered = payload.lower()
+        start = lowered.find(b'"traceparent":["')
+        if start >= 0:
+            start += 16
+            value = lowered[start : lowered.find(b'"', start)]
+        else:
+            match = _TRACEPARENT.search(lowered) if b"traceparent" in lowered else None
+            value = match.group(1) if match is not None else None
     if value:
         try:
             trace_id, _, _ = parse_traceparent(value.decode("ascii", "replace"))
@@ -105,7 +121,8 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     settings = BridgeSettings.model_validate(settings_doc)
     processor = Processor(settings, make_exporters(settings))
     tune_gc_for_throughput()
-    outbox.send(_READY)
+    outbox.send((_READY, accel.implementation()))  # the parent logs which core each worker runs
+    observed: dict[int, list[RawTraceMessage]] = {}
     try:
         while True:
             try:
@@ -115,11 +132,17 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
             if message is None:
                 return
             if message[0] == _OBSERVE:
-                processor.observe([RawTraceMessage(*item) for item in message[1]])
+                _, token, items = message
+                raws = observed[token] = [RawTraceMessage(*item) for item in items]
+                processor.observe(raws)
+                if len(observed) > _WORKER_KEPT:
+                    del observed[next(iter(observed))]
                 continue
             batch_id, items, deadline = message
             try:
-                outcome = processor.process([RawTraceMessage(*item) for item in items], deadline)
+                # A token names a sub-batch observed earlier (sent once); else the items themselves.
+                raws = observed.pop(items) if isinstance(items, int) else [RawTraceMessage(*item) for item in items]
+                outcome = processor.process(raws, deadline)
                 # Span records stay here: the parent needs counts, issues and export results.
                 outbox.send((batch_id, (_pack(outcome.results), outcome.exports, outcome.durations,
                                         outcome.evicted, outcome.expired_unmatched, outcome.span_count,
@@ -203,6 +226,7 @@ class _Worker:
         self._pending: dict[int, Future[Any]] = {}
         self._lock = threading.Lock()
         self.dead = False
+        self.implementation = "unknown"  # which core the worker runs: told in its ready message
 
     def wait_ready(self, timeout: float) -> None:
         if not self._from_child.poll(timeout):
@@ -211,12 +235,13 @@ class _Worker:
             first = self._from_child.recv()
         except EOFError:
             raise WorkerDied(f"worker {self.index} exited while starting (code {self.process.exitcode})") from None
-        if first != _READY:
+        if not (isinstance(first, tuple) and first[0] == _READY):
             raise WorkerDied(f"worker {self.index} sent {first!r} instead of ready")
+        self.implementation = first[1]
         threading.Thread(target=self._send_loop, name=f"nats-otel-worker-{self.index}-tx", daemon=True).start()
         threading.Thread(target=self._recv_loop, name=f"nats-otel-worker-{self.index}-rx", daemon=True).start()
 
-    def submit(self, batch_id: int, items: list[tuple[Any, ...]], deadline: float | None) -> Future[Any]:
+    def submit(self, batch_id: int, items: list[tuple[Any, ...]] | int, deadline: float | None) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
             if self.dead:
@@ -226,9 +251,9 @@ class _Worker:
         self._outgoing.put((batch_id, items, deadline))
         return future
 
-    def send_observe(self, items: list[tuple[Any, ...]]) -> None:
+    def send_observe(self, token: int, items: list[tuple[Any, ...]]) -> None:
         if not self.dead:
-            self._outgoing.put((_OBSERVE, items))
+            self._outgoing.put((_OBSERVE, token, items))
 
     def _send_loop(self) -> None:
         while True:
@@ -295,6 +320,9 @@ class WorkerPool:
         # covers the same traces as one window of the full size (at 1/N the memory).
         self._doc["link"]["capacity"] = max(100, -(-settings.link.capacity // workers))
         self._ids = itertools.count()
+        # Observed batches not yet processed: id of the first message -> (the messages, their
+        # shards, each worker's token). `process` of the same batch sends only the tokens.
+        self._observed: dict[int, tuple[Sequence[RawTraceMessage], list[list[int]], list[int | None]]] = {}
         self._workers: list[_Worker] = []
         #: Called (from a reader thread) when a worker dies other than by `close`: a crash or
         #: an OOM kill. The bridge stops on it, so that its supervisor restarts it.
@@ -311,7 +339,8 @@ class WorkerPool:
             self.close(timeout=5)
             raise
         log.info("worker processes started", extra={"fields": {
-            "workers": self.size, "pids": [w.process.pid for w in self._workers], "parent": os.getpid()}})
+            "workers": self.size, "pids": [w.process.pid for w in self._workers], "parent": os.getpid(),
+            "core": [w.implementation for w in self._workers]}})
 
     def _died(self, reason: str) -> None:
         log.error("worker process died", extra={"fields": {"reason": reason}})
@@ -333,19 +362,41 @@ class WorkerPool:
     def observe(self, raws: Sequence[RawTraceMessage]) -> None:
         """Send messages that just arrived to their workers' linkers (no answer; the pipe
         keeps the order, so they are there before any later `process`)."""
-        for worker, positions in zip(self._workers, self._shards(raws), strict=True):
+        if not raws:
+            return
+        shards = self._shards(raws)
+        tokens: list[int | None] = []
+        for worker, positions in zip(self._workers, shards, strict=True):
+            token = None
             if positions:
-                worker.send_observe([_item(raws[p]) for p in positions])
+                token = next(self._ids)
+                worker.send_observe(token, [_item(raws[p]) for p in positions])
+            tokens.append(token)
+        observed = self._observed
+        observed[id(raws[0])] = (raws, shards, tokens)
+        if len(observed) > _OBSERVED_KEPT:
+            del observed[next(iter(observed))]
+
+    def _recall(self, raws: Sequence[RawTraceMessage]) -> tuple[list[list[int]], list[int | None]] | None:
+        """The shards and tokens of `raws` if they were observed as one batch (and not yet processed)."""
+        entry = self._observed.pop(id(raws[0]), None) if raws else None
+        if entry is None:
+            return None
+        seen, shards, tokens = entry
+        if len(seen) != len(raws) or any(a is not b for a, b in zip(seen, raws, strict=True)):
+            return None
+        return shards, tokens
 
     async def process(self, raws: Sequence[RawTraceMessage], deadline: float | None
                       ) -> list[tuple[list[int], Any]]:
         """(positions in `raws`, BatchOutcome or the exception) per worker that got some."""
-        shards = self._shards(raws)
+        recalled = self._recall(raws)
+        shards, tokens = recalled if recalled is not None else (self._shards(raws), [None] * self.size)
         futures = []
-        for worker, positions in zip(self._workers, shards, strict=True):
+        for worker, positions, token in zip(self._workers, shards, tokens, strict=True):
             if not positions:
                 continue
-            items = [_item(raws[p]) for p in positions]
+            items = token if token is not None else [_item(raws[p]) for p in positions]
             futures.append((positions, asyncio.wrap_future(worker.submit(next(self._ids), items, deadline))))
         out: list[tuple[list[int], Any]] = []
         for positions, future in futures:

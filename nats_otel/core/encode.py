@@ -18,8 +18,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourcePro
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from nats_otel.core.mapping import SCOPE_NAME, SCOPE_VERSION
-from nats_otel.core.otlp_wire import encode_export_request, encode_scope
-from nats_otel.core.records import Attributes, AttrValue, Resource, SpanRecord
+from nats_otel.core.otlp_wire import encode_request, encode_scope, group_by_resource
+from nats_otel.core.records import Attributes, AttrValue, SpanRecord
 
 __all__ = [
     "group_by_resource",
@@ -33,20 +33,12 @@ __all__ = [
 _SCOPE = encode_scope(SCOPE_NAME, SCOPE_VERSION)
 
 
-def group_by_resource(spans: Iterable[SpanRecord]) -> list[tuple[Resource, list[SpanRecord]]]:
-    """Spans grouped by resource, in order of first appearance (deterministic output)."""
-    groups: dict[Resource, list[SpanRecord]] = {}
-    for span in spans:
-        groups.setdefault(span.resource, []).append(span)
-    return list(groups.items())
-
-
 # --- protobuf ----------------------------------------------------------------------------
 
 
 def to_protobuf_bytes(spans: Sequence[SpanRecord]) -> bytes:
     """The serialized OTLP export request holding the spans: what exporters send (fast path)."""
-    return encode_export_request(group_by_resource(spans), _SCOPE)
+    return encode_request(spans, _SCOPE)
 
 
 def to_protobuf(spans: Sequence[SpanRecord]) -> ExportTraceServiceRequest:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
+from nats_otel.core import accel
 from nats_otel.core.decode import DecodeError
 from nats_otel.core.model import FORWARDING_KINDS, TraceMessage
 
@@ -62,7 +64,7 @@ class TraceContext:
     id_fields: bytes = field(default=b"", repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "id_fields", _fields(self.trace_id.hex(), self.parent_span_id.hex()))
+        object.__setattr__(self, "id_fields", _context_fields(self.trace_id, self.parent_span_id))
 
 
 def parse_traceparent(value: str) -> tuple[bytes, bytes, int]:
@@ -168,6 +170,10 @@ def _fields(*fields: str) -> bytes:
     return b"".join(parts)
 
 
+def _context_fields(trace_id: bytes, parent_span_id: bytes) -> bytes:
+    return _fields(trace_id.hex(), parent_span_id.hex())
+
+
 def _role(role: bytes) -> bytes:
     return ID_SCHEME + len(role).to_bytes(4, "big") + role
 
@@ -178,3 +184,16 @@ _POSITIONS = [_fields(str(position)) for position in range(256)]
 
 def _hash(role: bytes, *fields: str) -> bytes:
     return hashlib.blake2b(_role(role) + _fields(*fields), digest_size=16).digest()
+
+
+# The pure-Python functions are the reference; `_ids.pyx` holds their compiled twins
+# (BLAKE2b in C), chosen here when built (`accel`).
+python_fields, python_context_fields = _fields, _context_fields
+python_server_span_id, python_event_span_id, python_parse_traceparent = server_span_id, event_span_id, parse_traceparent
+_compiled: Any = accel.compiled("_ids")
+if _compiled is not None:
+    _compiled.configure(_ROLE_PREFIX[b"server"], _ROLE_PREFIX[b"event"], _POSITIONS, python_fields,
+                        python_server_span_id, python_event_span_id, python_parse_traceparent)
+    _fields, _context_fields = _compiled.fields, _compiled.context_fields
+    server_span_id, event_span_id = _compiled.server_span_id, _compiled.event_span_id
+    parse_traceparent = _compiled.parse_traceparent

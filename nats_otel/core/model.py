@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from msgspec import Meta, Struct
 from msgspec.structs import force_setattr
 
+from nats_otel.core import accel
 from nats_otel.core.timestamps import parse_rfc3339_ns
 
 __all__ = [
@@ -77,6 +78,31 @@ def check_uint64(name: str, value: int) -> None:
 UInt64 = Annotated[int, Meta(ge=0)]
 
 
+# The `__post_init__` hooks msgspec calls for each decoded struct. These are the reference;
+# `_model.pyx` holds their compiled twins, chosen here when built (`accel`). msgspec reads
+# the hook when the class is created, so the choice is made before the classes below.
+def _event_post_init(self: Any) -> None:
+    force_setattr(self, "ts_ns", _timestamp(self.ts))
+
+
+def _connection_post_init(self: Any) -> None:
+    check_uint64("cid", self.cid)
+    _event_post_init(self)
+
+
+def _server_post_init(self: Any) -> None:
+    check_uint64("seq", self.seq)
+    if self.time is not None:
+        force_setattr(self, "time_ns", _timestamp(self.time))
+
+
+_compiled: Any = accel.compiled("_model")
+if _compiled is not None:
+    _compiled.configure(parse_rfc3339_ns, _timestamp, check_uint64)
+    _event_post_init, _connection_post_init, _server_post_init = (  # the compiled twins
+        _compiled.event_post_init, _compiled.connection_post_init, _compiled.server_post_init)
+
+
 class _Wire(Struct, frozen=True, kw_only=True):
     # msgspec validates while it parses, in C: 5x faster than the pydantic models this
     # replaced (docs/performance.md). Its defaults are ours: extra keys are ignored
@@ -101,10 +127,7 @@ class ServerInfo(_Wire, rename={"version": "ver"}, frozen=True):
     # Derived from `time` when decoded.
     time_ns: int | None = None
 
-    def __post_init__(self) -> None:
-        check_uint64("seq", self.seq)
-        if self.time is not None:
-            force_setattr(self, "time_ns", _timestamp(self.time))
+    __post_init__ = _server_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
 class _Event(_Wire, tag_field="type", frozen=True):
@@ -113,8 +136,7 @@ class _Event(_Wire, tag_field="type", frozen=True):
     ts: str
     ts_ns: int = 0
 
-    def __post_init__(self) -> None:
-        force_setattr(self, "ts_ns", _timestamp(self.ts))
+    __post_init__ = _event_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
 class Ingress(_Event, tag="in", rename={"account": "acc", "subject": "subj"}, kw_only=True, frozen=True):
@@ -127,9 +149,7 @@ class Ingress(_Event, tag="in", rename={"account": "acc", "subject": "subj"}, kw
     subject: str = ""
     error: str = ""
 
-    def __post_init__(self) -> None:
-        check_uint64("cid", self.cid)
-        super().__post_init__()
+    __post_init__ = _connection_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
 class SubjectMapping(_Event, tag="sm", frozen=True):
@@ -174,9 +194,7 @@ class Egress(_Event, tag="eg", rename={"account": "acc", "subscription": "sub"},
     queue: str = ""
     error: str = ""
 
-    def __post_init__(self) -> None:
-        check_uint64("cid", self.cid)
-        super().__post_init__()
+    __post_init__ = _connection_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
     @property
     def forwards(self) -> bool:

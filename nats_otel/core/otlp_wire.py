@@ -7,17 +7,22 @@ cached bytes. The output is ordinary protobuf: `ExportTraceServiceRequest.FromSt
 reads it, and a test checks it equals what the generated classes serialize.
 
 Field numbers are those of opentelemetry-proto (trace/v1, common/v1, resource/v1).
+
+This file is the reference; `_otlp_wire.pyx` is its compiled twin (same bytes, written into
+one C buffer), used when built (`accel`). `encode_request` is whichever runs.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+from nats_otel.core import accel
 from nats_otel.core.mapping import HEADER_ATTRIBUTE_PREFIX
 from nats_otel.core.records import Attributes, AttrValue, Resource, SpanRecord
 
-__all__ = ["encode_export_request"]
+__all__ = ["IMPLEMENTATION", "encode_export_request", "encode_request", "group_by_resource", "python_encode_request"]
 
 _CACHE_LIMIT = 65_536
 # (key, value) -> encoded KeyValue entry, one cache per parent field number (9 in a Span,
@@ -139,3 +144,25 @@ def encode_export_request(groups: Sequence[tuple[Resource, Sequence[SpanRecord]]
 def encode_scope(name: str, version: str) -> bytes:
     """An encoded InstrumentationScope."""
     return _field_bytes(1, name.encode()) + _field_bytes(2, version.encode())
+
+
+def group_by_resource(spans: Iterable[SpanRecord]) -> list[tuple[Resource, list[SpanRecord]]]:
+    """Spans grouped by resource, in order of first appearance (deterministic output)."""
+    groups: dict[Resource, list[SpanRecord]] = {}
+    for span in spans:
+        groups.setdefault(span.resource, []).append(span)
+    return list(groups.items())
+
+
+def python_encode_request(spans: Iterable[SpanRecord], scope: bytes) -> bytes:
+    """Serialized `ExportTraceServiceRequest` of spans (grouped by resource): the reference."""
+    return encode_export_request(group_by_resource(spans), scope)
+
+
+_compiled: Any = accel.compiled("_otlp_wire")
+if _compiled is not None:
+    # What the compiled twin hands back to Python: odd values, odd spans, resources (cached here).
+    _compiled.configure(_span, _key_value, _resource, _UNCACHED_PREFIX)
+#: `python_encode_request`, compiled when built: what the exporters call.
+encode_request = python_encode_request if _compiled is None else _compiled.encode_request
+IMPLEMENTATION = "python" if _compiled is None else "compiled"

@@ -38,6 +38,7 @@ from nats_otel.core.model import Egress as EgressEvent
 from nats_otel.core.model import TraceMessage
 from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
+from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
 __all__ = ["Converted", "Converter", "Linker", "Prepared", "Rejected", "convert_batch", "finish", "prepare"]
 
@@ -74,7 +75,8 @@ class Converted:
     """The spans of one trace message, and what was odd about it (logged and counted).
 
     `link` is "" for an origin report, else how its upstream egress was found
-    (`linking.MATCHED`, `UNMATCHED`, `AMBIGUOUS`).
+    (`linking.MATCHED`, `UNMATCHED`, `AMBIGUOUS`). Converted with `encoded=True`, the spans
+    come as protobuf in `encoded` (`span_bytes`), and `spans` is empty.
     """
 
     spans: list[SpanRecord]
@@ -82,6 +84,12 @@ class Converted:
     link: str = ""
     #: Time in the server, the hop that brought it, failures: for the live network metrics.
     network: NetworkSample | None = None
+    encoded: EncodedSpans | None = None
+
+    @property
+    def span_count(self) -> int:
+        """How many spans it gave, as records or encoded."""
+        return self.encoded.span_count if self.encoded is not None else len(self.spans)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,18 +179,26 @@ class Linker:
         return adhoc_trace_id(ctx, ident)
 
 
-def finish(prepared: Prepared, linker: Linker, options: MappingOptions) -> Converted:
-    """Map an observed message where the linker places it."""
+def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded: bool = False) -> Converted:
+    """Map an observed message where the linker places it; `encoded`: straight to protobuf
+    (`span_bytes.map_encode`), no span records."""
     placement, link = linker.locate(prepared)
-    result = map_message(prepared.msg, prepared.ctx, placement, options)
+    spans: list[SpanRecord] = []
+    encoding = None
+    if encoded:
+        resource, data, count, map_issues = map_encode(prepared.msg, prepared.ctx, placement, options)
+        encoding = EncodedSpans(resource, data, count)
+    else:
+        result = map_message(prepared.msg, prepared.ctx, placement, options)
+        spans, map_issues = result.spans, result.issues
     # A hop's latency once: a redelivered report (`first` False) was counted already.
     egress_ns = link.egress.ts_ns if link is not None and link.egress is not None and link.first else None
-    issues = [*prepared.issues, *result.issues]
+    issues = [*prepared.issues, *map_issues]
     if placement.link and placement.link != MATCHED:
         issues.append(f"hop_{placement.link}: no single upstream egress for hop "
                       f"{upstream_hop(prepared.msg)} from {prepared.msg.ingress.name}"
                       + (f" ({placement.candidates} candidates)" if placement.candidates else ""))
-    return Converted(result.spans, issues, placement.link, network_sample(prepared.msg, egress_ns))
+    return Converted(spans, issues, placement.link, network_sample(prepared.msg, egress_ns), encoding)
 
 
 class Converter:
@@ -216,15 +232,17 @@ class Converter:
         if len(pending) > self._pending_capacity:  # decoded again when its turn comes
             del pending[next(iter(pending))]
 
-    def convert(self, raw: RawTraceMessage, now: float = 0.0) -> Converted | Rejected:
-        """Spans of an observed (or not yet observed) message, or why it gave none. Never raises."""
+    def convert(self, raw: RawTraceMessage, now: float = 0.0, encoded: bool = False) -> Converted | Rejected:
+        """Spans of an observed (or not yet observed) message, or why it gave none. Never raises.
+
+        `encoded`: the spans as protobuf (`Converted.encoded`), for exporters that send bytes."""
         result = self._pending.pop((raw.subject, raw.payload), None)
         if result is None:
             result = self._prepare(raw, now)
         self.linker.index.expire(now)
         if isinstance(result, Rejected):
             return result
-        return finish(result, self.linker, self.options)
+        return finish(result, self.linker, self.options, encoded)
 
     def _prepare(self, raw: RawTraceMessage, now: float) -> Prepared | Rejected:
         try:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import calendar
 import re
+from typing import Any
 
-__all__ = ["format_rfc3339_ns", "parse_rfc3339_ns"]
+from nats_otel.core import accel
+
+__all__ = ["format_rfc3339_ns", "parse_rfc3339_ns", "python_parse_rfc3339_ns"]
 
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
@@ -51,6 +54,13 @@ def _parse_slow(text: str) -> int:
         seconds -= offset if match.group(9) == "+" else -offset
     fraction = match.group(7) or ""
     return seconds * 1_000_000_000 + int(fraction.ljust(9, "0") or 0)
+
+
+python_parse_rfc3339_ns = parse_rfc3339_ns
+_compiled: Any = accel.compiled("_timestamps")
+if _compiled is not None:
+    _compiled.configure(python_parse_rfc3339_ns)
+    parse_rfc3339_ns = _compiled.parse_rfc3339_ns  # the compiled twin, when built
 
 
 def format_rfc3339_ns(ns: int) -> str:

@@ -1,0 +1,340 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled twin of `mapping.map_message` followed by `otlp_wire`'s span encoding (see
+`span_bytes.python_map_encode`, the reference): one decoded trace message -> its spans
+as encoded `ScopeSpans.spans` entries, with no span record, attribute dict or tuple built.
+
+The values and their order follow mapping.py; the attribute names and constant values
+are not written here but taken from mapping.py (`span_layout`, which checks that the
+layout is the one this file writes). Anything unusual (a string with lone surrogates, an
+odd type, headers differing only in case) makes `map_encode` hand the whole message to
+the Python twin, so the bytes are the pure path's in every case.
+"""
+
+include "_protobuf.pxi"
+
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_Size
+
+
+cdef enum:
+    _CACHE_LIMIT = 65536
+    SERVER = 0
+    EGRESS = 1
+    MAPPING = 2
+    EXPORT = 3
+    IMPORT = 4
+    JETSTREAM = 5
+    # Slots in each role's layout (span_layout._SLOTS), where this file writes them.
+    S_SUBJECT = 3
+    S_SIZE = 4
+    S_ACCOUNT = 5
+    S_KIND = 6
+    S_CID = 7
+    S_NAME = 8
+    S_HOPS = 9
+    S_CLIENT_ID = 10
+    S_HOP = 11
+    S_ONLY = 12
+    S_ADHOC = 13
+    S_LINK = 14
+    S_CANDIDATES = 15
+    S_UNMAPPED = 16
+    S_NOTE = 17
+    E_DEST = 3
+    E_ACCOUNT = 4
+    E_KIND = 5
+    E_CID = 6
+    E_NAME = 7
+    E_CLIENT_ID = 8
+    E_SUB = 9
+    E_QUEUE = 10
+    E_HOP = 11
+    E_PEER = 12
+    E_NOTE = 13
+    J_DEST = 3
+    J_STREAM = 4
+    J_NO_INTEREST = 5
+    J_NOTE = 6
+    CLIENT = 0  # ConnectionKind.CLIENT
+
+cdef list _keys = []      # per role: the attribute names, from mapping.py
+cdef list _consts = []    # per role: the probe's values (the constants among them are written as they are)
+cdef list _caches = []    # per role, per position: value -> encoded KeyValue entry
+cdef object _py_map_encode = None
+cdef object _server_resource = None
+cdef object _resource_bytes = None
+cdef object _server_span_id = None
+cdef object _event_span_id = None
+cdef object _header_prefix = None
+cdef tuple _not_failures = ()
+cdef dict _kind_labels = {}
+cdef frozenset _forwarding = frozenset()
+cdef object _Egress = None, _SubjectMapping = None, _StreamExport = None, _ServiceImport = None, _JetStream = None
+cdef tuple _ON = ("1", "true", "on")
+
+
+def configure(layouts, roles, py_map_encode, server_resource, server_span_id, event_span_id, header_prefix,
+              not_failures, kind_labels, forwarding_kinds, event_types):
+    """What this file takes from the Python core: the layouts (names, constants), the Python
+    twin, and the functions and tables mapping.py uses."""
+    global _keys, _consts, _caches, _py_map_encode, _server_resource, _server_span_id, _event_span_id
+    global _header_prefix, _not_failures, _kind_labels, _forwarding
+    global _Egress, _SubjectMapping, _StreamExport, _ServiceImport, _JetStream
+    _keys = [[key for key, _ in layouts[role]] for role in roles]
+    _consts = [[value for _, value in layouts[role]] for role in roles]
+    _caches = [[{} for _ in layouts[role]] for role in roles]
+    _py_map_encode, _server_resource = py_map_encode, server_resource
+    _server_span_id, _event_span_id = server_span_id, event_span_id
+    _header_prefix, _not_failures = header_prefix, tuple(not_failures)
+    _kind_labels, _forwarding = dict(kind_labels), frozenset(forwarding_kinds)
+    _Egress, _SubjectMapping, _StreamExport, _ServiceImport, _JetStream = event_types
+
+
+cdef int put_pair(Buf* b, int role, int index, object value) except -1:
+    """One attribute (span field 9), cached per position by value; 0 if Python must do it."""
+    cdef dict cache = <dict>(<list>_caches[role])[index]
+    cdef PyObject* hit = PyDict_GetItem(cache, value)  # values here are str, int or bool
+    cdef Py_ssize_t start
+    if hit != NULL:
+        put_bytes(b, <bytes>hit)
+        return 1
+    start = b.size
+    if not put_key_value(b, 9, (<list>_keys[role])[index], value):
+        return 0
+    if PyDict_Size(cache) >= _CACHE_LIMIT:
+        cache.clear()  # subjects and names are unbounded: keep memory bounded
+    PyDict_SetItem(cache, value, PyBytes_FromStringAndSize(b.data + start, b.size - start))
+    return 1
+
+
+cdef inline int put_const(Buf* b, int role, int index) except -1:
+    return put_pair(b, role, index, (<list>_consts[role])[index])
+
+
+cdef object _label(object kind):
+    label = _kind_labels.get(kind)
+    return label if label is not None else f"kind-{kind}"
+
+
+cdef int put_head(Buf* s, bytes trace_id, bytes span_id, bytes parent, object state, const char* prefix,
+                  Py_ssize_t prefix_size, object rest, bint always, int kind, uint64_t start, uint64_t end) except -1:
+    """A span's fields up to its attributes, as `otlp_wire._span` writes them; the name is
+    `prefix + " " + rest`, or `prefix` alone when `rest` is empty and not `always`."""
+    cdef Py_ssize_t rest_size = 0
+    cdef const char* rest_data = NULL
+    if not put_ids(s, trace_id, span_id, state, parent):
+        return 0
+    if type(rest) is not str:
+        return 0
+    try:
+        rest_data = PyUnicode_AsUTF8AndSize(rest, &rest_size)
+    except UnicodeEncodeError:
+        return 0
+    put_byte(s, 0x2a)
+    if rest_size or always:
+        put_varint(s, <uint64_t>(prefix_size + 1 + rest_size))
+        put(s, prefix, prefix_size)
+        put_byte(s, 0x20)
+        put(s, rest_data, rest_size)
+    else:
+        put_varint(s, <uint64_t>prefix_size)
+        put(s, prefix, prefix_size)
+    put_byte(s, 0x30)
+    put_byte(s, kind)
+    put_times(s, start, end)
+    return 1
+
+
+cdef int put_status(Buf* s, object error) except -1:
+    """`mapping._status` as span field 15 (nothing for no error, or a note)."""
+    cdef Buf status
+    if not len(error) or error.startswith(_not_failures):
+        return 1
+    buf_init(&status, 64)
+    try:
+        if not put_utf8(&status, 2, error):
+            return 0
+        put(&status, b"\x18\x02", 2)  # StatusCode.ERROR
+        put_field(s, 15, status.data, status.size)
+    finally:
+        buf_free(&status)
+    return 1
+
+
+cdef inline object _note(object error):
+    return error if len(error) and error.startswith(_not_failures) else None
+
+
+cdef int put_outcome(Buf* s, int role, int index, object error) except -1:
+    """What `mapping._child` makes of an event's error: a note attribute, or the status."""
+    note = _note(error)
+    if note is not None and not put_pair(s, role, index, note):
+        return 0
+    return put_status(s, error)
+
+
+cdef int put_headers(Buf* s, object headers, object allowlist) except -1:
+    """The copied headers, in the message's order (`nats.header.<lower-case name>`)."""
+    cdef set seen = None
+    for name, values in (<dict>headers).items():
+        lowered = name.lower()
+        if lowered not in allowlist:
+            continue
+        if seen is None:
+            seen = set()
+        if lowered in seen or type(values) is not list:
+            return 0  # two names differing in case share one attribute: Python decides
+        seen.add(lowered)
+        if not put_key_value(s, 9, _header_prefix + lowered, tuple(values)):
+            return 0
+    return 1
+
+
+cdef inline int close_span(Buf* blob, Buf* s) except -1:
+    put_field(blob, 2, s.data, s.size)
+    s.size = 0
+    return 1
+
+
+cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
+                      list issues) except -1:
+    cdef object ingress = msg.ingress
+    cdef object first = msg._first_values
+    cdef object ident = placement.ident
+    cdef object trace_id = placement.trace_id
+    cdef object trace_state = ctx.trace_state
+    cdef object subject = ingress.subject
+    cdef object account = ingress.account
+    cdef object events = msg.events
+    cdef object unknown = msg.unknown_events
+    cdef uint64_t start, end, ts
+    cdef int position = 0, i
+    if type(trace_id) is not bytes or type(ident) is not bytes or type(trace_state) is not str:
+        return 0
+    server_id = _server_span_id(ctx, ident)
+    start = ingress.ts_ns
+    end = start
+    for event in events:
+        ts = event.ts_ns
+        if ts > end:
+            end = ts
+    hop = ""
+    if ingress.kind in _forwarding:
+        hop = first.get("nats-trace-hop") or ""
+    # the server span
+    if not put_head(s, trace_id, server_id, placement.parent_span_id, trace_state, "receive", 7, subject, False,
+                    5, start, end):
+        return 0
+    for i in range(3):
+        put_const(s, SERVER, i)
+    if not (put_pair(s, SERVER, S_SUBJECT, subject) and put_pair(s, SERVER, S_SIZE, msg.msg_size)
+            and put_pair(s, SERVER, S_ACCOUNT, account) and put_pair(s, SERVER, S_KIND, _label(ingress.kind))
+            and put_pair(s, SERVER, S_CID, ingress.cid) and put_pair(s, SERVER, S_NAME, ingress.name)
+            and put_pair(s, SERVER, S_HOPS, msg.hops)):
+        return 0
+    if ingress.kind == CLIENT and not put_pair(s, SERVER, S_CLIENT_ID, str(ingress.cid)):
+        return 0
+    if hop and not put_pair(s, SERVER, S_HOP, hop):
+        return 0
+    if first.get("nats-trace-dest") and (first.get("nats-trace-only") or "").lower() in _ON:
+        put_const(s, SERVER, S_ONLY)
+    if ctx.adhoc_key is not None and not put_pair(s, SERVER, S_ADHOC, ctx.adhoc_key):
+        return 0
+    link = placement.link
+    if link and link != "matched":
+        if not put_pair(s, SERVER, S_LINK, link):
+            return 0
+        if placement.candidates and not put_pair(s, SERVER, S_CANDIDATES, placement.candidates):
+            return 0
+    if unknown:
+        put_pair(s, SERVER, S_UNMAPPED, len(unknown))
+        for u in unknown:
+            issues.append(f"unknown_event: {u['problem']} at position {u['position']}")
+    note = _note(ingress.error)
+    if note is not None and not put_pair(s, SERVER, S_NOTE, note):
+        return 0
+    if msg.headers and not put_headers(s, msg.headers, options.header_allowlist):
+        return 0
+    if not put_status(s, ingress.error):
+        return 0
+    close_span(blob, s)
+    # one child span per event
+    for event in events:
+        position += 1
+        span_id = _event_span_id(ctx, ident, position)
+        ts = event.ts_ns
+        if ts < start:
+            ts = start
+        kind = type(event)
+        if kind is _Egress:
+            if not put_head(s, trace_id, span_id, server_id, trace_state, "send", 4, subject, False, 4, start, ts):
+                return 0
+            for i in range(3):
+                put_const(s, EGRESS, i)
+            if not (put_pair(s, EGRESS, E_DEST, subject) and put_pair(s, EGRESS, E_ACCOUNT, event.account or account)
+                    and put_pair(s, EGRESS, E_KIND, _label(event.kind)) and put_pair(s, EGRESS, E_CID, event.cid)
+                    and put_pair(s, EGRESS, E_NAME, event.name)):
+                return 0
+            if event.kind == CLIENT and not put_pair(s, EGRESS, E_CLIENT_ID, str(event.cid)):
+                return 0
+            if event.subscription and not put_pair(s, EGRESS, E_SUB, event.subscription):
+                return 0
+            if event.queue and not put_pair(s, EGRESS, E_QUEUE, event.queue):
+                return 0
+            if event.hop and event.kind in _forwarding:
+                if not (put_pair(s, EGRESS, E_HOP, event.hop) and put_pair(s, EGRESS, E_PEER, event.name)):
+                    return 0
+            if not put_outcome(s, EGRESS, E_NOTE, event.error):
+                return 0
+        elif kind is _SubjectMapping:
+            to = event.to
+            if not (put_head(s, trace_id, span_id, server_id, trace_state, "map", 3, to, True, 1, start, ts)
+                    and put_pair(s, MAPPING, 0, subject) and put_pair(s, MAPPING, 1, to)):
+                return 0
+            subject = to  # later egresses deliver on the mapped subject
+        elif kind is _StreamExport:
+            if not (put_head(s, trace_id, span_id, server_id, trace_state, "stream export", 13, event.account, True,
+                             1, start, ts)
+                    and put_pair(s, EXPORT, 0, event.account) and put_pair(s, EXPORT, 1, event.to)):
+                return 0
+        elif kind is _ServiceImport:
+            if not (put_head(s, trace_id, span_id, server_id, trace_state, "service import", 14, event.account,
+                             True, 1, start, ts)
+                    and put_pair(s, IMPORT, 0, event.account) and put_pair(s, IMPORT, 1, event.from_subject)
+                    and put_pair(s, IMPORT, 2, event.to)):
+                return 0
+            subject, account = event.to, event.account
+        elif kind is _JetStream:
+            if not put_head(s, trace_id, span_id, server_id, trace_state, "store", 5, event.stream, False, 1,
+                            start, ts):
+                return 0
+            for i in range(3):
+                put_const(s, JETSTREAM, i)
+            if not (put_pair(s, JETSTREAM, J_DEST, event.subject or subject)
+                    and put_pair(s, JETSTREAM, J_STREAM, event.stream)
+                    and put_pair(s, JETSTREAM, J_NO_INTEREST, event.no_interest)):
+                return 0
+            if not put_outcome(s, JETSTREAM, J_NOTE, event.error):
+                return 0
+        else:
+            return 0
+        close_span(blob, s)
+    return 1 + position
+
+
+def map_encode(msg, ctx, placement, options):
+    """(resource, encoded spans, span count, issues) of one trace message: the bytes
+    `python_map_encode` gives, written in C (or by it, for unusual input)."""
+    cdef Buf blob, s
+    cdef list issues = []
+    cdef int count
+    buf_init(&blob, 1024)
+    buf_init(&s, 512)
+    try:
+        count = map_encode_c(&blob, &s, msg, ctx, placement, options, issues)
+        if not count:
+            return _py_map_encode(msg, ctx, placement, options)
+        resource = _server_resource(msg.server, options.service_name)
+        return resource, PyBytes_FromStringAndSize(blob.data, blob.size), count, issues
+    finally:
+        buf_free(&blob)
+        buf_free(&s)

@@ -1,0 +1,61 @@
+"""Which implementation of the core's hot path runs: the compiled twins or pure Python.
+
+As in aiohttp and multidict: a compiled module (`nats_otel/core/_<name>.pyx`, built by
+`pip install`) stands beside the pure-Python module of the same job and is chosen when
+that module is imported, unless the environment variable `NATS_OTEL_NO_EXTENSIONS` is set
+(to anything but "" or "0"). The pure-Python modules are the reference (the golden files,
+and tests that both give the same bytes) and the fallback where the build could not run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+__all__ = ["NO_EXTENSIONS", "compiled", "implementation", "note_unavailable", "unavailable"]
+
+#: Read once, at import: the choice holds for the life of the process (and its workers,
+#: which inherit the environment).
+NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
+
+# The compiled twins the core uses, and why one could not be imported (name -> error).
+TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping")
+_unavailable: dict[str, str] = {}
+
+
+def compiled(name: str) -> ModuleType | None:
+    """The compiled twin `nats_otel.core.<name>`, or None: forbidden, or not built."""
+    if NO_EXTENSIONS:
+        return None
+    try:
+        return importlib.import_module(f"nats_otel.core.{name}")
+    except ImportError as exc:
+        _unavailable[name] = str(exc)
+        return None
+
+
+def note_unavailable(name: str, reason: str) -> None:
+    """A compiled twin that was built but is not used (its module says why)."""
+    _unavailable[name] = reason
+
+
+def _load_all() -> None:
+    # The modules that choose a twin at import: importing them makes the record complete.
+    importlib.import_module("nats_otel.core.otlp_wire")
+    importlib.import_module("nats_otel.core.timestamps")
+    importlib.import_module("nats_otel.core.model")
+    importlib.import_module("nats_otel.core.ids")
+    importlib.import_module("nats_otel.core.span_bytes")
+
+
+def implementation() -> str:
+    """"compiled" when every compiled twin is in use, else "python"."""
+    _load_all()
+    return "python" if NO_EXTENSIONS or _unavailable else "compiled"
+
+
+def unavailable() -> dict[str, str]:
+    """Compiled twins that could not be imported, with the import error (empty if forced off)."""
+    _load_all()
+    return dict(_unavailable)

@@ -1,0 +1,414 @@
+"""The compiled twins (`nats_otel/core/_*.pyx`) against the pure-Python reference: the same
+bytes (or the same exception) on the whole corpus, on generated span records and
+timestamps, and on fuzzed trace messages. The golden files test the reference; these
+tests tie the compiled core to it.
+
+Both CI runs of tests/core (compiled, and NATS_OTEL_NO_EXTENSIONS=1) run these: the
+twins are imported directly, whichever core the process chose.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import random
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nats_otel.core import accel, encode, otlp_wire, span_bytes, timestamps
+from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.linking import LinkSettings
+from nats_otel.core.pipeline import Converted, Converter, convert_batch
+from nats_otel.core.records import Resource, SpanRecord
+from tests.core.test_fuzz_decode import LIMITS, payloads
+
+SCOPE = encode._SCOPE
+
+
+def _twin(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(f"nats_otel.core.{name}")
+    except ImportError as exc:
+        if accel.NO_EXTENSIONS:
+            pytest.skip(f"compiled core not built in this pure-Python run: {exc}")
+        pytest.fail(f"the compiled core is not built ({exc}): python setup.py build_ext --inplace")
+
+
+@pytest.fixture(scope="module")
+def wire() -> ModuleType:
+    module = _twin("_otlp_wire")
+    # As otlp_wire does when it chooses the twin (not done when NATS_OTEL_NO_EXTENSIONS is set).
+    module.configure(otlp_wire._span, otlp_wire._key_value, otlp_wire._resource, otlp_wire._UNCACHED_PREFIX)
+    return module
+
+
+@pytest.fixture(scope="module")
+def clock() -> ModuleType:
+    module = _twin("_timestamps")
+    module.configure(timestamps.python_parse_rfc3339_ns)
+    return module
+
+
+def outcome(function, *args):
+    """The result, or the exception's type and text: both twins must agree on either."""
+    try:
+        return function(*args)
+    except Exception as exc:  # noqa: BLE001 - compared, not hidden
+        return type(exc), str(exc)
+
+
+def test_the_process_runs_the_core_it_was_asked_for():
+    if accel.NO_EXTENSIONS:
+        assert accel.implementation() == "python"
+        assert otlp_wire.encode_request is otlp_wire.python_encode_request
+        assert timestamps.parse_rfc3339_ns is timestamps.python_parse_rfc3339_ns
+    else:
+        assert accel.implementation() == "compiled", accel.unavailable()
+        assert otlp_wire.encode_request is not otlp_wire.python_encode_request
+        assert timestamps.parse_rfc3339_ns is not timestamps.python_parse_rfc3339_ns
+
+
+def test_the_corpus_encodes_to_the_same_bytes(wire, corpus_raws):
+    results = convert_batch(corpus_raws)
+    spans = [s for r in results if isinstance(r, Converted) for s in r.spans]
+    assert len(spans) > 50
+    for size in (1, 7, 64, len(spans)):
+        for start in range(0, len(spans), size):
+            batch = spans[start : start + size]
+            assert wire.encode_request(batch, SCOPE) == otlp_wire.python_encode_request(batch, SCOPE)
+    for result in results:
+        if isinstance(result, Converted):
+            assert wire.encode_request(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
+
+
+# Each key carries values of one type: the pair caches of both twins key on (key, value),
+# where 1, 1.0 and True are equal, so mixed types under one key would make either twin's
+# output depend on what it encoded before (the mapping never mixes them).
+_text = st.text(max_size=12)  # includes lone surrogates: written with surrogatepass
+_wide_int = st.integers(min_value=-(2**70), max_value=2**70)
+_values = st.one_of(
+    st.tuples(st.just("b"), st.booleans()),
+    st.tuples(st.just("i"), _wide_int | st.integers(-300, 300)),
+    st.tuples(st.just("f"), st.floats()),
+    st.tuples(st.just("s"), _text),
+    st.tuples(st.just("a"), st.recursive(st.tuples(_text), lambda inner: st.tuples(_text, inner), max_leaves=5)),
+    st.tuples(st.just("h"), st.tuples(_text)),
+)
+
+
+@st.composite
+def attributes(draw) -> tuple:
+    out = []
+    for kind, value in draw(st.lists(_values, max_size=6)):
+        name = draw(st.sampled_from(["x", "messaging.system", "nats.account", "é"]))
+        prefix = otlp_wire._UNCACHED_PREFIX if kind == "h" else f"{kind}."
+        out.append((prefix + name, value))
+    return tuple(out)
+
+
+_u64 = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+@st.composite
+def span_records(draw) -> SpanRecord:
+    resource = Resource(draw(attributes()) or (("service.name", "nats-server"),))
+    return SpanRecord(
+        draw(st.binary(min_size=16, max_size=16) | st.binary(max_size=20)),
+        draw(st.binary(min_size=8, max_size=8) | st.binary(max_size=9)),
+        draw(st.sampled_from([b""]) | st.binary(min_size=8, max_size=8) | st.binary(max_size=300)),
+        draw(_text | st.text(min_size=100, max_size=200)),
+        draw(st.integers(0, 5) | _wide_int),
+        draw(_u64 | st.integers(min_value=-5, max_value=2**65)),
+        draw(_u64),
+        resource,
+        draw(attributes()),
+        draw(st.sampled_from([0, 1, 2]) | _wide_int),
+        draw(st.sampled_from(["", "boom"]) | _text),
+        draw(st.sampled_from(["", "k=v"]) | _text),
+    )
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(span_records(), max_size=6))
+def test_generated_spans_encode_to_the_same_bytes_or_fail_alike(wire, spans):
+    assert outcome(wire.encode_request, spans, SCOPE) == outcome(otlp_wire.python_encode_request, spans, SCOPE)
+
+
+def test_copied_headers_are_not_cached_by_the_compiled_twin(wire):
+    resource = Resource((("service.name", "x"),))
+    spans = [SpanRecord(b"\x01" * 16, i.to_bytes(8, "big"), b"", "s", 5, 1, 2, resource,
+                        (("messaging.system", "nats"),
+                         (otlp_wire._UNCACHED_PREFIX + "traceparent", (f"00-{i:032x}-{i:016x}-01",))))
+             for i in range(1, 200)]
+    wire.clear_caches()
+    assert wire.encode_request(spans, SCOPE) == otlp_wire.python_encode_request(spans, SCOPE)
+    assert wire.cached_pairs(9) == [("messaging.system", "nats")]
+
+
+FUZZ_CONVERTER = Converter(limits=LIMITS, link=LinkSettings(capacity=1000))
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(payloads())
+def test_fuzzed_trace_messages_encode_to_the_same_bytes(wire, raw: RawTraceMessage):
+    result = FUZZ_CONVERTER.convert(raw)
+    if isinstance(result, Converted):
+        assert wire.encode_request(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
+
+
+def _bench_fuzzer() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "bench" / "fuzz_decode.py"
+    spec = importlib.util.spec_from_file_location("bench_fuzz_decode", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_fuzzers_messages_encode_to_the_same_bytes(wire):
+    fuzz = _bench_fuzzer()
+    rnd = random.Random(17)
+    converter = Converter(limits=fuzz.LIMITS)
+    converted = 0
+    for _ in range(1500):
+        _, raw = fuzz.generate(rnd)
+        result = converter.convert(raw)
+        if isinstance(result, Converted):
+            converted += 1
+            assert wire.encode_request(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
+    assert converted > 100
+
+
+_stamp = st.builds(
+    "{:04d}-{:02d}-{:02d}{}{:02d}:{:02d}:{:02d}{}{}".format,
+    st.integers(0, 9999), st.integers(0, 13), st.integers(0, 32), st.sampled_from(["T", "t", " ", "x"]),
+    st.integers(0, 25), st.integers(0, 61), st.integers(0, 61),
+    st.sampled_from(["", "."]) | st.from_regex(r"\.[0-9]{1,10}", fullmatch=True),
+    st.sampled_from(["Z", "z", "+01:00", "-02:30", "", "ZZ"]),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_stamp | st.text(max_size=32) | st.from_regex(r"2026-11-22T02:16:3[0-9]\.[0-9\u0660-\u0669]{1,9}Z",
+                                                         fullmatch=True))
+def test_timestamps_parse_alike(clock, text):
+    assert outcome(clock.parse_rfc3339_ns, text) == outcome(timestamps.python_parse_rfc3339_ns, text)
+
+
+@pytest.mark.parametrize("text", ["2026-11-22T02:16:30Z", "2026-11-22T02:16:30.123456789Z", "1970-01-01T00:00:00.1Z",
+                                  "2024-02-30T00:00:00Z", "2554-07-21T23:34:33.709551615Z", "0000-01-01T00:00:00Z",
+                                  "2026-11-22T02:16:60.5Z", "2026-11-22T02:16:30.1234567890Z", None, 12])
+def test_timestamp_edges_parse_alike(clock, text):
+    assert outcome(clock.parse_rfc3339_ns, text) == outcome(timestamps.python_parse_rfc3339_ns, text)
+
+
+@pytest.fixture(scope="module")
+def ids_twin() -> ModuleType:
+    from nats_otel.core import ids
+
+    module = _twin("_ids")
+    module.configure(ids._ROLE_PREFIX[b"server"], ids._ROLE_PREFIX[b"event"], ids._POSITIONS, ids.python_fields,
+                     ids.python_server_span_id, ids.python_event_span_id, ids.python_parse_traceparent)
+    return module
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=600), st.integers(1, 64))
+def test_blake2b_in_c_is_hashlibs(ids_twin, data, size):
+    import hashlib
+
+    assert ids_twin.blake2b(data, size) == hashlib.blake2b(data, digest_size=size).digest()
+
+
+def test_blake2b_block_edges(ids_twin):
+    import hashlib
+
+    for n in (0, 1, 127, 128, 129, 255, 256, 257, 1000):
+        assert ids_twin.blake2b(b"x" * n, 16) == hashlib.blake2b(b"x" * n, digest_size=16).digest()
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.text(max_size=20), max_size=4), st.binary(max_size=40), st.binary(max_size=20),
+       st.binary(max_size=20), st.integers(-3, 300))
+def test_ids_hash_alike(ids_twin, texts, ident, trace_id, parent, position):
+    from nats_otel.core import ids
+
+    assert outcome(ids_twin.fields, *texts) == outcome(ids.python_fields, *texts)
+    assert ids_twin.context_fields(trace_id, parent) == ids.python_context_fields(trace_id, parent)
+    ctx = ids.TraceContext(trace_id or b"\x01", parent)
+    assert ids_twin.server_span_id(ctx, ident) == ids.python_server_span_id(ctx, ident)
+    assert outcome(ids_twin.event_span_id, ctx, ident, position) == outcome(ids.python_event_span_id, ctx, ident,
+                                                                            position)
+
+
+_trace_hex = st.sampled_from(["0" * 32, "4bf92f3577b34da6a3ce929d0e0e4736", "4BF92F3577B34DA6A3CE929D0E0E4736",
+                              "4bf92f3577b34da6a3ce929d0e0e473"]) | st.from_regex(r"[0-9a-fA-F]{32}", fullmatch=True)
+_parent_hex = (st.sampled_from(["0" * 16, "00f067aa0ba902b7", "00f067aa0ba902bz"])
+               | st.from_regex(r"[0-9a-f]{16}", fullmatch=True))
+_traceparent = st.builds("{}-{}-{}-{}{}".format, st.sampled_from(["00", "01", "ff", "0g", "0"]), _trace_hex,
+                         _parent_hex, st.sampled_from(["01", "00", "1", "xx"]), st.sampled_from(["", "-x", " ", "-"]))
+
+
+@settings(max_examples=800, deadline=None)
+@given(_traceparent | st.text(max_size=60) | st.sampled_from([None, 5, b"00"]))
+def test_traceparents_parse_alike(ids_twin, value):
+    from nats_otel.core import ids
+
+    assert outcome(ids_twin.parse_traceparent, value) == outcome(ids.python_parse_traceparent, value)
+
+
+def pipeline_outcomes(count: int) -> bytes:
+    """Every outcome of the bridge's path (decode, link, map, encode) for the corpus and
+    `count` messages of the bench fuzzer: spans as request bytes, rejections with their
+    reason and detail. Compared between two processes running different cores."""
+    import pickle
+
+    from tests.conftest import corpus_files, read_raws
+
+    fuzz = _bench_fuzzer()
+    rnd = random.Random(23)
+    raws = [raw for path in corpus_files() for raw in read_raws(path)]
+    raws += [fuzz.generate(rnd)[1] for _ in range(count)]
+    converter, straight = Converter(limits=fuzz.LIMITS), Converter(limits=fuzz.LIMITS)
+    out = []
+    for raw in raws:
+        result = converter.convert(raw)
+        if isinstance(result, Converted):
+            # The bridge's OTLP path: mapped straight into protobuf, the same request bytes.
+            direct = straight.convert(raw, encoded=True)
+            assert isinstance(direct, Converted) and direct.encoded is not None
+            request = encode.to_protobuf_bytes(result.spans)
+            assert span_bytes.encode_request([direct.encoded]) == request
+            assert (direct.issues, direct.link) == (result.issues, result.link)
+            out.append(("spans", request, result.issues, result.link))
+        else:
+            out.append(("rejected", result.reason, result.detail))
+    return pickle.dumps(out)
+
+
+def test_the_whole_path_gives_the_same_outcomes_on_both_cores():
+    # The decode hooks (`_model.pyx`) are bound when the classes are made: one process runs
+    # one core, so the other core runs in a child process.
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    _twin("_otlp_wire")  # both cores must be there to compare
+    env = dict(os.environ)
+    if accel.NO_EXTENSIONS:
+        env.pop("NATS_OTEL_NO_EXTENSIONS")
+    else:
+        env["NATS_OTEL_NO_EXTENSIONS"] = "1"
+    code = ("import sys; from tests.core.test_twins import pipeline_outcomes; "
+            "sys.stdout.buffer.write(pipeline_outcomes(2000))")
+    root = Path(__file__).resolve().parents[2]
+    other = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, check=True).stdout
+    ours = pipeline_outcomes(2000)
+    assert sum(1 for o in pickle.loads(ours) if o[0] == "spans") > 300
+    assert pickle.loads(other) == pickle.loads(ours)
+
+
+@pytest.fixture(scope="module")
+def mapper() -> ModuleType:
+    from nats_otel.core import ids, mapping, model
+    from nats_otel.core.span_layout import ROLES, layouts
+
+    module = _twin("_mapping")
+    module.configure(layouts(), ROLES, span_bytes.python_map_encode, mapping.server_resource, ids.server_span_id,
+                     ids.event_span_id, mapping.HEADER_ATTRIBUTE_PREFIX, mapping._NOT_FAILURES, model._KIND_LABELS,
+                     model.FORWARDING_KINDS, (model.Egress, model.SubjectMapping, model.StreamExport,
+                                              model.ServiceImport, model.JetStreamEvent))
+    return module
+
+
+def _map_encode_alike(mapper, raws, options=None) -> int:
+    """Both twins of map + encode on every message of `raws` (linked as `convert` links
+    them); returns how many gave spans."""
+    from nats_otel.core.decode import DecodeError
+    from nats_otel.core.mapping import MappingOptions
+    from nats_otel.core.pipeline import Linker, prepare
+
+    options = options or MappingOptions()
+    linker = Linker(bounded=False)
+    prepared = []
+    for raw in raws:
+        try:
+            prepared.append(prepare(raw, LIMITS))
+        except DecodeError:
+            continue
+        linker.observe(prepared[-1])
+    for p in prepared:
+        placement = linker.place(p)
+        assert outcome(mapper.map_encode, p.msg, p.ctx, placement, options) == outcome(
+            span_bytes.python_map_encode, p.msg, p.ctx, placement, options)
+    return len(prepared)
+
+
+def test_the_mapper_is_the_compiled_one_unless_forbidden():
+    running = span_bytes.IMPLEMENTATION
+    assert running == ("python" if accel.NO_EXTENSIONS else "compiled"), accel.unavailable()
+
+
+def test_the_corpus_maps_to_the_same_bytes(mapper, corpus_raws):
+    from nats_otel.core.mapping import MappingOptions
+
+    assert _map_encode_alike(mapper, corpus_raws) == len(corpus_raws)
+    # Every header copied, another service name: other attributes, other resources.
+    options = MappingOptions("svc-é", frozenset({"traceparent", "content-encoding", "nats-trace-hop", "x"}))
+    assert _map_encode_alike(mapper, corpus_raws, options) == len(corpus_raws)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(payloads(), min_size=1, max_size=3))
+def test_fuzzed_trace_messages_map_to_the_same_bytes(mapper, raws):
+    _map_encode_alike(mapper, raws)
+
+
+def test_the_bench_fuzzers_messages_map_to_the_same_bytes(mapper):
+    fuzz = _bench_fuzzer()
+    rnd = random.Random(29)
+    assert _map_encode_alike(mapper, [fuzz.generate(rnd)[1] for _ in range(1500)]) > 100
+
+
+@st.composite
+def odd_messages(draw) -> RawTraceMessage:
+    """Valid trace messages with odd but allowed values: empty and non-ASCII strings, lone
+    surrogates, every connection kind, header names differing in case, errors and notes."""
+    import json
+
+    from nats_otel.core.mapping import _NOT_FAILURES
+    from tests.core.factories import TRACEPARENT, egress, ingress, message
+
+    text = st.sampled_from(["", "a", "é.ü", "\ud800", "x" * 200]) | st.text(max_size=8)
+    error = st.sampled_from(["", "boom", _NOT_FAILURES[0], _NOT_FAILURES[0] + " x"])
+    kind = st.integers(0, 9)
+    events = [ingress(kind=draw(kind), subj=draw(text), acc=draw(text), name=draw(text), error=draw(error))]
+    for t in range(draw(st.integers(0, 5))):
+        shape = draw(st.sampled_from(["eg", "sm", "se", "si", "js"]))
+        event = {"type": shape, "ts": f"2026-11-22T02:16:30.{100 + t:09d}Z"}
+        if shape == "eg":
+            event = egress(t=100 + t, kind=draw(kind), name=draw(text), hop=draw(text), acc=draw(text),
+                           sub=draw(text), queue=draw(text), error=draw(error))
+        else:
+            event.update({k: draw(text) for k in ("to", "acc", "from", "stream", "subject") if draw(st.booleans())})
+            if shape == "js":
+                event["nointerest"] = draw(st.booleans())
+                event["error"] = draw(error)
+        events.append(event)
+    headers = {"traceparent": [TRACEPARENT]}
+    for name in draw(st.lists(st.sampled_from(["Nats-Trace-Hop", "nats-trace-hop", "Nats-Trace-Dest",
+                                               "Nats-Trace-Only", "TraceState", "X-App"]), max_size=4)):
+        headers[name] = draw(st.lists(text, max_size=2))
+    doc = message(*events, headers=headers, hops=draw(st.integers(0, 3)))
+    return RawTraceMessage(draw(st.sampled_from(["trace.a", None])), {}, json.dumps(doc).encode())
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(odd_messages(), min_size=1, max_size=3))
+def test_odd_messages_map_to_the_same_bytes(mapper, raws):
+    _map_encode_alike(mapper, raws)

@@ -12,6 +12,7 @@ Times exclude JVM and Python-worker start-up (a warm-up run on the corpus comes 
 
     python bench/backfill_throughput.py                  # 1M messages (~25 min on 2 cores)
     python bench/backfill_throughput.py --messages 20000 # quick check
+    python bench/backfill_throughput.py --output-files --messages 200000  # file layouts
 """
 
 from __future__ import annotations
@@ -129,21 +130,27 @@ def _java_pids() -> list[int]:
     return found
 
 
-def child_spark(folder: str, master: str, out: str) -> dict:
+def child_spark(folder: str, master: str, out: str, *flags: str) -> dict:
+    """One measured convert; `flags` are extra convert flags, `--spark-default-shuffle` first
+    for Spark's own shuffle partitions (200) instead of two per core."""
     sys.path.insert(0, str(ROOT))
     from spark_backfill.__main__ import run
     from spark_backfill.session import build_session
 
-    spark = build_session(master, shuffle_partitions=int(master[6:-1]) * 2, extra_conf={"spark.ui.enabled": "false"})
+    shuffle = None if flags[:1] == ("--spark-default-shuffle",) else int(master[6:-1]) * 2
+    flags = flags[1:] if shuffle is None else flags
+    spark = build_session(master, shuffle_partitions=shuffle, extra_conf={"spark.ui.enabled": "false"})
     # Warm-up on the corpus: Python workers start and import their modules once (~20s).
     run(spark, ["convert", "--input", *sorted(glob.glob(str(CORPUS / "*.jsonl"))), "--otlp-json-out", out + "-warmup",
                 "--overwrite"])
     start = time.monotonic()
-    status = run(spark, ["convert", "--input", folder, "--otlp-json-out", out, "--overwrite"])
+    status = run(spark, ["convert", "--input", folder, "--otlp-json-out", out, "--overwrite", *flags])
     elapsed = time.monotonic() - start
     jvm = [_rss_kib(p) for p in _java_pids()]
     spark.stop()
-    return {"status": status, "seconds": elapsed,
+    files = [p for p in Path(out).iterdir() if p.name.startswith("part-")]
+    return {"status": status, "seconds": elapsed, "files": len(files),
+            "out_bytes": sum(p.stat().st_size for p in files),
             "driver_py_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "driver_jvm_rss_mib": sum(r for r, _ in jvm) / 1024, "driver_jvm_hwm_mib": sum(h for _, h in jvm) / 1024}
 
@@ -190,11 +197,41 @@ def measure(kind: str, *args: str) -> dict:
     return result
 
 
+def output_files(work: Path, n: int, rounds: int = 2) -> None:
+    """The OTLP/JSON output as a user's default run gets it (Spark's 200 shuffle partitions):
+    files by trace range over the shuffle partitions (the old default, the baseline), by size
+    (the default now), and by size gzip-compressed; same input, as ratios. The machine is
+    shared: the layouts take turns, `rounds` times, and each keeps its best run."""
+    folder = work / f"in-{n}"
+    written = generate(folder, n)
+    print(f"generated {n} messages ({written / 1e6:.0f} MB)", flush=True)
+    layouts = (("200 files (shuffle partitions)", ["--otlp-json-files", "200"]),
+               ("by size (64 MiB files)", []),
+               ("by size, gzip", ["--compress", "gzip"]))
+    best: dict[str, dict] = {}
+    for turn in range(rounds):
+        for index, (label, flags) in enumerate(layouts):
+            out = str(work / f"out-{index}")
+            result = measure("spark", str(folder), "local[2]", out, "--spark-default-shuffle", *flags)
+            result.update(label=label, rate=n / result["seconds"], turn=turn)
+            print(f"{label:32} {result['seconds']:7.1f}s {result['rate']:7.0f} msg/s  {result['files']:4d} files "
+                  f"{result['out_bytes'] / 1e6:8.1f} MB  [{result['load_before']} | after: {result['load_after']}]",
+                  flush=True)
+            if label not in best or result["rate"] > best[label]["rate"]:
+                best[label] = result
+    base = best[layouts[0][0]]["rate"]
+    print("best of each, throughput vs 200 files: "
+          + ", ".join(f"{label}: {best[label]['rate'] / base:.2f}" for label, _ in layouts[1:]))
+    (work / "output-files.json").write_text(json.dumps(list(best.values()), indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--workdir", help="keep generated input and outputs here (default: a temp dir)")
-    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--output-files", action="store_true",
+                        help="compare the OTLP/JSON file layouts instead (output_files)")
+    parser.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
@@ -204,6 +241,9 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="backfill-bench-"))
     n = args.messages
+    if args.output_files:
+        output_files(work, n)
+        return
     sizes = sorted({max(1, n // 4), max(1, n // 2), n})
     inputs = {}
     for size in sizes:

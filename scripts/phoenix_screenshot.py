@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,11 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.phoenix import Phoenix, find_phoenix, get_json, start_phoenix  # noqa: E402
+from chromium_shot import find_chromium, screenshot  # noqa: E402 (the script's own folder)
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-                  "--virtual-time-budget=10000"]
+from tests.e2e.phoenix import Phoenix, find_phoenix, get_json, start_phoenix  # noqa: E402
 
 
 def main() -> int:
@@ -41,9 +38,7 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "images" / "phoenix-trace.png")
     parser.add_argument("--window-size", default="1600,1000")
     args = parser.parse_args()
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        sys.exit("chromium not found (apt-get install -y chromium)")
+    chromium = find_chromium()
     with tempfile.TemporaryDirectory(prefix="phoenix-shot-") as tmp:
         work = Path(tmp)
         started: Phoenix | None = None
@@ -77,11 +72,7 @@ def main() -> int:
             # where the message went, next to the tree.
             deepest = max(servers, key=lambda s: len(s["attributes"]["messaging.nats.trace.hop"]))
             page = f"{url}/projects/{project}/traces/{trace_id}?selectedSpanNodeId={deepest['id']}"
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={work / 'chromium'}",
-                            f"--window-size={args.window_size}", f"--screenshot={args.output}", page],
-                           check=True, timeout=120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            print(f"{page}\n-> {args.output}")
+            screenshot(chromium, page, args.output, args.window_size, work)
         finally:
             if started is not None:
                 started.stop()

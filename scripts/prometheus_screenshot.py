@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ import nats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from chromium_shot import find_chromium, screenshot  # noqa: E402 (the script's own folder)
+
 from nats_otel.devkit.processes import start_topology, wait_for_interest  # noqa: E402
 from nats_otel.devkit.prometheus import PrometheusServer  # noqa: E402
 from nats_otel.devkit.server_config import free_ports  # noqa: E402
@@ -34,11 +35,6 @@ from nats_otel.devkit.topology import demo_topology  # noqa: E402
 
 QUERY = ("histogram_quantile(0.99, sum by (le, from_server, to_server, kind) "
          "(rate(nats_otel_hop_latency_seconds_bucket[30s])))")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-                  "--virtual-time-budget=10000"]
-
-
 async def traffic(topo, seconds: float) -> int:
     """Traced messages from east-2 (routes, then east-1's leafnode) and from leaf-1 (the other
     way), ~40 a second, one traceparent each."""
@@ -71,9 +67,7 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "images" / "prometheus-hop-latency.png")
     parser.add_argument("--window-size", default="1400,900")
     args = parser.parse_args()
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        sys.exit("chromium not found (apt-get install -y chromium)")
+    chromium = find_chromium()
     with tempfile.TemporaryDirectory(prefix="prom-shot-") as tmp, start_topology(demo_topology()) as topo:
         work = Path(tmp)
         metrics_port = free_ports(1)[0]
@@ -90,11 +84,7 @@ def main() -> int:
                 params = {"g0.expr": QUERY, "g0.tab": "0", "g0.range_input": f"{int(args.seconds) + 30}s",
                           "g0.stacked": "0", "g0.show_exemplars": "0"}
                 page = f"{prom.url}/graph?{urllib.parse.urlencode(params)}"
-                args.output.parent.mkdir(parents=True, exist_ok=True)
-                subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={work / 'chromium'}",
-                                f"--window-size={args.window_size}", f"--screenshot={args.output}", page],
-                               check=True, timeout=120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                print(f"{page}\n-> {args.output}")
+                screenshot(chromium, page, args.output, args.window_size, work)
         finally:
             bridge.terminate()
             bridge.wait(30)

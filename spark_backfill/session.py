@@ -7,7 +7,15 @@ import os
 import sys
 import warnings
 
-__all__ = ["QUIET_LOGGERS", "build_session", "local_defaults", "local_driver_memory", "under_spark_submit"]
+__all__ = [
+    "QUIET_LOGGERS",
+    "build_session",
+    "default_parallelism",
+    "is_remote",
+    "local_defaults",
+    "local_driver_memory",
+    "under_spark_submit",
+]
 
 log = logging.getLogger("spark_backfill")
 
@@ -50,25 +58,64 @@ def local_defaults() -> dict[str, str]:
     }
 
 
+def is_remote(spark) -> bool:  # spark: a classic or a Spark Connect SparkSession
+    """True for a Spark Connect session (no SparkContext, no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def default_parallelism(spark) -> int:
+    """The cluster's default parallelism (its cores), for a classic or a Connect session."""
+    if not is_remote(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    from pyspark.sql import functions as F
+
+    # Connect has no SparkContext to ask: Spark splits a range without a partition count
+    # into that many partitions.
+    return int(spark.range(0, 1 << 16).select(F.spark_partition_id()).distinct().count())
+
+
+def _quiet() -> None:
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # pyspark 4.3 warns on every pandas UDF that pandas 3 is "not fully supported"; the
+    # features we use are covered by the tests.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
+
+
+def _remote_session(remote: str, app_name: str, conf: dict[str, str]):
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(remote).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    log.info("spark connect %s at %s", spark.version, remote)
+    return spark
+
+
 def build_session(
     master: str | None = None,
     app_name: str = "nats-otel-backfill",
     shuffle_partitions: int | None = None,
     extra_conf: dict[str, str] | None = None,
+    remote: str | None = None,
 ):  # -> pyspark.sql.SparkSession (import kept lazy: `report --help` needs no JVM)
     """A SparkSession whose Python workers run this very interpreter.
 
     Executors start `python3` from PATH unless told otherwise (DESIGN §9), so a job started
     as `<venv>/bin/python -m spark_backfill` without an activated venv would fail in the
     workers: point them at `sys.executable`. Under spark-submit the cluster's settings win.
+    With `remote` (`sc://HOST:PORT`), a Spark Connect session: the server's settings and
+    Python workers are its own, only runtime settings (`extra_conf`) are passed.
     """
+    _quiet()
     from pyspark.sql import SparkSession
 
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # pyspark 4.3 warns on every pandas UDF that pandas 3 is "not fully supported"; the
-    # features we use are covered by the tests.
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
+    if remote:
+        runtime = dict(extra_conf or {})
+        if shuffle_partitions:
+            runtime["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
+        return _remote_session(remote, app_name, runtime)
     if (master or "local").startswith("local"):
         # Local runs bind to loopback: no "hostname resolves to a loopback address" noise.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

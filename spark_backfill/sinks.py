@@ -3,7 +3,8 @@
 The OTLP/JSON files are the Collector file-exporter format, one request per trace, the
 bytes of `nats-otel convert`'s `split_by_trace` + `to_otlp_json_line`, spliced from the
 spans the transform encoded (`fragments`): range-partitioned and sorted by trace id, so
-`cat part-*` is byte-identical to `convert`'s output file.
+`cat part-*` is byte-identical to `convert`'s output file (the caller picks the file count
+by size, `outputs.otlp_json_files`, and names the files, `outputs.jsonl_name`).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def otlp_json_lines(batches: Iterator[Any]) -> Iterator[Any]:
         yield pa.RecordBatch.from_arrays([pa.array([trace_line(pending, resource_key)], pa.string())], names=["value"])
 
 
-def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "errorifexists",
+def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "error",
                     compression: str = "none") -> None:
     """OTLP/JSON lines, `partitions` files range-partitioned by trace id, each sorted."""
     from pyspark.sql import functions as F
@@ -134,17 +135,19 @@ def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "errorife
 # --- Parquet -----------------------------------------------------------------------------
 
 
-def write_parquet(spans: Any, out: str, mode: str = "errorifexists") -> None:
-    """The Parquet span table: one row per span, flat columns, attributes as maps."""
-    spans.drop(*ENCODED_COLUMNS).write.mode(mode).parquet(out)
+def write_parquet(spans: Any, out: str, mode: str = "error", files: int | None = None) -> None:
+    """The Parquet span table: one row per span, flat columns, attributes as maps; at most
+    `files` files (fewer, larger files than the input's splits give)."""
+    table = spans.drop(*ENCODED_COLUMNS)
+    (table.coalesce(files) if files else table).write.mode(mode).parquet(out)
 
 
-def write_rejects(rows: Any, out: str, mode: str = "errorifexists") -> None:
-    """Rejected records as JSON Lines: reason, detail, subject, source, the record itself."""
+def write_rejects(rows: Any, out: str, mode: str = "error", compression: str = "none") -> None:
+    """Rejected records as JSON Lines (one file): reason, detail, subject, source, the record."""
     rejects = rows.filter(rows.row_type == "reject").select(*_REJECT_COLUMNS)
     rejects.withColumnRenamed("reject_reason", "reason").withColumnRenamed("reject_detail", "detail").coalesce(
         1
-    ).write.mode(mode).json(out)
+    ).write.mode(mode).option("compression", compression).json(out)
 
 
 # --- OTLP export from the executors ------------------------------------------------------

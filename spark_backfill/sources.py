@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import glob
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -22,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nats_otel.archive import archive_record, expand_inputs
+from nats_otel.archive import archive_record
 from nats_otel.core.decode import RawTraceMessage
+from spark_backfill.checks import is_local, local_inputs
 
 __all__ = [
     "JetStreamRange",
@@ -39,6 +39,9 @@ __all__ = [
 
 log = logging.getLogger("spark_backfill")
 
+# The names `nats_otel.archive.expand_inputs` takes from a folder, as a Hadoop glob.
+ARCHIVE_GLOB = "*.{jsonl,ndjson,jsonl.gz,ndjson.gz}"
+
 # Headers the server adds to messages it hands out of a stream; not the trace message's own.
 _STREAM_HEADERS = frozenset(
     {"nats-stream", "nats-sequence", "nats-subject", "nats-time-stamp", "nats-num-pending", "nats-last-sequence"}
@@ -48,40 +51,25 @@ _STREAM_HEADERS = frozenset(
 # --- archive files -----------------------------------------------------------------------
 
 
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
 def _is_parquet(path: str) -> bool:
     if path.endswith(".parquet"):
         return True
     local = Path(path.removeprefix("file://"))
-    return _is_local(path) and local.is_dir() and any(local.rglob("*.parquet"))
-
-
-def _expand(paths: Sequence[str]) -> list[str]:
-    """Local files/folders/globs as `convert` sees them; remote URIs (and their globs) left to Spark."""
-    out: list[str] = []
-    for path in paths:
-        if not _is_local(path):
-            out.append(path)
-            continue
-        local = path.removeprefix("file://")
-        matches = sorted(glob.glob(local)) if any(ch in local for ch in "*?[") else [local]
-        if not matches:
-            raise FileNotFoundError(f"no input matches {path}")
-        out.extend(str(Path(p).resolve()) for p in expand_inputs(matches))
-    return out
+    return is_local(path) and local.is_dir() and any(local.rglob("*.parquet"))
 
 
 def read_archive(spark: Any, paths: Sequence[str]) -> Any:
     """Archive JSON Lines (DESIGN §5) as (`value`, `source`); blank lines dropped like `convert`."""
     from pyspark.sql import functions as F
 
-    files = _expand(paths)
-    if not files:
-        raise FileNotFoundError(f"no archive files in {list(paths)}")
-    df = spark.read.text(files)
+    from spark_backfill.session import is_remote
+
+    if is_remote(spark):
+        # A Connect server reads its own file system: it expands folders (to their archive
+        # files, like `convert`) and globs.
+        df = spark.read.options(recursiveFileLookup="true", pathGlobFilter=ARCHIVE_GLOB).text(list(paths))
+    else:
+        df = spark.read.text(local_inputs(paths))
     return df.filter(F.trim("value") != "").select("value", F.input_file_name().alias("source"))
 
 
@@ -238,14 +226,33 @@ def read_range(part: JetStreamRange, source: JetStreamSource) -> Iterator[tuple[
     yield from asyncio.run(_read(source, part))
 
 
+def _read_ranges(batches: Iterator[Any], ranges: tuple[JetStreamRange, ...], source: JetStreamSource) -> Iterator[Any]:
+    """Arrow batches of archive lines of the ranges whose indexes arrive in `batches`."""
+    import pyarrow as pa
+
+    for batch in batches:
+        for index in batch.column("id").to_pylist():
+            rows = list(read_range(ranges[index], source))
+            yield pa.RecordBatch.from_arrays([pa.array([r[0] for r in rows], pa.string()),
+                                              pa.array([r[1] for r in rows], pa.string())],
+                                             names=["value", "source"])
+
+
 def read_jetstream(spark: Any, source: JetStreamSource, parts: int | None = None) -> Any:
-    """The stream as (`value`, `source`), one Spark task per sequence range."""
+    """The stream as (`value`, `source`), one Spark task per sequence range.
+
+    DataFrame APIs only (no RDD), so it runs under Spark Connect too: a range of range
+    indexes, one per partition, each mapped to its messages in an executor.
+    """
+    from spark_backfill.session import default_parallelism
+
     first, last, count = stream_bounds(source)
     if parts is None:
-        parts = max(spark.sparkContext.defaultParallelism, math.ceil(count / 50_000))
+        parts = max(default_parallelism(spark), math.ceil(count / 50_000))
     ranges = plan_ranges(first, last, parts)
     log.info("jetstream %s: %d messages, sequences %d..%d, %d ranges", source.stream, count, first, last, len(ranges))
     if not ranges:
         return spark.createDataFrame([], "value string, source string")
-    rdd = spark.sparkContext.parallelize(ranges, len(ranges)).flatMap(functools.partial(read_range, source=source))
-    return spark.createDataFrame(rdd, "value string, source string")
+    indexes = spark.range(0, len(ranges), 1, numPartitions=len(ranges))
+    return indexes.mapInArrow(functools.partial(_read_ranges, ranges=tuple(ranges), source=source),
+                              "value string, source string")

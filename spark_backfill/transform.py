@@ -247,6 +247,16 @@ def _convert_groups(batches: Iterable[Any], settings: ConvertSettings) -> Iterat
         yield arrow_batch(convert_lines(lines, sources, settings), ROW_SCHEMA)
 
 
+def _input_partitions(df: Any) -> int | None:
+    """As many groups as input splits (the input's size decides); None under Spark Connect,
+    which has no RDDs to ask: there the shuffle partitions decide, coalesced by AQE."""
+    from spark_backfill.session import is_remote
+
+    if is_remote(df.sparkSession):
+        return None
+    return df.rdd.getNumPartitions() or 1
+
+
 class Conversion(NamedTuple):
     """What `convert` gives: the rows and the persisted frame (the caller unpersists it)."""
 
@@ -265,7 +275,9 @@ def convert(lines_df: Any, settings: ConvertSettings, persist: Any = None) -> Co
 
     keyed = lines_df.mapInArrow(functools.partial(_key_batches, settings=settings),
                                 "value string, source string, ctx_key binary")
-    grouped = keyed.repartition(keyed.rdd.getNumPartitions() or 1, "ctx_key").sortWithinPartitions("ctx_key")
+    partitions = _input_partitions(keyed)
+    grouped = (keyed.repartition(partitions, "ctx_key") if partitions else keyed.repartition("ctx_key")
+               ).sortWithinPartitions("ctx_key")
     rows = grouped.mapInArrow(functools.partial(_convert_groups, settings=settings), ROW_SCHEMA)
     rows = rows.persist(persist or StorageLevel.MEMORY_AND_DISK)
     return Conversion(rows, rows)

@@ -1,16 +1,23 @@
-"""The core-mode intake: received trace messages waiting for their batch, bounded in bytes.
+"""The core-mode intake: received trace messages held until their batch is done, bounded in
+bytes.
 
 A count bound would size memory by the smallest messages and drop bursts of ordinary ones;
 bytes bound what is held whatever the messages' size. A message is charged its payload
 plus `MESSAGE_OVERHEAD` (its Python objects: the delivery, the raw message, its header
-dict), so the bound holds for floods of tiny messages too. Callers run on the event loop
-only (NATS callbacks offer, the batcher takes): no locks.
+dict), so the bound holds for floods of tiny messages too.
+
+A message stays charged after it is taken for a batch, until `release`: batches wait out
+`link.wait` before they are mapped, and under a burst that wait holds as many messages as
+the intake itself. So the bound is on everything the bridge holds, not only the waiting
+line (the JetStream path bounds what it holds alike: `sources.jetstream.Held`). Callers
+run on the event loop only (NATS callbacks offer, the batcher takes and releases): no locks.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
 
 from nats_otel.bridge.sources.nats_core import Delivery
 
@@ -29,12 +36,14 @@ def charge(delivery: Delivery) -> int:
 
 class Intake:
     """A FIFO of deliveries that refuses (never blocks) when `max_bytes` or `max_messages`
-    would be exceeded; the caller counts the refusal as a drop."""
+    would be exceeded; the caller counts the refusal as a drop. `bytes` and `held` count
+    what waits and what was taken but not yet released."""
 
     def __init__(self, max_bytes: int, max_messages: int | None = None) -> None:
         self.max_bytes = max_bytes
         self.max_messages = max_messages
         self.bytes = 0
+        self.held = 0
         self._items: deque[tuple[Delivery, int]] = deque()
         self._nonempty = asyncio.Event()
 
@@ -46,18 +55,23 @@ class Intake:
             return False
         self._items.append((delivery, size))
         self.bytes += size
+        self.held += 1
         self._nonempty.set()
         return True
 
     def get_nowait(self) -> Delivery | None:
-        """The oldest delivery, or None when empty."""
+        """The oldest delivery, or None when empty. It stays charged until `release`d."""
         if not self._items:
             return None
-        delivery, size = self._items.popleft()
-        self.bytes -= size
+        delivery, _ = self._items.popleft()
         if not self._items:
             self._nonempty.clear()
         return delivery
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        """Taken deliveries are done with (exported, or counted lost): their room is free."""
+        self.bytes -= sum(map(charge, deliveries))
+        self.held -= len(deliveries)
 
     async def get(self, timeout: float) -> Delivery | None:
         """The oldest delivery, waiting at most `timeout` seconds for one (then None)."""
@@ -69,6 +83,7 @@ class Intake:
         return self.get_nowait()
 
     def qsize(self) -> int:
+        """Deliveries waiting to be taken (not those taken and not yet released)."""
         return len(self._items)
 
     def empty(self) -> bool:

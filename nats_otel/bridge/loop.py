@@ -80,7 +80,7 @@ class Bridge:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
         self.intake = Intake(settings.batch.queue_bytes, settings.batch.queue_size)
         # Read at scrape time: exact, and nothing to update per message.
-        self.metrics.queue_depth.set_function(self.intake.qsize)
+        self.metrics.queue_depth.set_function(lambda: self.intake.held)
         self.metrics.queue_bytes.set_function(lambda: self.intake.bytes)
         self.metrics.queue_limit_bytes.set(settings.batch.queue_bytes)
         self.sources: list[CoreSource | JetStreamSource] = []
@@ -187,7 +187,7 @@ class Bridge:
         if s.mode == "core":
             self.sources = [CoreSource(src, s.batch, self.intake, self.metrics, s.nats) for src in s.sources]
         else:
-            self.sources = [JetStreamSource(src, s.jetstream, self.metrics, s.nats) for src in s.sources]
+            self.sources = list(JetStreamSource.for_settings(s, self.metrics))
         try:
             started = await asyncio.gather(*(src.start(self._stopping) for src in self.sources))
         except JetStreamSetupError as exc:
@@ -309,11 +309,14 @@ class Bridge:
     async def _core_worker(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
         while (item := await delayed.get()) is not None:
             ripe_at, batch = item
-            if self._past_deadline():  # the drain ran out of time: counted, not exported
-                self._count_drain_lost(len(batch))
-                continue
-            await self._until(ripe_at)
-            await self._process(batch)
+            try:
+                if self._past_deadline():  # the drain ran out of time: counted, not exported
+                    self._count_drain_lost(len(batch))
+                    continue
+                await self._until(ripe_at)
+                await self._process(batch)
+            finally:
+                self.intake.release(batch)
 
     # -- the link window: observe on arrival, map `link.wait` later ------------------------
 
@@ -346,10 +349,11 @@ class Bridge:
 
     def _drop_waiting(self) -> None:
         """The drain ran out of time: what still waits in the intake is lost; count it."""
-        lost = 0
-        while self.intake.get_nowait() is not None:
-            lost += 1
-        self._count_drain_lost(lost)
+        lost = []
+        while (delivery := self.intake.get_nowait()) is not None:
+            lost.append(delivery)
+        self.intake.release(lost)
+        self._count_drain_lost(len(lost))
 
     def _count_drain_lost(self, lost: int) -> None:
         """Messages still waiting (intake or link window) when the drain ran out of time."""

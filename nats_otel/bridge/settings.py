@@ -205,8 +205,9 @@ class BatchSettings(_Model):
     max_delay: float = Field(0.2, gt=0, description="seconds a message may wait for its batch")
     # Sized for bursts: 60,000 trace messages of ~1 KB (a second of one busy publisher) take
     # ~90 MB here. Bytes, not a count, bound the memory whatever the messages' size.
-    queue_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="core mode: bytes of received messages "
-                             "waiting (payload + 512 per message); beyond: dropped, counted")
+    queue_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="bytes of received messages waiting "
+                             "(payload + 512 per message); beyond: core mode drops and counts, JetStream mode "
+                             "stops fetching until some are settled")
     queue_size: int | None = Field(None, ge=1, description="core mode: optional cap on the messages waiting")
     pending_msgs_limit: int = Field(65_536, ge=1, description="core mode: nats-py per-subscription limit")
     workers: int = Field(1, ge=1, le=64, description="1: convert/export in one thread; N > 1: in N worker "

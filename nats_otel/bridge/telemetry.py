@@ -65,9 +65,12 @@ class Metrics:
             "nats_otel_export_duration_seconds", "Time to export one batch, retries included", ["exporter"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r,
         )
-        self.queue_depth = Gauge("nats_otel_queue_depth", "Trace messages waiting in the intake queue", registry=r)
+        self.queue_depth = Gauge(
+            "nats_otel_queue_depth",
+            "Trace messages the bridge holds: core mode, waiting in the intake or out link.wait, or being "
+            "converted; JetStream mode, fetched and not yet settled", registry=r)
         self.queue_bytes = Gauge("nats_otel_queue_bytes",
-                                 "Bytes the waiting trace messages count against the intake's bound "
+                                 "Bytes the held trace messages count against batch.queue_bytes "
                                  "(payload + 512 per message)", registry=r)
         self.queue_limit_bytes = Gauge("nats_otel_queue_limit_bytes",
                                        "The intake's bound (batch.queue_bytes): beyond it, queue_full drops",

@@ -29,7 +29,8 @@ def test_shipped_functions_and_settings_pickle_and_behave_the_same():
         sinks.otlp_json_lines,
         functools.partial(sinks._export_batches, settings=sinks.OtlpExportSettings("http://127.0.0.1:1")),
         functools.partial(completeness._placeholder_batches, schema=transform.ddl(transform.SPAN_COLUMNS)),
-        functools.partial(sources.read_range, source=sources.JetStreamSource("nats://127.0.0.1:1", "S")),
+        functools.partial(sources._read_ranges, ranges=(sources.JetStreamRange(1, 10),),
+                          source=sources.JetStreamSource("nats://127.0.0.1:1", "S")),
         sources.JetStreamRange(1, 10),
     ]
     for obj in shipped:

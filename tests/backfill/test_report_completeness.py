@@ -1,4 +1,4 @@
-"""The report's edges and errors, completeness marking, OTLP export from executors."""
+"""The report's edges, errors and picture; completeness marking; OTLP export from executors."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from nats_otel.archive import read_archive
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.core.records import SpanKind
+from spark_backfill.network import edge_id
 from tests.backfill.conftest import CORPUS, corpus_files
 
 pytestmark = pytest.mark.spark
@@ -33,7 +34,7 @@ def _expected_edges() -> Counter:
     return edges
 
 
-def test_report_edges_errors_and_svg(spark, corpus_run, workdir):
+def test_report_edges_errors_and_picture(spark, corpus_run, workdir):
     from spark_backfill.__main__ import run
 
     out = workdir / "report"
@@ -48,11 +49,18 @@ def test_report_edges_errors_and_svg(spark, corpus_run, workdir):
     with open(out / "errors.csv", newline="") as f:
         errors = list(csv.DictReader(f))
     assert errors and all(int(e["count"]) > 0 and e["account"] for e in errors)
+    # Every edge drawn once, as its own SVG element, labelled with its kind and count.
     svg = ET.parse(out / "network.svg").getroot()
-    drawn = [g for g in svg.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "edge"]
-    assert Counter({(g.get("data-source"), g.get("data-target"), g.get("data-kind")): int(g.get("data-count"))
-                    for g in drawn}) == expected
-    assert "| source | target | kind |" in (out / "report.md").read_text()
+    drawn = {g.get("id"): "".join(t.text or "" for t in g.iter("{http://www.w3.org/2000/svg}text"))
+             for g in svg.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "edge"}
+    assert set(drawn) == {edge_id(*key) for key in expected}
+    for (source, target, kind), count in expected.items():
+        assert f"{kind} n={count}" in drawn[edge_id(source, target, kind)]
+    assert (out / "network.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "report.md").read_text()
+    assert "| source | target | kind |" in text and "](network.svg)" in text
+    assert sorted(p.name for p in out.iterdir()) == ["edges.csv", "errors.csv", "network.dot", "network.png",
+                                                     "network.svg", "report.md"]
 
 
 def test_missing_downstream_hop_is_marked_with_a_placeholder(spark, workdir):

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -34,37 +35,77 @@ DROP_REASONS = ("queue_full", "slow_consumer", "export_failed", "export_invalid"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _peak_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
+def peak_rss(pid: int) -> int:
+    """Peak RSS (VmHWM) of a process and its children, in bytes; read while they run."""
+    total = 0
+    for child in [pid, *_children(pid)]:
+        try:
+            status = Path(f"/proc/{child}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines()
+                       if line.startswith("VmHWM:")), 0)
+    return total
 
 
-def _ready(port: int) -> bool:
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = [int(x) for x in path.read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            out += [kid, *_children(kid)]
+    return out
+
+
+def ready(port: int) -> bool:
     try:
         return scrape(port, "/readyz")[0] == 200
     except OSError:
         return False
 
 
+def bridge_process(url: str, endpoint: str, port: int, log: IO[bytes], *flags: str,
+                   env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`nats-otel bridge` as a user starts it: URL, trace subject, endpoint, metrics port
+    (/metrics on loopback), plus `flags` and settings in `env`; everything else default."""
+    env = {**os.environ, "NATS_OTEL_TELEMETRY__METRICS_HOST": "127.0.0.1", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "nats_otel.cli", "bridge", "--nats-url", url, "--subject", "trace.a",
+         "--otlp-endpoint", endpoint, "--metrics-port", str(port), "--log-level", "WARNING", *flags],
+        stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=ROOT, start_new_session=True)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    """SIGTERM (the drain), then its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout)
+
+
+async def publish_burst(url: str, count: int, *flags: str) -> dict[str, float]:
+    """`count` traced messages from one publisher process, as fast as it writes them
+    (`flags`: burst_publisher's `--ids FILE`, `--pad BYTES`)."""
+    publisher = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.bridge.burst_publisher", url, str(count), *flags,
+        stdout=asyncio.subprocess.PIPE, cwd=ROOT)
+    out, _ = await publisher.communicate()
+    assert publisher.returncode == 0
+    return json.loads(out)
+
+
 async def test_burst_of_60k_default_settings_arrives_and_every_drop_is_counted(tmp_path: Path) -> None:
     (port,) = free_ports(1)
     with start_topology(single_server(), tmp_path / "nats") as topo, OTLPGrpcReceiver(keep_requests=False) as rx:
         url = topo.client_url("n1", "a")
-        env = {**os.environ, "NATS_OTEL_TELEMETRY__METRICS_HOST": "127.0.0.1"}
         log = open(tmp_path / "bridge.log", "wb")  # noqa: SIM115 - closed below
-        bridge = subprocess.Popen(
-            [sys.executable, "-m", "nats_otel.cli", "bridge", "--nats-url", url, "--subject", "trace.a",
-             "--otlp-endpoint", rx.endpoint, "--metrics-port", str(port), "--log-level", "WARNING"],
-            stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
+        bridge = bridge_process(url, rx.endpoint, port, log)
         try:
-            await wait_until(lambda: _ready(port), 30, "bridge ready")
+            await wait_until(lambda: ready(port), 30, "bridge ready")
             _, page = scrape(port)
             assert metric(page, "nats_otel_queue_limit_bytes") == 256 * 1024 * 1024  # the default
-            publisher = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tests.bridge.burst_publisher", url, str(BURST),
-                stdout=asyncio.subprocess.PIPE, cwd=ROOT, env=env)
             peak_depth = peak_bytes = 0.0
 
             def settled() -> bool:
@@ -75,17 +116,13 @@ async def test_burst_of_60k_default_settings_arrives_and_every_drop_is_counted(t
                 dropped = sum(metric(text, "nats_otel_messages_dropped_total", reason=r) for r in DROP_REASONS)
                 return rx.span_count // SPANS_PER_MESSAGE + dropped >= BURST
 
-            out, _ = await publisher.communicate()
-            assert publisher.returncode == 0
-            published = json.loads(out)
+            published = await publish_burst(url, BURST)
             await wait_until(settled, 180, "every trace message arrived or counted", interval=0.25)
             await asyncio.sleep(1.0)  # nothing more may come: no double counting
             _, text = scrape(port)
-            rss = _peak_rss(bridge.pid)
+            rss = peak_rss(bridge.pid)
         finally:
-            if bridge.poll() is None:
-                bridge.send_signal(signal.SIGTERM)
-            code = bridge.wait(30)
+            code = stop_process(bridge)
             log.close()
         assert code == 0
     arrived = rx.span_count // SPANS_PER_MESSAGE

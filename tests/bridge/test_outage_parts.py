@@ -101,10 +101,17 @@ async def test_intake_is_bounded_in_bytes_and_gives_them_back() -> None:
     assert not intake.offer(_delivery(0))  # ... once
     first = intake.get_nowait()
     assert first is not None and len(first.raw.payload) == 1000  # oldest first
-    while intake.get_nowait() is not None:
-        pass
-    assert intake.bytes == 0 and intake.empty()
-    assert await intake.get(0.01) is None
+    taken = [first]
+    while (delivery := intake.get_nowait()) is not None:
+        taken.append(delivery)
+    assert intake.empty() and await intake.get(0.01) is None
+    # Taken is still held (a batch waiting out link.wait): no room until it is released.
+    assert intake.bytes == 3 * one + len("trace.a") + MESSAGE_OVERHEAD and intake.held == 4
+    assert not intake.offer(_delivery(1000))
+    intake.release(taken[:2])
+    assert intake.held == 2 and intake.offer(_delivery(1000))
+    intake.release([*taken[2:], intake.get_nowait()])
+    assert intake.bytes == 0 and intake.held == 0
 
 
 async def test_intake_message_cap_and_waiting_get() -> None:

@@ -1,8 +1,11 @@
 """JetStream intake (at least once): a durable pull consumer on a stream of trace subjects.
 
 The bridge settles every delivery after export: `ack` when exported, `nak(delay)` on a
-transient export failure, `term` for a message that can never decode. `max_ack_pending`
-bounds what is in flight, so a dead backend stops intake instead of filling memory.
+transient export failure, `term` for a message that can never decode. What is in flight
+(fetched, not yet settled) is bounded twice: `max_ack_pending` messages (the server stops
+delivering), and `batch.queue_bytes` bytes (`Held`: the bridge stops fetching), so a dead
+backend stops intake instead of filling memory, and big trace messages cannot multiply
+`max_ack_pending` into gigabytes.
 """
 
 from __future__ import annotations
@@ -21,19 +24,58 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
-from nats_otel.bridge.settings import JetStreamSettings, NatsSettings, NatsSource
+from nats_otel.bridge.intake import charge
+from nats_otel.bridge.settings import BridgeSettings, JetStreamSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
 from nats_otel.bridge.sources.link import Link
 from nats_otel.bridge.sources.nats_core import Delivery
 from nats_otel.bridge.telemetry import Metrics
 
-__all__ = ["JetStreamSetupError", "JetStreamSource"]
+__all__ = ["Held", "JetStreamSetupError", "JetStreamSource"]
 
 log = logging.getLogger("nats_otel.jetstream")
 
 
 class JetStreamSetupError(RuntimeError):
     """The stream or consumer cannot be used as configured: fatal."""
+
+
+class Held:
+    """Trace messages fetched and not yet settled, over all JetStream sources, bounded in bytes
+    like the core-mode intake (each charged as there: `intake.charge`). Fetching waits while
+    the bound is reached, so it is passed by one fetch batch at most; a message bigger than
+    the bound alone is still fetched when nothing else is held (never a deadlock)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.messages = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def full(self) -> bool:
+        return self.bytes >= self.max_bytes
+
+    async def wait_room(self, timeout: float) -> bool:
+        """True once below the bound (at once if it is), False after `timeout` seconds."""
+        if not self.full():
+            return True
+        self._room.clear()
+        try:
+            await asyncio.wait_for(self._room.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def take(self, deliveries: Sequence[Delivery]) -> None:
+        self.bytes += sum(map(charge, deliveries))
+        self.messages += len(deliveries)
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        self.bytes -= sum(map(charge, deliveries))
+        self.messages -= len(deliveries)
+        if not self.full():
+            self._room.set()
 
 
 class _Puller:
@@ -99,8 +141,9 @@ class JetStreamSource:
     """Fetches batches from the durable consumer of one source's account and settles them."""
 
     def __init__(self, source: NatsSource, settings: JetStreamSettings, metrics: Metrics,
-                 nats_settings: NatsSettings | None = None) -> None:
+                 nats_settings: NatsSettings | None = None, held: Held | None = None) -> None:
         self.source = source
+        self.held = held or Held(256 * 1024 * 1024)
         self.settings = settings
         self.metrics = metrics
         self.nats_settings = nats_settings or NatsSettings()
@@ -111,6 +154,15 @@ class JetStreamSource:
         self._pending = metrics.js_pending.labels(source.name)
         self._recreated = metrics.js_consumer_recreated.labels(source.name)
         self._setup_failed = metrics.js_consumer_setup_failed.labels(source.name)
+
+    @classmethod
+    def for_settings(cls, settings: BridgeSettings, metrics: Metrics) -> list[JetStreamSource]:
+        """One source per configured source, sharing one `Held` bound (`batch.queue_bytes`),
+        which /metrics shows as the intake's depth and bytes (JetStream's intake)."""
+        held = Held(settings.batch.queue_bytes)
+        metrics.queue_depth.set_function(lambda: held.messages)
+        metrics.queue_bytes.set_function(lambda: held.bytes)
+        return [cls(src, settings.jetstream, metrics, settings.nats, held) for src in settings.sources]
 
     @property
     def connected(self) -> bool:
@@ -170,6 +222,8 @@ class JetStreamSource:
         if self._sub is None or self.nc is None or not self.nc.is_connected:
             await asyncio.sleep(min(timeout, 0.5))
             return []
+        if not await self.held.wait_room(timeout):
+            return []  # batch.queue_bytes held already: settling makes room
         try:
             msgs = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout)
         except (TimeoutError, nats.errors.TimeoutError):
@@ -184,7 +238,9 @@ class JetStreamSource:
         self._received.inc(len(msgs))
         if msgs:
             self._pending.set(msgs[-1].metadata.num_pending)
-        return [Delivery(raw_from_msg(m), self.source.name, m) for m in msgs]
+        deliveries = [Delivery(raw_from_msg(m), self.source.name, m) for m in msgs]
+        self.held.take(deliveries)
+        return deliveries
 
     async def _recreate_consumer(self, why: str) -> None:
         """The durable is gone (deleted by an operator, say): set it up again, or retry later.
@@ -209,6 +265,7 @@ class JetStreamSource:
     async def settle(self, ack: Sequence[Delivery], nak: Sequence[Delivery], term: Sequence[Delivery],
                      nak_delay: float) -> None:
         """Acknowledge a processed batch. A lost ack only means a redelivery (at least once)."""
+        self.held.release([*ack, *nak, *term])  # settled or not, the bridge lets go of them
         for kind, group in (("ack", ack), ("nak", nak), ("term", term)):
             for d in group:
                 try:

@@ -1,0 +1,148 @@
+"""A user's mistakes answered before Spark starts: one line, exit 2, nothing left behind.
+
+Each mistake runs `python -m spark_backfill` as a user would, in a subprocess whose
+SPARK_HOME is a stand-in: its `bin/spark-submit` (what pyspark runs to start the JVM) only
+records that it was called. So "Spark never started" is seen, not inferred from timing;
+the control case shows the stand-in is called when the command line is right.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.backfill.conftest import CORPUS
+
+REPO = Path(__file__).resolve().parents[2]
+# Python's own start and imports; Spark's JVM alone takes 10-30 s here.
+ANSWER_WITHIN_S = 5.0
+
+
+@pytest.fixture()
+def fake_spark_home(tmp_path: Path) -> Path:
+    home = tmp_path / "spark-home"
+    (home / "bin").mkdir(parents=True)
+    submit = home / "bin" / "spark-submit"
+    submit.write_text(f"#!/bin/sh\ntouch {tmp_path / 'spark-started'}\nexit 1\n")
+    submit.chmod(0o755)
+    return home
+
+
+def _backfill(args: list[str], cwd: Path, spark_home: Path, env: dict[str, str] | None = None):
+    environ = {**os.environ, "SPARK_HOME": str(spark_home), "PYTHONPATH": str(REPO), **(env or {})}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "spark_backfill", *args], cwd=cwd, env=environ,
+                          capture_output=True, text=True, timeout=60)
+    return done, time.monotonic() - started
+
+
+def _folder_with(tmp_path: Path, name: str, files: dict[str, bytes]) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    for file, content in files.items():
+        (folder / file).write_bytes(content)
+    return folder
+
+
+CORPUS_FILE = str(CORPUS / "02_route_hop.jsonl")
+
+# (name, argv with {tmp}, what the one line must say)
+MISTAKES = [
+    ("missing input", ["convert", "--input", "{tmp}/nope.jsonl", "--otlp-json-out", "{tmp}/out"],
+     "input {tmp}/nope.jsonl does not exist"),
+    ("glob matching nothing", ["convert", "--input", "{tmp}/*.jsonl", "--otlp-json-out", "{tmp}/out"],
+     "no input matches {tmp}/*.jsonl"),
+    ("folder without archives", ["convert", "--input", "{tmp}/notes", "--otlp-json-out", "{tmp}/out"],
+     "input {tmp}/notes holds no archive files"),
+    ("output exists", ["convert", "--input", CORPUS_FILE, "--otlp-json-out", "{tmp}/old"],
+     "output {tmp}/old exists; pass --overwrite to replace it"),
+    ("no output at all", ["convert", "--input", CORPUS_FILE], "nothing to write"),
+    ("output is a file", ["convert", "--input", CORPUS_FILE, "--parquet-out", "{tmp}/notes/readme.txt"],
+     "is a file"),
+    ("two outputs, one folder", ["convert", "--input", CORPUS_FILE, "--otlp-json-out", "{tmp}/o",
+                                 "--parquet-out", "{tmp}/o/spans"], "overlap"),
+    ("output inside the input", ["convert", "--input", "{tmp}/archive", "--otlp-json-out", "{tmp}/archive/otlp"],
+     "the job would read its own output"),
+    ("placeholders alone", ["convert", "--input", CORPUS_FILE, "--parquet-out", "{tmp}/o", "--placeholders"],
+     "--placeholders needs --mark-incomplete"),
+    ("service name template", ["convert", "--input", CORPUS_FILE, "--parquet-out", "{tmp}/o", "--service-name",
+                               "nats/{{zone}}"], "a template may use only {{server}}, {{cluster}}, {{domain}}"),
+    ("url without stream", ["convert", "--jetstream-url", "nats://127.0.0.1:4222", "--parquet-out", "{tmp}/o"],
+     "--jetstream-url and --stream go together"),
+    ("conf without value", ["convert", "--input", CORPUS_FILE, "--parquet-out", "{tmp}/o", "--conf", "spark.x"],
+     "--conf 'spark.x' is not KEY=VALUE"),
+    ("endpoint not http", ["convert", "--input", CORPUS_FILE, "--otlp-endpoint", "collector:4318"],
+     "--otlp-endpoint collector:4318: expected http(s)://"),
+    ("remote and master", ["convert", "--input", CORPUS_FILE, "--parquet-out", "{tmp}/o", "--remote",
+                           "sc://127.0.0.1:15002", "--master", "local[2]"], "--remote and --master"),
+    ("size without number", ["convert", "--input", CORPUS_FILE, "--otlp-json-out", "{tmp}/o",
+                             "--target-file-bytes", "big"], "expected a size such as 64M"),
+    ("unknown flag", ["convert", "--input", CORPUS_FILE, "--otlp-json-out", "{tmp}/o", "--output", "x"],
+     "unrecognized arguments: --output x"),
+    ("report on a missing table", ["report", "--spans", "{tmp}/nope", "--out", "{tmp}/report"],
+     "span table {tmp}/nope does not exist"),
+    ("report on a folder of text", ["report", "--spans", "{tmp}/notes", "--out", "{tmp}/report"],
+     "holds no Parquet files"),
+    ("report over an old one", ["report", "--spans", "{tmp}/table", "--out", "{tmp}/old"],
+     "output {tmp}/old exists; pass --overwrite"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), [m[1:] for m in MISTAKES], ids=[m[0] for m in MISTAKES])
+def test_mistake_is_one_line_before_spark_starts(tmp_path, fake_spark_home, argv, says):
+    _folder_with(tmp_path, "notes", {"readme.txt": b"not an archive\n"})
+    _folder_with(tmp_path, "archive", {"a.jsonl": Path(CORPUS_FILE).read_bytes()})
+    _folder_with(tmp_path, "table", {"part-0.parquet": b"PAR1"})
+    old = _folder_with(tmp_path, "old", {"part-00000.jsonl": b"earlier output\n"})
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    done, seconds = _backfill([a.format(tmp=tmp_path) for a in argv], tmp_path, fake_spark_home)
+
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "error: " in lines[0] and says.format(tmp=tmp_path) in lines[0]
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert not (tmp_path / "spark-started").exists(), "Spark was started"
+    assert seconds < ANSWER_WITHIN_S, f"answered after {seconds:.1f}s"
+    # Nothing created, nothing replaced.
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (old / "part-00000.jsonl").read_bytes() == b"earlier output\n"
+
+
+def test_no_java_is_one_line_before_spark_starts(tmp_path, fake_spark_home):
+    done, _ = _backfill(["convert", "--input", CORPUS_FILE, "--otlp-json-out", str(tmp_path / "o")], tmp_path,
+                        fake_spark_home, env={"JAVA_HOME": str(tmp_path / "no-jdk")})
+    assert done.returncode == 2
+    wanted = (f"python -m spark_backfill convert: error: JAVA_HOME={tmp_path / 'no-jdk'} has no bin/java; "
+              "Spark needs Java 17 or newer")
+    assert done.stderr.splitlines() == [wanted]
+    assert not (tmp_path / "spark-started").exists()
+
+
+def test_report_without_graphviz_says_so(tmp_path, fake_spark_home):
+    table = _folder_with(tmp_path, "table", {"part-0.parquet": b"PAR1"})
+    done, _ = _backfill(["report", "--spans", str(table), "--out", str(tmp_path / "r")], tmp_path, fake_spark_home,
+                        env={"PATH": str(tmp_path / "empty-path")})
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1
+    assert "needs Graphviz's `dot` on PATH" in done.stderr and "--no-picture" in done.stderr
+    assert not (tmp_path / "spark-started").exists()
+
+
+def test_a_right_command_line_does_start_spark(tmp_path, fake_spark_home):
+    """The control: past the checks, pyspark calls spark-submit (here the stand-in, which
+    fails); that failure too is one line, exit 1, and leaves no output folder."""
+    done, _ = _backfill(["convert", "--input", CORPUS_FILE, "--otlp-json-out", str(tmp_path / "new" / "otlp")],
+                        tmp_path, fake_spark_home)
+    assert (tmp_path / "spark-started").exists()
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "the job failed:" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "new").exists()

@@ -96,3 +96,20 @@ def test_sides_that_expire_unmatched_are_counted_by_side():
 
 def test_connection_kind_labels_of_hops():
     assert [ConnectionKind.label(k) for k in FORWARDING] == list(FORWARDING.values())
+
+
+def test_claims_never_outlive_the_entries_they_mark():
+    """Claims are only made on MATCHED, which needs both sides in the index (mutual
+    uniqueness looks the arrival up): an arrival forgotten before it is resolved (the ad-hoc
+    walk resolves old ones) is not matched, so no claim can outlive its entry."""
+    index = LinkIndex(LinkSettings(retention_s=30.0))
+    key = (b"ctx", "1", "up", "down")
+    arrival = Arrival(1_200, 50, b"d1")
+    index.add_arrival(key, arrival, now=0.0)
+    index.add_egress(key, Egress(1_000, 50, b"u1", b"s1"), now=20.0)
+    index.expire(now=31.0)  # the arrival goes, the egress stays
+    assert index.expired_unmatched == {"upstream": 0, "downstream": 1}
+    assert index.resolve(key, arrival).result != MATCHED
+    index.expire(now=51.0)
+    assert index.expired_unmatched == {"upstream": 1, "downstream": 1}
+    assert len(index) == 0 and not index._claimed  # nothing left behind

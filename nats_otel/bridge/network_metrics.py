@@ -11,6 +11,7 @@ whose labels are all `_other`, counted in `nats_otel_network_series_overflow_tot
 
 from __future__ import annotations
 
+import logging
 import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,6 +31,8 @@ HOP_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02
 SERVER_LATENCY_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                           0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 OTHER = "_other"
+
+log = logging.getLogger("nats_otel.bridge")
 
 
 class _Family:
@@ -106,6 +109,7 @@ class NetworkMetrics(Collector):
                  max_series: int = 1000) -> None:
         self.extra_labels = tuple(extra_labels)  # of "account", "subject"
         extra = list(self.extra_labels)
+        self._warned: set[str] = set()
         self._lock = threading.Lock()  # batches are recorded in the loop, scraped in the HTTP thread
         self.hop_latency = _Histogram(["from_server", "to_server", "kind", *extra], HOP_LATENCY_BUCKETS, max_series)
         self.server_latency = _Histogram(["server", *extra], SERVER_LATENCY_BUCKETS, max_series)
@@ -133,6 +137,20 @@ class NetworkMetrics(Collector):
             for side, count in (expired_unmatched or {}).items():
                 if count:
                     self.sides_expired.inc((side,), count)
+            self._warn_overflow()
+
+    def _warn_overflow(self) -> None:
+        """Say once per metric that its label sets reached the bound (then only counted)."""
+        for name, family in self._families():
+            if family.overflowed and name not in self._warned:
+                self._warned.add(name)
+                log.warning("network metric at its label-set bound: further label sets counted as _other",
+                            extra={"fields": {"metric": name, "max_series": family.max_series,
+                                              "setting": "telemetry.network_max_series"}})
+
+    def _families(self) -> tuple[tuple[str, _Family], ...]:
+        return (("hop_latency", self.hop_latency), ("server_latency", self.server_latency),
+                ("server_errors", self.server_errors), ("hop_errors", self.hop_errors))
 
     def _extra(self, sample: NetworkSample) -> tuple[str, ...]:
         if not self.extra_labels:
@@ -160,7 +178,6 @@ class NetworkMetrics(Collector):
                 "nats_otel_network_series_overflow",
                 "Samples counted under the _other series because a network metric reached "
                 "telemetry.network_max_series label sets", labels=["metric"])
-            for name, family in (("hop_latency", self.hop_latency), ("server_latency", self.server_latency),
-                                 ("server_errors", self.server_errors), ("hop_errors", self.hop_errors)):
+            for name, family in self._families():
                 overflow.add_metric([name], family.overflowed)
             yield overflow

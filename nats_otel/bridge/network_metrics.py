@@ -158,26 +158,34 @@ class NetworkMetrics(Collector):
         return tuple(sample.account if name == "account" else sample.subject for name in self.extra_labels)
 
     def collect(self) -> Iterator[Metric]:
+        # Built under the lock, yielded after it: a consumer that stops half-way (a failed
+        # scrape) must not leave the lock held and stall `record` in the event loop.
         with self._lock:
-            yield self.hop_latency.family(
+            families = self._snapshot()
+        yield from families
+
+    def _snapshot(self) -> list[Metric]:
+        overflow = CounterMetricFamily(
+            "nats_otel_network_series_overflow",
+            "Samples counted under the _other series because a network metric reached "
+            "telemetry.network_max_series label sets", labels=["metric"])
+        for name, family in self._families():
+            overflow.add_metric([name], family.overflowed)
+        return [
+            self.hop_latency.family(
                 "nats_otel_hop_latency_seconds",
                 "Hop latency: the downstream server's ingress time minus the upstream server's egress time, "
-                "for every hop whose two trace messages the bridge matched (negative: clock skew)")
-            yield self.server_latency.family(
+                "for every hop whose two trace messages the bridge matched (negative: clock skew)"),
+            self.server_latency.family(
                 "nats_otel_server_latency_seconds",
-                "Time a server held a traced message: from its arrival to the server's last action on it")
-            yield self.server_errors.family(
-                "nats_otel_server_errors", "Trace messages on which a server reported a failure (span status ERROR)")
-            yield self.hop_errors.family(
-                "nats_otel_hop_errors", "Forwards to another server (route, gateway, leafnode) that reported an error")
-            yield self.sides_expired.family(
+                "Time a server held a traced message: from its arrival to the server's last action on it"),
+            self.server_errors.family(
+                "nats_otel_server_errors", "Trace messages on which a server reported a failure (span status ERROR)"),
+            self.hop_errors.family(
+                "nats_otel_hop_errors", "Forwards to another server (route, gateway, leafnode) that reported an error"),
+            self.sides_expired.family(
                 "nats_otel_hop_sides_expired_unmatched",
                 "Hop sides forgotten without their counterpart: an upstream egress no downstream report "
-                "matched, or a downstream arrival whose upstream egress was not seen (link.retention)")
-            overflow = CounterMetricFamily(
-                "nats_otel_network_series_overflow",
-                "Samples counted under the _other series because a network metric reached "
-                "telemetry.network_max_series label sets", labels=["metric"])
-            for name, family in self._families():
-                overflow.add_metric([name], family.overflowed)
-            yield overflow
+                "matched, or a downstream arrival whose upstream egress was not seen (link.retention)"),
+            overflow,
+        ]

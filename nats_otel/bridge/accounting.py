@@ -47,7 +47,8 @@ class BatchAccounting:
                     "reason": result.reason, "subject": result.subject, "detail": result.detail[:300]}})
             else:
                 decoded += 1
-                issues.update(i.split(":", 1)[0] for i in result.issues)
+                if result.issues:  # rare: most messages have none (this runs per message)
+                    issues.update(i.split(":", 1)[0] for i in result.issues)
                 if result.link:
                     links[result.link] += 1
                 if result.network is not None:

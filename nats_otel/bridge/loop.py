@@ -1,9 +1,10 @@
 """The live loop: source -> Converter -> batch -> export -> ack (DESIGN §2, §6).
 
-The event loop only receives and settles; decoding, mapping, encoding and exporting run in
-one worker thread (so the Converter's link state is touched by one thread only, and the
-NATS read path never waits on a backend), or with `batch.workers` > 1 in that many worker
-processes (`workers.py`: batches sharded by trace id, several batches in flight). The error
+The event loop only receives and settles; decoding, mapping and encoding run in one
+conversion thread (so the Converter's link state is touched by one thread only), exporting
+in one export thread (so the next batch is converted while this one waits for the
+backend, and the NATS read path never waits on one), or with `batch.workers` > 1 in that
+many worker processes (`workers.py`: batches sharded by trace id, several batches in flight). The error
 policy lives in `_policy` and nowhere else:
 
 * fatal: configuration (invalid settings, missing stream, unreadable certificates) - stop;
@@ -77,7 +78,8 @@ class Bridge:
         self.processor = Processor(settings, self._exporters)
         self.accounting = BatchAccounting(self.metrics, settings.telemetry, self.backend,
                                           [e.name for e in [*self._exporters, *self._probe_only]])
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-convert")
+        self._export_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
         self.intake = Intake(settings.batch.queue_bytes, settings.batch.queue_size)
         # Read at scrape time: exact, and nothing to update per message.
         self.metrics.queue_depth.set_function(lambda: self.intake.held)
@@ -145,6 +147,7 @@ class Bridge:
             await asyncio.gather(*watchers, return_exceptions=True)
             for source in self.sources:
                 await source.close()
+            self._export_pool.shutdown(wait=True)
             await asyncio.get_running_loop().run_in_executor(self._pool, self.processor.close)
             for exporter in self._probe_only:
                 exporter.close()
@@ -242,8 +245,9 @@ class Bridge:
 
     @property
     def _inflight(self) -> int:
-        """Batches processed at once: one for the thread; with workers, enough to keep all busy."""
-        return 1 if self.workers is None else 2 * self.workers.size
+        """Batches processed at once: two for the threads (one converted while the one before
+        is exported); with workers, enough to keep all busy."""
+        return 2 if self.workers is None else 2 * self.workers.size
 
     async def _process(self, deliveries: Sequence[Delivery]
                        ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
@@ -251,7 +255,9 @@ class Bridge:
         raws = [d.raw for d in deliveries]
         if self.workers is None:
             loop = asyncio.get_running_loop()
-            outcome = await loop.run_in_executor(self._pool, self.processor.process, raws, self._deadline())
+            converted = await loop.run_in_executor(self._pool, self.processor.convert, raws)
+            outcome = await loop.run_in_executor(self._export_pool, self.processor.export, converted,
+                                                 self._deadline())
             self.accounting.account(outcome)
             return self._policy(deliveries, outcome)
         ack: list[Delivery] = []

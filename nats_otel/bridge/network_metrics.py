@@ -123,11 +123,14 @@ class NetworkMetrics(Collector):
     def record(self, samples: Iterable[NetworkSample], expired_unmatched: dict[str, int] | None = None) -> None:
         """Account one batch's samples, and the hop sides the link index let go unmatched."""
         with self._lock:
+            extra: tuple[str, ...] = ()
             for sample in samples:
-                extra = self._extra(sample)
-                self.server_latency.observe((sample.server, *extra), sample.in_server_ns)
+                if self.extra_labels:
+                    extra = self._extra(sample)
+                server = (sample.server, *extra)
+                self.server_latency.observe(server, sample.in_server_ns)
                 # Error series exist (at 0) from the first sample on: rate() and alerts see them.
-                self.server_errors.row((sample.server, *extra), 1)[0] += sample.failed
+                self.server_errors.row(server, 1)[0] += sample.failed
                 hop = sample.hop
                 if hop is not None:
                     self.hop_latency.observe((hop.from_server, hop.to_server, hop.kind, *extra), hop.latency_ns)
@@ -153,8 +156,6 @@ class NetworkMetrics(Collector):
                 ("server_errors", self.server_errors), ("hop_errors", self.hop_errors))
 
     def _extra(self, sample: NetworkSample) -> tuple[str, ...]:
-        if not self.extra_labels:
-            return ()
         return tuple(sample.account if name == "account" else sample.subject for name in self.extra_labels)
 
     def collect(self) -> Iterator[Metric]:

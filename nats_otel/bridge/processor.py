@@ -26,7 +26,7 @@ from nats_otel.core.pipeline import Converted, Converter, Rejected
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import encode_request
 
-__all__ = ["BatchOutcome", "BytesExporter", "Exporter", "Processor", "log_core", "make_exporters"]
+__all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]
 
 log = logging.getLogger("nats_otel.bridge.processor")
 
@@ -74,6 +74,15 @@ class BatchOutcome:
         return all(r.ok for r in self.exports.values())
 
 
+@dataclass(frozen=True, slots=True)
+class ConvertedBatch:
+    """A converted batch waiting for its export: the outcome so far, and what to send (one
+    serialized export request, or span records for exporters that take records)."""
+
+    outcome: BatchOutcome
+    payload: bytes | list[SpanRecord]
+
+
 class Processor:
     """Runs in the worker thread: archive, convert, export one batch. Never raises for input."""
 
@@ -99,6 +108,13 @@ class Processor:
             self.converter.observe(raw, now)
 
     def process(self, raws: Sequence[RawTraceMessage], deadline: float | None) -> BatchOutcome:
+        """Convert and export one batch (`convert`, then `export`, in this thread)."""
+        return self.export(self.convert(raws), deadline)
+
+    def convert(self, raws: Sequence[RawTraceMessage]) -> ConvertedBatch:
+        """Archive and convert one batch: the part that touches the link state, so always in
+        one thread, in order. `export` may then run in another thread while the next batch
+        is converted: the conversion never waits for a backend's answer."""
         if self._archive is not None:
             self._archive.write(b"".join(archive_record(raw) for raw in raws))
         now = time.monotonic()
@@ -112,15 +128,23 @@ class Processor:
         if encoded:
             items = [r.encoded for r in outcome.results if isinstance(r, Converted) and r.encoded is not None]
             outcome.spans = sum(item.span_count for item in items)
-            request = encode_request(items) if outcome.spans else b""
-        else:
-            spans = [s for r in outcome.results if isinstance(r, Converted) for s in r.spans]
-            outcome.spans = len(spans)
+            return ConvertedBatch(outcome, encode_request(items) if outcome.spans else b"")
+        spans = [s for r in outcome.results if isinstance(r, Converted) for s in r.spans]
+        outcome.spans = len(spans)
+        return ConvertedBatch(outcome, spans)
+
+    def export(self, batch: ConvertedBatch, deadline: float | None) -> BatchOutcome:
+        """Send a converted batch to every exporter (isolating what a backend refuses as
+        invalid); its outcome gets the export results. Exporters run one batch at a time."""
+        outcome, payload = batch.outcome, batch.payload
         if outcome.spans:
             for exporter in self.exporters:
                 started = time.monotonic()
-                result = (exporter.export_bytes(request, deadline) if encoded and isinstance(exporter, BytesExporter)
-                          else exporter.export(spans, deadline))
+                if isinstance(payload, bytes):  # only when every exporter takes bytes (`_encoded`)
+                    assert isinstance(exporter, BytesExporter)
+                    result = exporter.export_bytes(payload, deadline)
+                else:
+                    result = exporter.export(payload, deadline)
                 if result.invalid:
                     result = self._isolate(exporter, outcome, result, deadline)
                 outcome.exports[exporter.name] = result

@@ -35,10 +35,10 @@ import signal
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from nats_otel.bridge.processor import BatchOutcome, Processor, make_exporters
+from nats_otel.bridge.processor import BatchOutcome, ConvertedBatch, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core import accel
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decompress
@@ -111,7 +111,11 @@ def shard_of(raw: RawTraceMessage, workers: int) -> int:
 
 
 def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: Any) -> None:
-    """A worker process: a `Processor` fed sub-batches until it reads None (or EOF)."""
+    """A worker process: a `Processor` fed sub-batches until it reads None (or EOF).
+
+    As in the one-process bridge, a batch is exported in a second thread while the next one
+    is converted (one export at a time: what waits is bounded); that thread also writes
+    every answer, so the pipe has one writer."""
     # The parent decides when to stop (it drains first); a Ctrl-C to the process group
     # or a stray SIGTERM must not kill a worker in the middle of a batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -123,6 +127,8 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     tune_gc_for_throughput()
     outbox.send((_READY, accel.implementation()))  # the parent logs which core each worker runs
     observed: dict[int, list[RawTraceMessage]] = {}
+    exports = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
+    exporting: Future[None] | None = None
     try:
         while True:
             try:
@@ -139,18 +145,35 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
                     del observed[next(iter(observed))]
                 continue
             batch_id, items, deadline = message
+            converted: ConvertedBatch | str
             try:
                 # A token names a sub-batch observed earlier (sent once); else the items themselves.
                 raws = observed.pop(items) if isinstance(items, int) else [RawTraceMessage(*item) for item in items]
-                outcome = processor.process(raws, deadline)
-                # Span records stay here: the parent needs counts, issues and export results.
-                outbox.send((batch_id, (_pack(outcome.results), outcome.exports, outcome.durations,
-                                        outcome.evicted, outcome.expired_unmatched, outcome.span_count,
-                                        outcome.poisoned)))
+                converted = processor.convert(raws)
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
-                outbox.send((batch_id, f"worker {index}: {type(exc).__name__}: {exc}"))
+                converted = f"worker {index}: {type(exc).__name__}: {exc}"
+            if exporting is not None:
+                exporting.result()
+            exporting = exports.submit(_export_and_answer, processor, batch_id, converted, deadline, outbox, index)
     finally:
+        exports.shutdown(wait=True)
         processor.close()
+
+
+def _export_and_answer(processor: Processor, batch_id: int, converted: ConvertedBatch | str,
+                       deadline: float | None, outbox: Any, index: int) -> None:
+    """Export a converted sub-batch and answer the parent (or pass on why it failed)."""
+    if isinstance(converted, str):
+        outbox.send((batch_id, converted))
+        return
+    try:
+        outcome = processor.export(converted, deadline)
+        # Span records stay here: the parent needs counts, issues and export results.
+        outbox.send((batch_id, (_pack(outcome.results), outcome.exports, outcome.durations,
+                                outcome.evicted, outcome.expired_unmatched, outcome.span_count,
+                                outcome.poisoned)))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
+        outbox.send((batch_id, f"worker {index}: {type(exc).__name__}: {exc}"))
 
 
 def _pack(results: Sequence[Converted | Rejected]) -> list[Any]:

@@ -91,12 +91,28 @@ def expected_from_archive(path: Path) -> tuple[set[bytes], int]:
     return span_values([to_protobuf(spans)]), rejected
 
 
-async def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> None:
+async def wait_until(predicate, timeout: float, what: str, interval: float = 0.05, detail=None) -> None:
+    """Wait for `predicate`; on timeout fail with `what` and, if given, `detail()` (the state
+    that explains it, read at that moment)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                                 + (f" ({detail()})" if detail is not None else ""))
         await asyncio.sleep(interval)
+
+
+def bridge_counts(bridge) -> str:
+    """The bridge's own account of where messages are: for a timeout's failure message."""
+    totals: dict[str, float] = {}
+    for family in bridge.metrics.registry.collect():
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    names = ("nats_otel_messages_received_total", "nats_otel_messages_decoded_total",
+             "nats_otel_messages_rejected_total", "nats_otel_messages_dropped_total", "nats_otel_spans_exported_total",
+             "nats_otel_export_failures_total")
+    counts = ", ".join(f"{n.removeprefix('nats_otel_')}={totals.get(n, 0.0):g}" for n in names)
+    return f"{counts}; ready={bridge.ready()}"
 
 
 def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:

@@ -31,7 +31,15 @@ from nats_otel.core.mapping import map_message  # noqa: F401 - the header allow-
 from nats_otel.devkit.processes import find_nats_server
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.server_config import free_ports
-from tests.bridge.bridge_helpers import metric, scrape, start_bridge, stop_bridge, traceparent, wait_until
+from tests.bridge.bridge_helpers import (
+    bridge_counts,
+    metric,
+    scrape,
+    start_bridge,
+    stop_bridge,
+    traceparent,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -188,7 +196,9 @@ async def test_mutual_tls_to_nats_and_to_otlp_grpc(tmp_path: Path, pki: dict[str
         bridge, task = await start_bridge(settings)
         try:
             ids = await publish_traced(url, 20, tls=app_tls)
-            await wait_until(lambda: trace_ids(rx) >= set(ids), 15, "spans over mutual TLS")
+            await wait_until(lambda: trace_ids(rx) >= set(ids), 15, "spans over mutual TLS",
+                             detail=lambda: f"{len(trace_ids(rx) & set(ids))} of {len(ids)} traces arrived, "
+                                            f"{rx.request_count} requests; bridge: {bridge_counts(bridge)}")
             assert bridge.metrics.value("nats_otel_export_failures_total", {"exporter": "otlp-grpc"}) == 0
         finally:
             assert await stop_bridge(bridge, task) == 0

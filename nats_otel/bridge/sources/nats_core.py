@@ -69,7 +69,7 @@ class CoreSource:
         self._bad_headers = metrics.issues.labels("malformed_header")
         self._bad_headers_logged_at = -_HEADER_LOG_EVERY_S
         self._bad_headers_since_log = 0
-        self._on_raw = self._direct_handler()
+        self._on_raw = self.direct_handler()
 
     @property
     def connected(self) -> bool:
@@ -107,7 +107,7 @@ class CoreSource:
             pending_msgs_limit=self.batch.pending_msgs_limit, pending_bytes_limit=self.batch.queue_bytes,
         )
 
-    def _direct_handler(self) -> direct.DirectHandler:
+    def direct_handler(self) -> direct.DirectHandler:
         """The per-message function of the direct path, its lookups bound once: it runs for
         every message inside nats-py's parser, so it never awaits and never raises."""
         tally = self._received

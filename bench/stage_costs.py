@@ -212,10 +212,11 @@ def receive_stages(messages: int) -> dict[str, float]:
                     callback = await run("intake", lambda msg, intake=intake: (
                         received.inc(), intake.offer(Delivery(raw_from_msg(msg), "a"))))
                     whole = await run_direct()
-                    out["receive"] = min(out.get("receive", float("inf")), raw)
-                    out["intake"] = min(out.get("intake", float("inf")), whole - raw)
-                    out["direct receive+intake"] = min(out.get("direct receive+intake", float("inf")), whole)
-                    out["callback intake"] = min(out.get("callback intake", float("inf")), callback - raw)
+                    for key, value in (("receive", raw), ("direct receive+intake", whole), ("callback", callback)):
+                        out[key] = min(out.get(key, float("inf")), value)
+                # Differences of the best runs: a difference per round carries that round's noise.
+                out["intake"] = out["direct receive+intake"] - out["receive"]
+                out["callback intake"] = out.pop("callback") - out["receive"]
 
             asyncio.run(both())
         finally:

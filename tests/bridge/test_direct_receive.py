@@ -35,9 +35,10 @@ RECEIVED = "nats_otel_messages_received_total"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator:
+def url() -> Iterator[str]:
+    """A client URL of one real nats-server shared by the tests of this module."""
     with start_topology(single_server()) as running:
-        yield running
+        yield running.client_url("n1", "a")
 
 
 # (name, raw header lines or None, payload): what a plain subscription must agree with.
@@ -103,8 +104,7 @@ def taken(intake: Intake) -> list[Any]:
     return out
 
 
-async def test_direct_path_delivers_what_nats_py_delivers(server) -> None:
-    url = server.client_url("n1", "a")
+async def test_direct_path_delivers_what_nats_py_delivers(url: str) -> None:
     intake, metrics = Intake(1 << 30), Metrics()
     source = core_source(url, ["trace.eq.>"], intake, metrics)
     assert await source.start(asyncio.Event())
@@ -145,8 +145,7 @@ async def test_direct_path_delivers_what_nats_py_delivers(server) -> None:
         await source.close()
 
 
-async def test_queue_group_of_direct_sources_splits_without_loss(server) -> None:
-    url = server.client_url("n1", "a")
+async def test_queue_group_of_direct_sources_splits_without_loss(url: str) -> None:
     metrics = Metrics()
     intakes = [Intake(1 << 30), Intake(1 << 30)]
     sources = [core_source(url, ["trace.q"], intake, metrics, name=f"s{i}", queue="bridges")
@@ -193,10 +192,9 @@ async def test_messages_arrive_again_after_a_server_restart(tmp_path) -> None:
             await source.close()
 
 
-async def test_burst_counts_exactly_and_the_drain_keeps_what_was_read(server) -> None:
+async def test_burst_counts_exactly_and_the_drain_keeps_what_was_read(url: str) -> None:
     """A burst larger than the intake: received = held + queue_full, exactly, when scraped;
     stop_intake returns only once everything sent before it is in the intake."""
-    url = server.client_url("n1", "a")
     metrics = Metrics()
     intake = Intake(3000 * (100 + len("trace.burst") + 512))
     source = core_source(url, ["trace.burst"], intake, metrics)
@@ -216,8 +214,7 @@ async def test_burst_counts_exactly_and_the_drain_keeps_what_was_read(server) ->
         await source.close()
 
 
-async def test_malformed_headers_are_counted_and_the_rest_kept(server, caplog) -> None:
-    url = server.client_url("n1", "a")
+async def test_malformed_headers_are_counted_and_the_rest_kept(url: str, caplog) -> None:
     metrics = Metrics()
     intake = Intake(1 << 30)
     source = core_source(url, ["trace.bad"], intake, metrics)
@@ -275,10 +272,9 @@ def test_the_guard_on_nats_pys_private_method() -> None:
     assert "not a coroutine" in (direct.direct_unsupported(NotAsync) or "")
 
 
-async def test_without_direct_dispatch_the_callback_path_delivers(server, monkeypatch, caplog) -> None:
+async def test_without_direct_dispatch_the_callback_path_delivers(url: str, monkeypatch, caplog) -> None:
     monkeypatch.setattr(direct, "UNSUPPORTED", "nats-py's Client._process_msg takes something else")
     monkeypatch.setattr("nats_otel.bridge.sources.nats_core._fallback_logged", [False])
-    url = server.client_url("n1", "a")
     metrics = Metrics()
     intake = Intake(1 << 30)
     source = core_source(url, ["trace.fallback"], intake, metrics)

@@ -5,8 +5,13 @@
 Stages, on the same replicated corpus (`corpus_replay.replicate`), best of --rounds:
 * receive        - nats-py delivering the messages to a callback that only counts (a real
                    nats-server and publisher): the ceiling's cost per message;
-* intake         - what the bridge's callback adds: the received counter, the core's raw
-                   message (`raw_from_msg`), the `Delivery`, the byte-bounded `Intake`;
+* intake         - what the bridge's receive path costs beyond that: its direct dispatch
+                   (`sources/direct.py`: no nats-py `Msg`, queue or task) into `CoreSource`'s
+                   handler (received tally, headers, the core's raw message, the `Delivery`,
+                   the byte-bounded `Intake`), minus the receive row. Negative when the
+                   bridge's whole receive is cheaper than nats-py's bare callback; the JSON
+                   also has the direct path whole ("direct receive+intake") and the callback
+                   path it falls back to ("callback intake", as intake was measured before);
 * decode         - decompress, parse and validate, trace context (`pipeline.prepare`);
 * link           - record hop evidence (`Linker.observe`) and decide parents (`place`);
 * map+encode     - spans straight into protobuf (`span_bytes.map_encode`);
@@ -126,8 +131,10 @@ def receive_stages(messages: int) -> dict[str, float]:
     from _bridge_roles import build_pool
 
     from nats_otel.bridge.intake import Intake
+    from nats_otel.bridge.settings import BatchSettings, NatsSource
     from nats_otel.bridge.sources.connection import raw_from_msg
-    from nats_otel.bridge.sources.nats_core import Delivery
+    from nats_otel.bridge.sources.direct import DirectClient
+    from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
     from nats_otel.bridge.telemetry import Metrics
     from nats_otel.devkit.processes import start_topology
     from nats_otel.devkit.topology import single_server
@@ -142,27 +149,58 @@ def receive_stages(messages: int) -> dict[str, float]:
             metrics = Metrics()
             received = metrics.received.labels("a")
 
+            async def publish(subject: str) -> None:
+                publisher = await asyncio.create_subprocess_exec(
+                    sys.executable, str(Path(__file__).with_name("_bridge_roles.py")), "_publish", "--pool",
+                    str(pool), "--subject", subject, "--host", "127.0.0.1", "--port", str(port),
+                    "--user", "a", "--password", "pwd", "--out", str(Path(tmp) / f"pub-{subject}.pkl"))
+                await publisher.wait()
+
+            def meter() -> tuple[dict[str, float], asyncio.Event]:
+                return {"n": 0, "cpu0": 0.0, "cpu1": 0.0}, asyncio.Event()
+
+            def tick(state: dict[str, float], done: asyncio.Event) -> None:
+                state["n"] += 1
+                if state["n"] == messages:
+                    state["cpu1"] = time.process_time()
+                    done.set()
+
             async def run(name: str, callback) -> float:
+                """nats-py's callback path: `callback(msg)` per message."""
                 nc = await nats.connect(topo.client_url("n1", "a"), pending_size=1 << 30)
-                state = {"n": 0, "cpu0": 0.0, "cpu1": 0.0}
-                done = asyncio.Event()
+                state, done = meter()
 
                 async def cb(msg) -> None:
                     if not state["n"]:
                         state["cpu0"] = time.process_time()
                     callback(msg)
-                    state["n"] += 1
-                    if state["n"] == messages:
-                        state["cpu1"] = time.process_time()
-                        done.set()
+                    tick(state, done)
 
                 await nc.subscribe(f"stage.{name}", cb=cb, pending_msgs_limit=-1, pending_bytes_limit=-1)
                 await nc.flush()
-                publisher = await asyncio.create_subprocess_exec(
-                    sys.executable, str(Path(__file__).with_name("_bridge_roles.py")), "_publish", "--pool",
-                    str(pool), "--subject", f"stage.{name}", "--host", "127.0.0.1", "--port", str(port),
-                    "--user", "a", "--password", "pwd", "--out", str(Path(tmp) / f"pub-{name}.pkl"))
-                await publisher.wait()
+                await publish(f"stage.{name}")
+                await asyncio.wait_for(done.wait(), 120)
+                await nc.close()
+                return (state["cpu1"] - state["cpu0"]) / messages * 1e6
+
+            async def run_direct() -> float:
+                """The bridge's path: a direct subscription into `CoreSource`'s handler."""
+                source = CoreSource(NatsSource(name="a", subjects=["stage.direct"]), BatchSettings(),
+                                    Intake(1 << 34), metrics)
+                handler = source.direct_handler()
+                nc = DirectClient()
+                await nc.connect(topo.client_url("n1", "a"), pending_size=1 << 30)
+                state, done = meter()
+
+                def on_raw(subject: bytes, headers: bytes | None, payload: bytes) -> None:
+                    if not state["n"]:
+                        state["cpu0"] = time.process_time()
+                    handler(subject, headers, payload)
+                    tick(state, done)
+
+                await nc.subscribe_direct("stage.direct", on_raw)
+                await nc.flush()
+                await publish("stage.direct")
                 await asyncio.wait_for(done.wait(), 120)
                 await nc.close()
                 return (state["cpu1"] - state["cpu0"]) / messages * 1e6
@@ -171,10 +209,14 @@ def receive_stages(messages: int) -> dict[str, float]:
                 for _ in range(2):
                     intake = Intake(1 << 34)
                     raw = await run("raw", lambda msg: None)
-                    full = await run("intake", lambda msg, intake=intake: (
+                    callback = await run("intake", lambda msg, intake=intake: (
                         received.inc(), intake.offer(Delivery(raw_from_msg(msg), "a"))))
-                    out["receive"] = min(out.get("receive", float("inf")), raw)
-                    out["intake"] = min(out.get("intake", float("inf")), full - raw)
+                    whole = await run_direct()
+                    for key, value in (("receive", raw), ("direct receive+intake", whole), ("callback", callback)):
+                        out[key] = min(out.get(key, float("inf")), value)
+                # Differences of the best runs: a difference per round carries that round's noise.
+                out["intake"] = out["direct receive+intake"] - out["receive"]
+                out["callback intake"] = out.pop("callback") - out["receive"]
 
             asyncio.run(both())
         finally:
@@ -265,7 +307,9 @@ def main() -> None:
         print(f"{key:<14}{other[key]:>16.1f}{'':>14}")
     print(f"{'GC':<14}{ours['GC']:>16.1f}{pure['GC']:>14.1f}   ({ours['GC share']:.0%} / {pure['GC share']:.0%} "
           "of the core's time)")
-    total = sum(other.values()) + sum(ours[k] for k in ("decode", "link", "map+encode", "request", "network", "GC"))
+    loop_rows = ("receive", "intake", "gRPC send", "accounting")
+    total = sum(other[k] for k in loop_rows) + sum(ours[k] for k in ("decode", "link", "map+encode", "request",
+                                                                      "network", "GC"))
     print(f"{'sum':<14}{total:>16.1f}")
     print("\n" + json.dumps({"ours": ours, "python": pure, "loop": other}))
 

@@ -4,7 +4,8 @@ bytes.
 A count bound would size memory by the smallest messages and drop bursts of ordinary ones;
 bytes bound what is held whatever the messages' size. A message is charged its payload
 plus `MESSAGE_OVERHEAD` (its Python objects: the delivery, the raw message, its header
-dict), so the bound holds for floods of tiny messages too.
+dict), so the bound holds for floods of tiny messages too; the charge is the delivery's
+`size`, computed once when it was made (`sources.delivery`).
 
 A message stays charged after it is taken for a batch, until `release`: batches wait out
 `link.wait` before they are mapped, and under a burst that wait holds as many messages as
@@ -19,19 +20,9 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from nats_otel.bridge.sources.nats_core import Delivery
+from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery, charge
 
 __all__ = ["MESSAGE_OVERHEAD", "Intake", "charge"]
-
-#: Bytes of Python objects per waiting message beyond its payload: measured 190-440 with
-#: tracemalloc (no header to two), rounded up so the bound errs on the safe side.
-MESSAGE_OVERHEAD = 512
-
-
-def charge(delivery: Delivery) -> int:
-    """What one waiting message counts against the bound."""
-    raw = delivery.raw
-    return len(raw.payload) + len(raw.subject or "") + MESSAGE_OVERHEAD
 
 
 class Intake:
@@ -44,33 +35,37 @@ class Intake:
         self.max_messages = max_messages
         self.bytes = 0
         self.held = 0
-        self._items: deque[tuple[Delivery, int]] = deque()
+        self._items: deque[Delivery] = deque()
+        # Set exactly while `_items` is not empty (set on the first offer, cleared by the take
+        # that empties it): offers into a non-empty line skip the call.
         self._nonempty = asyncio.Event()
 
     def offer(self, delivery: Delivery) -> bool:
         """Queue `delivery`; False (nothing queued) when it does not fit."""
-        size = charge(delivery)
+        size = delivery.size
+        items = self._items
         if self.bytes + size > self.max_bytes or (
-                self.max_messages is not None and len(self._items) >= self.max_messages):
+                self.max_messages is not None and len(items) >= self.max_messages):
             return False
-        self._items.append((delivery, size))
+        if not items:
+            self._nonempty.set()
+        items.append(delivery)
         self.bytes += size
         self.held += 1
-        self._nonempty.set()
         return True
 
     def get_nowait(self) -> Delivery | None:
         """The oldest delivery, or None when empty. It stays charged until `release`d."""
         if not self._items:
             return None
-        delivery, _ = self._items.popleft()
+        delivery = self._items.popleft()
         if not self._items:
             self._nonempty.clear()
         return delivery
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
         """Taken deliveries are done with (exported, or counted lost): their room is free."""
-        self.bytes -= sum(map(charge, deliveries))
+        self.bytes -= sum([delivery.size for delivery in deliveries])
         self.held -= len(deliveries)
 
     async def get(self, timeout: float) -> Delivery | None:

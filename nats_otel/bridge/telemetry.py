@@ -17,14 +17,56 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from nats_otel.core import accel
 
-__all__ = ["DROP_REASONS", "HealthServer", "JsonFormatter", "Metrics", "TextFormatter", "configure_logging"]
+__all__ = ["DROP_REASONS", "HealthServer", "JsonFormatter", "Metrics", "ReceivedCounter", "Tally", "TextFormatter",
+           "configure_logging"]
 
 
 # Every reason a trace message can be lost for (`nats_otel_messages_dropped_total{reason}`).
 DROP_REASONS = ("queue_full", "slow_consumer", "export_failed", "drain_timeout", "export_invalid")
+
+
+class Tally:
+    """One source's count of received messages: a plain int the receive path adds to."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self, amount: int = 1) -> None:
+        self.value += amount
+
+
+class ReceivedCounter:
+    """`nats_otel_messages_received_total{source}`, read from each source's `Tally` when
+    scraped: a prometheus `Counter.inc` (a lock per call) per received message was a visible
+    share of the receive path. Only the event loop adds; a scrape reads whole ints."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self._tallies: dict[str, Tally] = {}
+        registry.register(self)
+
+    def labels(self, source: str) -> Tally:
+        """The tally of `source` (made at 0 the first time: its series exists from then on)."""
+        tally = self._tallies.get(source)
+        if tally is None:
+            tally = self._tallies[source] = Tally()
+        return tally
+
+    def describe(self) -> Iterable[Metric]:
+        yield CounterMetricFamily(self.name, self.documentation, labels=["source"])
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=["source"])
+        for source, tally in list(self._tallies.items()):
+            family.add_metric([source], tally.value)
+        yield family
 
 
 class Metrics:
@@ -33,7 +75,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.received = Counter("nats_otel_messages_received", "Trace messages received", ["source"], registry=r)
+        self.received = ReceivedCounter("nats_otel_messages_received", "Trace messages received", r)
         self.decoded = Counter("nats_otel_messages_decoded", "Trace messages decoded into spans", registry=r)
         self.rejected = Counter("nats_otel_messages_rejected", "Trace messages that gave no spans, by reason",
                                 ["reason"], registry=r)

@@ -26,11 +26,12 @@ import nats
 from nats.aio.client import Client
 
 from nats_otel.bridge.settings import NatsSettings, NatsSource
+from nats_otel.bridge.sources import direct as direct_dispatch
 from nats_otel.bridge.sources.link import Link, classify, next_wait
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.core.decode import RawTraceMessage
 
-__all__ = ["connect_source", "raw_from_msg"]
+__all__ = ["connect_source", "raw_from_msg", "received_at"]
 
 log = logging.getLogger("nats_otel.nats")
 
@@ -38,19 +39,19 @@ log = logging.getLogger("nats_otel.nats")
 def raw_from_msg(msg: Any) -> RawTraceMessage:
     """A nats-py message as the core's input (nats-py keeps one value per header name)."""
     headers = {name: [value] for name, value in msg.headers.items()} if msg.headers else {}
-    return RawTraceMessage(msg.subject, headers, msg.data, _received_at())
+    return RawTraceMessage(msg.subject, headers, msg.data, received_at())
 
 
 _last_stamp: list[Any] = [0, ""]
 
 
-def _received_at() -> str:
+def received_at() -> str:
     """Now as RFC 3339 (UTC, microseconds), formatted at most once per millisecond: at tens
     of thousands of messages per second the formatting was a visible part of the receive path."""
-    now_us = time.time_ns() // 1000
-    if now_us // 1000 != _last_stamp[0]:
-        _last_stamp[0] = now_us // 1000
-        _last_stamp[1] = datetime.fromtimestamp(now_us / 1e6, UTC).isoformat().replace("+00:00", "Z")
+    now_ns = time.time_ns()
+    if now_ns // 1_000_000 != _last_stamp[0]:
+        _last_stamp[0] = now_ns // 1_000_000
+        _last_stamp[1] = datetime.fromtimestamp(now_ns // 1000 / 1e6, UTC).isoformat().replace("+00:00", "Z")
     return _last_stamp[1]
 
 
@@ -202,9 +203,11 @@ async def connect_source(
     metrics: Metrics,
     stopping: asyncio.Event,
     on_error: Callable[[Exception], None] | None = None,
+    direct: bool = False,
 ) -> Client | None:
     """Connect, one attempt at a time with a growing wait, until connected or `stopping` is
-    set (then None). `link` follows every attempt; reconnects are nats-py's afterwards."""
+    set (then None). `link` follows every attempt; reconnects are nats-py's afterwards.
+    `direct`: a `DirectClient` (when the installed nats-py allows it), for core mode."""
     rng = random.Random()
     urls = list(source.urls)
     attempt_no = 0
@@ -215,7 +218,8 @@ async def connect_source(
         ordered = urls[first:] + urls[:first]
         link.attempting(ordered[0])
         callbacks = _Callbacks(link, settings, metrics, stopping, on_error, rng)
-        client = callbacks.client = Client()
+        direct_ok = direct and direct_dispatch.UNSUPPORTED is None
+        client = callbacks.client = direct_dispatch.DirectClient() if direct_ok else Client()
         options: dict[str, Any] = {
             "servers": ordered,
             "dont_randomize": True,

@@ -1,16 +1,26 @@
-"""Core NATS intake (at most once): subscriptions whose callbacks never block.
+"""Core NATS intake (at most once): subscriptions whose messages go straight to the intake.
 
-A callback only turns the message into a `Delivery` and offers it to the bridge's intake
-(bounded in bytes, `intake.py`); when it does not fit the message is dropped and counted
-(`queue_full`). Messages nats-py drops itself (its per-subscription limits, set in step with
-the intake's) arrive as slow-consumer errors and are counted too (`slow_consumer`).
+Each message becomes a `Delivery` offered to the bridge's intake (bounded in bytes,
+`intake.py`); what does not fit is dropped and counted (`queue_full`). That bound is the
+only one: the subscriptions are direct (`direct.py`: nats-py's parser hands subject, raw
+header block and payload to `_on_raw`, with no `Msg`, no queue and no task in between), so
+nats-py's per-subscription pending limits do not apply to them and nothing is dropped as a
+slow consumer. When the installed nats-py cannot be served directly (`direct.UNSUPPORTED`,
+logged once), the subscriptions take a callback as before; there nats-py's buffer gets
+limits in step with the intake's, and what it drops arrives as slow-consumer errors,
+counted `slow_consumer`.
+
+Headers are parsed here (`headers.py`, every value of a name kept) only when a message
+has any; a malformed part is skipped, the message kept, and counted in
+`nats_otel_mapping_issues{kind="malformed_header"}` and logged (at most every 10 s).
+`stop_intake` drains: UNSUB, then a flush; what was read before it is in the intake.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import time
 from typing import Any, Protocol
 
 import nats.errors
@@ -18,7 +28,10 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from nats_otel.bridge.settings import BatchSettings, NatsSettings, NatsSource
-from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
+from nats_otel.bridge.sources import direct
+from nats_otel.bridge.sources.connection import connect_source, raw_from_msg, received_at
+from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery
+from nats_otel.bridge.sources.headers import parse_headers
 from nats_otel.bridge.sources.link import Link
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.core.decode import RawTraceMessage
@@ -27,14 +40,8 @@ __all__ = ["CoreSource", "Delivery"]
 
 log = logging.getLogger("nats_otel.core")
 
-
-@dataclass(slots=True)
-class Delivery:
-    """A received trace message; `msg` is the JetStream message to settle, if any."""
-
-    raw: RawTraceMessage
-    source: str
-    msg: Any = None
+_HEADER_LOG_EVERY_S = 10.0
+_fallback_logged: list[bool] = [False]
 
 
 class Sink(Protocol):
@@ -59,6 +66,10 @@ class CoreSource:
         self._received = metrics.received.labels(source.name)
         self._queue_full = metrics.dropped.labels("queue_full")
         self._slow = metrics.dropped.labels("slow_consumer")
+        self._bad_headers = metrics.issues.labels("malformed_header")
+        self._bad_headers_logged_at = -_HEADER_LOG_EVERY_S
+        self._bad_headers_since_log = 0
+        self._on_raw = self.direct_handler()
 
     @property
     def connected(self) -> bool:
@@ -70,31 +81,73 @@ class CoreSource:
 
     async def start(self, stopping: asyncio.Event) -> bool:
         """Connect and subscribe; False if asked to stop before connecting."""
+        if direct.UNSUPPORTED is not None and not _fallback_logged[0]:
+            _fallback_logged[0] = True
+            log.warning("direct receive unavailable; using nats-py callbacks",
+                        extra={"fields": {"reason": direct.UNSUPPORTED}})
         self.nc = await connect_source(self.source, self.nats_settings, self.link, self.metrics, stopping,
-                                       self._on_error)
+                                       self._on_error, direct=True)
         if self.nc is None:
             return False
         for subject in self.source.subjects:
-            # nats-py's buffer in front of the callback gets the intake's byte bound: it must
-            # never be the one that drops a burst the intake could still hold.
-            sub = await self.nc.subscribe(
-                subject, queue=self.source.queue or "", cb=self._on_msg,
-                pending_msgs_limit=self.batch.pending_msgs_limit, pending_bytes_limit=self.batch.queue_bytes,
-            )
-            self._subs.append(sub)
+            self._subs.append(await self._subscribe(self.nc, subject))
         await self.nc.flush()
         log.info("subscribed", extra={"fields": {"source": self.source.name, "subjects": self.source.subjects,
-                                                 "queue": self.source.queue}})
+                                                 "queue": self.source.queue,
+                                                 "direct": isinstance(self.nc, direct.DirectClient)}})
         return True
 
+    async def _subscribe(self, nc: Client, subject: str) -> Subscription:
+        if isinstance(nc, direct.DirectClient):
+            return await nc.subscribe_direct(subject, self._on_raw, queue=self.source.queue or "")
+        # nats-py's buffer in front of the callback gets the intake's byte bound: it must
+        # never be the one that drops a burst the intake could still hold.
+        return await nc.subscribe(
+            subject, queue=self.source.queue or "", cb=self._on_msg,
+            pending_msgs_limit=self.batch.pending_msgs_limit, pending_bytes_limit=self.batch.queue_bytes,
+        )
+
+    def direct_handler(self) -> direct.DirectHandler:
+        """The per-message function of the direct path, its lookups bound once: it runs for
+        every message inside nats-py's parser, so it never awaits and never raises."""
+        tally = self._received
+        offer = self.intake.offer
+        queue_full = self._queue_full
+        name = self.source.name
+        headers_of = self._headers
+
+        def on_raw(subject: bytes, header_block: bytes | None, payload: bytes) -> None:
+            tally.value += 1
+            subject_text = subject.decode(errors="replace")
+            raw = RawTraceMessage(subject_text, headers_of(header_block) if header_block else {}, payload,
+                                  received_at())
+            if not offer(Delivery(raw, name, None, len(payload) + len(subject_text) + MESSAGE_OVERHEAD)):
+                queue_full.inc()
+
+        return on_raw
+
+    def _headers(self, block: bytes) -> dict[str, list[str]]:
+        headers, malformed = parse_headers(block)
+        if malformed:
+            self._bad_headers.inc()
+            self._bad_headers_since_log += 1
+            now = time.monotonic()
+            if now - self._bad_headers_logged_at >= _HEADER_LOG_EVERY_S:
+                log.warning("malformed message headers: the parts that parse are kept", extra={"fields": {
+                    "source": self.source.name, "messages": self._bad_headers_since_log,
+                    "example": block[:200].decode(errors="replace")}})
+                self._bad_headers_logged_at = now
+                self._bad_headers_since_log = 0
+        return headers
+
     async def _on_msg(self, msg: Any) -> None:
-        # Never blocks, never awaits: the NATS read path must keep up.
+        # The fallback path. Never blocks, never awaits: the NATS read path must keep up.
         self._received.inc()
         if not self.intake.offer(Delivery(raw_from_msg(msg), self.source.name)):
             self._queue_full.inc()
 
     async def stop_intake(self) -> None:
-        """Unsubscribe after the messages already read have reached the queue."""
+        """Unsubscribe after the messages already read have reached the intake."""
         for sub in self._subs:
             try:
                 await sub.drain()

@@ -1,0 +1,294 @@
+"""The direct receive path of core mode (`bridge/sources/direct.py`, `headers.py`), against
+a real nats-server: it delivers what a plain nats-py subscription delivers (subject,
+payload, every header value), in order; queue groups split without loss; a restarted
+server delivers again; the drain keeps what was read; the received counter is exact; bad
+headers are kept where they parse and counted. Also the guard on nats-py's private method,
+and the callback path it falls back to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from nats_otel.bridge.intake import Intake
+from nats_otel.bridge.settings import BatchSettings, NatsSource
+from nats_otel.bridge.sources import direct
+from nats_otel.bridge.sources.headers import parse_headers
+from nats_otel.bridge.sources.nats_core import CoreSource
+from nats_otel.bridge.telemetry import Metrics
+from nats_otel.devkit.processes import start_topology
+from nats_otel.devkit.topology import single_server
+from tests.bridge.bridge_helpers import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+RECEIVED = "nats_otel_messages_received_total"
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """A client URL of one real nats-server shared by the tests of this module."""
+    with start_topology(single_server()) as running:
+        yield running.client_url("n1", "a")
+
+
+# (name, raw header lines or None, payload): what a plain subscription must agree with.
+CASES: list[tuple[str, list[tuple[str, str]] | None, bytes]] = [
+    ("no headers", None, b'{"server":{"name":"n1"}}'),
+    ("gzip", [("Content-Encoding", "gzip")], b"\x1f\x8b compressed"),
+    ("multi-valued, mixed case", [("X-Multi", "one"), ("traceparent", "00-ab-cd-01"), ("X-Multi", "two"),
+                                  ("x-MiXed", "Value With Spaces")], b"body"),
+    ("empty payload", [("Nats-Trace-Dest", "trace.x")], b""),
+    ("empty payload, no headers", None, b""),
+    ("1 MB payload", [("Content-Encoding", "snappy")], bytes(range(256)) * 3906),
+]
+
+
+class RawPublisher:
+    """A NATS client speaking the protocol by hand: HPUB with repeated header names, or
+    header bytes no library would write."""
+
+    def __init__(self, url: str) -> None:
+        self.url = urlsplit(url)
+
+    async def __aenter__(self) -> RawPublisher:
+        self.reader, self.writer = await asyncio.open_connection(self.url.hostname, self.url.port)
+        await self.reader.readline()  # INFO
+        connect = {"verbose": False, "pedantic": False, "headers": True, "user": self.url.username,
+                   "pass": self.url.password, "protocol": 1}
+        self.writer.write(f"CONNECT {json.dumps(connect)}\r\n".encode())
+        return self
+
+    def publish(self, subject: str, payload: bytes, header_block: bytes | None = None) -> None:
+        if header_block is None:
+            self.writer.write(f"PUB {subject} {len(payload)}\r\n".encode() + payload + b"\r\n")
+        else:
+            total = len(header_block) + len(payload)
+            self.writer.write(f"HPUB {subject} {len(header_block)} {total}\r\n".encode() + header_block + payload
+                              + b"\r\n")
+
+    async def flush(self) -> None:
+        self.writer.write(b"PING\r\n")
+        await self.writer.drain()
+        while (line := await self.reader.readline()) != b"PONG\r\n":
+            assert not line.startswith(b"-ERR"), line
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+def header_block(pairs: list[tuple[str, str]]) -> bytes:
+    return b"NATS/1.0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in pairs) + b"\r\n"
+
+
+def core_source(url: str, subjects: list[str], intake: Intake, metrics: Metrics, name: str = "default",
+                queue: str | None = None) -> CoreSource:
+    return CoreSource(NatsSource(name=name, urls=[url], subjects=subjects, queue=queue), BatchSettings(),
+                      intake, metrics)
+
+
+def taken(intake: Intake) -> list[Any]:
+    out = []
+    while (delivery := intake.get_nowait()) is not None:
+        out.append(delivery)
+    return out
+
+
+async def test_direct_path_delivers_what_nats_py_delivers(url: str) -> None:
+    intake, metrics = Intake(1 << 30), Metrics()
+    source = core_source(url, ["trace.eq.>"], intake, metrics)
+    assert await source.start(asyncio.Event())
+    assert isinstance(source.nc, direct.DirectClient)
+    plain: list[Any] = []
+    reference = await nats.connect(url)
+
+    async def collect(msg: Any) -> None:
+        plain.append(msg)
+
+    await reference.subscribe("trace.eq.>", cb=collect, pending_bytes_limit=-1)
+    await reference.flush()
+    try:
+        async with RawPublisher(url) as pub:
+            for round_no in range(3):
+                for index, (_, pairs, payload) in enumerate(CASES):
+                    pub.publish(f"trace.eq.{round_no}.{index}", payload, header_block(pairs) if pairs else None)
+            await pub.flush()
+        count = 3 * len(CASES)
+        await wait_until(lambda: intake.qsize() == count and len(plain) == count, 20, "both subscribers")
+        deliveries = taken(intake)
+        assert [d.raw.subject for d in deliveries] == [m.subject for m in plain]
+        assert [d.raw.payload for d in deliveries] == [m.data for m in plain]
+        for delivery, msg, (what, pairs, payload) in zip(deliveries, plain, CASES * 3, strict=True):
+            assert delivery.raw.payload == payload, what
+            expected: dict[str, list[str]] = {}
+            for name, value in pairs or []:
+                expected.setdefault(name, []).append(value)
+            assert delivery.raw.headers == expected, what
+            # nats-py keeps the last value of a name: the direct path keeps that one too, and the others.
+            assert {k: v[-1] for k, v in delivery.raw.headers.items()} == (msg.headers or {}), what
+            assert delivery.size == len(payload) + len(delivery.raw.subject) + 512
+            assert delivery.raw.received_at and delivery.raw.received_at.endswith("Z")
+        assert metrics.value(RECEIVED, {"source": "default"}) == count
+        assert source.nc.stats["in_msgs"] >= count  # nats-py's stats still count what came in
+    finally:
+        await reference.close()
+        await source.close()
+
+
+async def test_queue_group_of_direct_sources_splits_without_loss(url: str) -> None:
+    metrics = Metrics()
+    intakes = [Intake(1 << 30), Intake(1 << 30)]
+    sources = [core_source(url, ["trace.q"], intake, metrics, name=f"s{i}", queue="bridges")
+               for i, intake in enumerate(intakes)]
+    for source in sources:
+        assert await source.start(asyncio.Event())
+    try:
+        async with RawPublisher(url) as pub:
+            for i in range(4000):
+                pub.publish("trace.q", str(i).encode())
+            await pub.flush()
+        await wait_until(lambda: sum(i.qsize() for i in intakes) == 4000, 20, "every message in one intake")
+        parts = [[int(d.raw.payload) for d in taken(intake)] for intake in intakes]
+        assert sorted(parts[0] + parts[1]) == list(range(4000))  # none lost, none twice
+        assert all(parts), "both members of the group got a share"
+        assert [metrics.value(RECEIVED, {"source": f"s{i}"}) for i in range(2)] == [len(p) for p in parts]
+    finally:
+        for source in sources:
+            await source.close()
+
+
+async def test_messages_arrive_again_after_a_server_restart(tmp_path) -> None:
+    with start_topology(single_server(), tmp_path / "nats") as topo:
+        url = topo.client_url("n1", "a")
+        intake = Intake(1 << 30)
+        source = core_source(url, ["trace.r", "trace.r2"], intake, Metrics())
+        assert await source.start(asyncio.Event())
+        try:
+            async with RawPublisher(url) as pub:
+                pub.publish("trace.r", b"before")
+                await pub.flush()
+            await wait_until(lambda: intake.qsize() == 1, 10, "the first message")
+            await asyncio.to_thread(topo.restart, "n1")
+            await wait_until(lambda: source.connected, 30, "the source reconnected")
+            # The SUBs went out again under the same sids: both subjects are still direct.
+            assert isinstance(source.nc, direct.DirectClient) and len(source.nc._direct) == 2
+            async with RawPublisher(url) as pub:
+                pub.publish("trace.r", b"after")
+                pub.publish("trace.r2", b"after, second subject", header_block([("a", "1")]))
+                await pub.flush()
+            await wait_until(lambda: intake.qsize() == 3, 10, "messages after the restart")
+            assert [d.raw.payload for d in taken(intake)] == [b"before", b"after", b"after, second subject"]
+        finally:
+            await source.close()
+
+
+async def test_burst_counts_exactly_and_the_drain_keeps_what_was_read(url: str) -> None:
+    """A burst larger than the intake: received = held + queue_full, exactly, when scraped;
+    stop_intake returns only once everything sent before it is in the intake."""
+    metrics = Metrics()
+    intake = Intake(3000 * (100 + len("trace.burst") + 512))
+    source = core_source(url, ["trace.burst"], intake, metrics)
+    assert await source.start(asyncio.Event())
+    try:
+        async with RawPublisher(url) as pub:
+            for _ in range(5000):
+                pub.publish("trace.burst", b"x" * 100, header_block([("Content-Encoding", "gzip")]))
+            await pub.flush()
+        await source.stop_intake()  # no waiting: the drain itself must bring every message in
+        assert intake.qsize() == 3000
+        assert metrics.value(RECEIVED, {"source": "default"}) == 5000
+        assert metrics.value("nats_otel_messages_dropped_total", {"reason": "queue_full"}) == 2000
+        assert metrics.value("nats_otel_messages_dropped_total", {"reason": "slow_consumer"}) == 0
+        assert isinstance(source.nc, direct.DirectClient) and not source.nc._direct  # unsubscribed
+    finally:
+        await source.close()
+
+
+async def test_malformed_headers_are_counted_and_the_rest_kept(url: str, caplog) -> None:
+    metrics = Metrics()
+    intake = Intake(1 << 30)
+    source = core_source(url, ["trace.bad"], intake, metrics)
+    assert await source.start(asyncio.Event())
+    try:
+        with caplog.at_level(logging.WARNING, logger="nats_otel.core"):
+            async with RawPublisher(url) as pub:
+                pub.publish("trace.bad", b"1", b"NATS/1.0\r\nContent-Encoding: gzip\r\nno colon here\r\n\r\n")
+                pub.publish("trace.bad", b"2", b"NATS/1.0\r\nX-Bin: \xff\xfe\r\n\r\n")
+                pub.publish("trace.bad", b"3", header_block([("Ok", "yes")]))
+                await pub.flush()
+            await wait_until(lambda: intake.qsize() == 3, 10, "all three messages")
+        first, second, third = taken(intake)
+        assert first.raw.headers == {"Content-Encoding": ["gzip"]}
+        assert second.raw.headers == {"X-Bin": ["\ufffd\ufffd"]}
+        assert third.raw.headers == {"Ok": ["yes"]}
+        assert metrics.value("nats_otel_mapping_issues_total", {"kind": "malformed_header"}) == 2
+        assert any("malformed message headers" in r.getMessage() for r in caplog.records)
+    finally:
+        await source.close()
+
+
+@pytest.mark.parametrize(("block", "headers", "malformed"), [
+    (b"NATS/1.0\r\n\r\n", {}, 0),
+    (b"NATS/1.0\r\nA: 1\r\na: 2\r\nA:3\r\n\r\n", {"A": ["1", "3"], "a": ["2"]}, 0),
+    (b"NATS/1.0\r\nK:  v: w \r\n\r\n", {"K": ["v: w"]}, 0),
+    (b"NATS/1.0 503\r\n\r\n", {"Status": ["503"]}, 0),
+    (b"NATS/1.0 404 No Messages\r\n\r\n", {"Status": ["404"], "Description": ["No Messages"]}, 0),
+    (b"NATS/1.0 abc\r\nA: 1\r\n\r\n", {"A": ["1"]}, 1),
+    (b"HTTP/1.1\r\nA: 1\r\n\r\n", {"A": ["1"]}, 1),
+    (b"NATS/1.0\r\nno colon\r\n: empty name\r\nBad Name: x\r\n\xe9: y\r\nB: 2\r\n\r\n", {"B": ["2"]}, 4),
+    (b"NATS/1.0\r\nA: \xff\r\n\r\n", {"A": ["\ufffd"]}, 1),
+    (b"\r\n", {}, 1),
+])
+def test_parse_headers(block: bytes, headers: dict[str, list[str]], malformed: int) -> None:
+    assert parse_headers(block) == (headers, malformed)
+
+
+def test_the_guard_on_nats_pys_private_method() -> None:
+    assert direct.UNSUPPORTED is None  # the installed nats-py: served directly
+
+    class NoMethod:
+        async def subscribe(self) -> None: ...
+
+        def _remove_sub(self) -> None: ...
+
+    class Renamed(NoMethod):
+        async def _process_msg(self, sid: int, subject: bytes, reply: bytes, payload: bytes, hdr: bytes) -> None: ...
+
+    class NotAsync(NoMethod):
+        def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None: ...
+
+    assert "no _process_msg" in (direct.direct_unsupported(NoMethod) or "")
+    assert "takes" in (direct.direct_unsupported(Renamed) or "")
+    assert "not a coroutine" in (direct.direct_unsupported(NotAsync) or "")
+
+
+async def test_without_direct_dispatch_the_callback_path_delivers(url: str, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(direct, "UNSUPPORTED", "nats-py's Client._process_msg takes something else")
+    monkeypatch.setattr("nats_otel.bridge.sources.nats_core._fallback_logged", [False])
+    metrics = Metrics()
+    intake = Intake(1 << 30)
+    source = core_source(url, ["trace.fallback"], intake, metrics)
+    with caplog.at_level(logging.WARNING, logger="nats_otel.core"):
+        assert await source.start(asyncio.Event())
+    try:
+        assert type(source.nc) is Client
+        assert any("direct receive unavailable" in r.getMessage() for r in caplog.records)
+        async with RawPublisher(url) as pub:
+            pub.publish("trace.fallback", b"p", header_block([("Content-Encoding", "gzip")]))
+            await pub.flush()
+        await wait_until(lambda: intake.qsize() == 1, 10, "the message")
+        (delivery,) = taken(intake)
+        assert (delivery.raw.payload, delivery.raw.headers) == (b"p", {"Content-Encoding": ["gzip"]})
+        assert metrics.value(RECEIVED, {"source": "default"}) == 1
+    finally:
+        await source.close()

@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from nats_otel import gc_tuning
 from nats_otel.bridge.accounting import BatchAccounting
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.intake import Intake
@@ -259,6 +260,7 @@ class Bridge:
             outcome = await loop.run_in_executor(self._export_pool, self.processor.export, converted,
                                                  self._deadline())
             self.accounting.account(outcome)
+            gc_tuning.after_batch()
             return self._policy(deliveries, outcome)
         ack: list[Delivery] = []
         nak: list[Delivery] = []
@@ -273,6 +275,7 @@ class Bridge:
             ack += a
             nak += n
             term += t
+        gc_tuning.after_batch()
         return ack, nak, term
 
     def _worker_died(self, reason: str) -> None:

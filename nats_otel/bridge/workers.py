@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from nats_otel import gc_tuning
 from nats_otel.bridge.processor import BatchOutcome, ConvertedBatch, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core import accel
@@ -120,11 +121,9 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     # or a stray SIGTERM must not kill a worker in the middle of a batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from nats_otel.gc_tuning import tune_gc_for_throughput
-
     settings = BridgeSettings.model_validate(settings_doc)
     processor = Processor(settings, make_exporters(settings))
-    tune_gc_for_throughput()
+    gc_tuning.tune_gc_for_throughput()
     outbox.send((_READY, accel.implementation()))  # the parent logs which core each worker runs
     observed: dict[int, list[RawTraceMessage]] = {}
     exports = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
@@ -174,6 +173,7 @@ def _export_and_answer(processor: Processor, batch_id: int, converted: Converted
                                 outcome.poisoned)))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
         outbox.send((batch_id, f"worker {index}: {type(exc).__name__}: {exc}"))
+    gc_tuning.after_batch()
 
 
 def _pack(results: Sequence[Converted | Rejected]) -> list[Any]:

@@ -111,7 +111,8 @@ def trace_context(msg: TraceMessage, arrival_subject: str | None) -> TraceContex
             # The server traced it for its Nats-Trace-Dest; the broken traceparent is
             # reported by the caller and the message is correlated as an ad-hoc trace.
         else:
-            return TraceContext(trace_id, parent_id, trace_state, bool(flags & 1))
+            return TraceContext(trace_id, parent_id, trace_state, bool(flags & 1), None,
+                                _context_fields(trace_id, parent_id))
     if adhoc_key is None:
         raise TraceContextError("no traceparent and no ad-hoc trace destination")
     return TraceContext(_trace_id(_hash(b"adhoc-group", adhoc_key)), b"", trace_state, True, adhoc_key)

@@ -18,7 +18,7 @@ The live `Converter` observes each message on arrival and finishes it `link_wait
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from msgspec import Struct
 
@@ -71,16 +71,21 @@ class Prepared(Struct, frozen=True, gc=False):
     #: worked out yet (a hand-built `Prepared`).
     size: int = -1
 
-    def egresses(self) -> Iterator[tuple[LinkKey, Egress]]:
+    def egresses(self) -> list[tuple[LinkKey, Egress]]:
         """Its egresses to other servers, with the span ids `map_message` gives them."""
         msg = self.msg
-        size = self.size
+        found: list[tuple[LinkKey, Egress]] = []
         for position, event in enumerate(msg.events, start=1):
             if type(event) is EgressEvent and event.hop and event.kind in FORWARDING_KINDS:  # `forwards`
-                if size < 0:
-                    size = body_size(msg.msg_size, msg.headers)
+                size = self.size if self.size >= 0 else body_size(msg.msg_size, msg.headers)
                 key = (self.ctx.id_fields, event.hop, msg.server.name, event.name)
-                yield key, Egress(event.ts_ns, size, self.ident, event_span_id(self.ctx, self.ident, position))
+                found.append((key, _new(Egress, (event.ts_ns, size, self.ident,
+                                                 event_span_id(self.ctx, self.ident, position)))))
+        return found
+
+
+# NamedTuples built without their `__new__` (a Python call): several per message.
+_new = tuple.__new__
 
 
 class Converted(Struct, frozen=True, gc=False):
@@ -131,7 +136,7 @@ def _arrival(msg: TraceMessage, ctx: TraceContext, ident: bytes, size: int) -> t
     if not hop:
         return None
     ingress = msg.ingress
-    return (ctx.id_fields, hop, ingress.name, msg.server.name), Arrival(ingress.ts_ns, size, ident)
+    return (ctx.id_fields, hop, ingress.name, msg.server.name), _new(Arrival, (ingress.ts_ns, size, ident))
 
 
 class Linker:
@@ -169,16 +174,16 @@ class Linker:
         arrival = prepared.arrival
         if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
             trace_id = ctx.trace_id if ctx.adhoc_key is None else adhoc_trace_id(ctx, ident)
-            return Placement(ident, trace_id, ctx.parent_span_id), None
+            return _new(Placement, (ident, trace_id, ctx.parent_span_id, "", 0)), None
         link = self.index.resolve(*arrival)
         if link.result == MATCHED and link.egress is not None:
             trace_id = ctx.trace_id if ctx.adhoc_key is None else self._adhoc_trace(ctx, link.egress.ident)
-            return Placement(ident, trace_id, link.egress.span_id, MATCHED), link
+            return _new(Placement, (ident, trace_id, link.egress.span_id, MATCHED, 0)), link
         # Never under another message's egress: under the producer's span, which is an
         # ancestor whatever the path was; an ad-hoc report becomes a trace of its own.
         trace_id = ctx.trace_id if ctx.adhoc_key is None else adhoc_trace_id(ctx, ident)
         candidates = link.candidates if link.result == AMBIGUOUS else 0
-        return Placement(ident, trace_id, ctx.parent_span_id, link.result, candidates), link
+        return _new(Placement, (ident, trace_id, ctx.parent_span_id, link.result, candidates)), link
 
     def _adhoc_trace(self, ctx: TraceContext, ident: bytes) -> bytes:
         """The trace id of the ad-hoc message whose report `ident` is: its origin's."""

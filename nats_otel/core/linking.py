@@ -112,7 +112,9 @@ def body_size(msg_size: int, headers: dict[str, list[str]]) -> int:
     """
     for name, values in headers.items():
         if name.lower() == _HOP_HEADER:
-            return msg_size - sum(len(name) + 2 + len(value) + 2 for value in values)
+            for value in values:  # a loop, not sum() over a generator: once per downstream report
+                msg_size -= len(name) + len(value) + 4
+            return msg_size
     return msg_size
 
 

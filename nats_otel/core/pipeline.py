@@ -132,10 +132,13 @@ def prepare(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> Prep
 
 
 def _arrival(msg: TraceMessage, ctx: TraceContext, ident: bytes, size: int) -> tuple[LinkKey, Arrival] | None:
-    hop = upstream_hop(msg)
+    ingress = msg.ingress
+    if ingress.kind not in FORWARDING_KINDS:  # `upstream_hop`, without its header() call
+        return None
+    index = msg.header_index
+    hop = index.get(_HOP_HEADER) if index is not None else upstream_hop(msg)
     if not hop:
         return None
-    ingress = msg.ingress
     return (ctx.id_fields, hop, ingress.name, msg.server.name), _new(Arrival, (ingress.ts_ns, size, ident))
 
 

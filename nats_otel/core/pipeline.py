@@ -209,13 +209,14 @@ def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded:
     encoding = None
     if encoded:
         resource, data, count, map_issues = map_encode(prepared.msg, prepared.ctx, placement, options)
-        encoding = EncodedSpans(resource, data, count)
+        encoding = _new(EncodedSpans, (resource, data, count))
     else:
         result = map_message(prepared.msg, prepared.ctx, placement, options)
         spans, map_issues = result.spans, result.issues
     # A hop's latency once: a redelivered report (`first` False) was counted already.
     egress_ns = link.egress.ts_ns if link is not None and link.egress is not None and link.first else None
-    issues = [*prepared.issues, *map_issues]
+    # Mapping's issue list is new at each call: extended in place, not copied.
+    issues = [*prepared.issues, *map_issues] if prepared.issues else map_issues
     if placement.link and placement.link != MATCHED:
         issues.append(f"hop_{placement.link}: no single upstream egress for hop "
                       f"{upstream_hop(prepared.msg)} from {prepared.msg.ingress.name}"

@@ -139,8 +139,7 @@ def context_fields(trace_id, parent_span_id):
     return out
 
 
-cdef inline int _hex_value(Py_UCS4 char):
-    cdef int c = <int>char
+cdef inline int _hex_value(unsigned char c):
     if 48 <= c <= 57:
         return c - 48
     if 97 <= c <= 102:
@@ -153,14 +152,21 @@ def parse_traceparent(value):
     ids (what servers pass on); everything else goes to the Python twin."""
     cdef unsigned char ids[24]
     cdef int i, hi, lo, flags, nonzero_trace = 0, nonzero_parent = 0
-    cdef Py_ssize_t at
-    if type(value) is not str or len(value) != 55 or value[0] != "0" or value[1] != "0" or value[2] != "-" \
-            or value[35] != "-" or value[52] != "-":
+    cdef Py_ssize_t at, size = 0
+    cdef const unsigned char* text
+    if type(value) is not str or len(<str>value) != 55:
+        return _py_parse_traceparent(value)
+    try:
+        # The UTF-8 form CPython keeps (no copy for ASCII text): 55 bytes only when ASCII.
+        text = <const unsigned char*>PyUnicode_AsUTF8AndSize(value, &size)
+    except UnicodeEncodeError:
+        return _py_parse_traceparent(value)
+    if size != 55 or text[0] != 48 or text[1] != 48 or text[2] != 45 or text[35] != 45 or text[52] != 45:
         return _py_parse_traceparent(value)
     for i in range(24):
         at = 3 + 2 * i if i < 16 else 36 + 2 * (i - 16)
-        hi = _hex_value(value[at])
-        lo = _hex_value(value[at + 1])
+        hi = _hex_value(text[at])
+        lo = _hex_value(text[at + 1])
         if hi < 0 or lo < 0:
             return _py_parse_traceparent(value)
         ids[i] = <unsigned char>(hi * 16 + lo)
@@ -169,8 +175,8 @@ def parse_traceparent(value):
                 nonzero_trace = 1
             else:
                 nonzero_parent = 1
-    hi = _hex_value(value[53])
-    lo = _hex_value(value[54])
+    hi = _hex_value(text[53])
+    lo = _hex_value(text[54])
     if hi < 0 or lo < 0 or not nonzero_trace or not nonzero_parent:
         return _py_parse_traceparent(value)  # raises the pure path's error, or parses
     flags = hi * 16 + lo

@@ -198,9 +198,11 @@ cdef inline int close_span(Buf* blob, Buf* s) except -1:
 cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
                       list issues) except -1:
     cdef object ingress = msg.ingress
-    cdef object first = msg._first_values
+    cdef object first = msg.header_index
     cdef object ident = placement.ident
     cdef object trace_id = placement.trace_id
+    if first is None:  # a hand-built message (no `header_index`): the Python twin maps it
+        return 0
     cdef object trace_state = ctx.trace_state
     cdef object subject = ingress.subject
     cdef object account = ingress.account

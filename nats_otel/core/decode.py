@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Union
 
 import cramjam
@@ -28,6 +28,7 @@ from nats_otel.core.model import (
     TraceMessage,
     UInt64,
     check_uint64,
+    first_values,
 )
 
 __all__ = [
@@ -91,15 +92,15 @@ class DecodeLimits:
     max_events: int = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class RawTraceMessage:
+class RawTraceMessage(msgspec.Struct, frozen=True, gc=False):
     """A trace message as received: the subject it arrived on, its headers, its raw payload.
 
-    `subject` is None only for bare `MsgTraceEvent` archive lines, which lack it.
+    `subject` is None only for bare `MsgTraceEvent` archive lines, which lack it. A msgspec
+    `Struct` (built in C: one per message received), positional or keyword, picklable.
     """
 
     subject: str | None
-    headers: dict[str, list[str]] = field(default_factory=dict)
+    headers: dict[str, list[str]] = {}
     payload: bytes = b""
     received_at: str | None = None
 
@@ -251,6 +252,7 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
         ingress=ingress,
         events=tuple(events),
         unknown_events=tuple(unknown),
+        header_index=first_values(headers),
     )
 
 
@@ -295,14 +297,9 @@ def _decode_fast(data: bytes, limits: DecodeLimits) -> TraceMessage | None:
     for event in events[1:]:
         if type(event) is Ingress:
             return None
-    return TraceMessage(
-        server=doc.server,
-        headers=doc.request.header,
-        msg_size=doc.request.msgsize,
-        hops=doc.hops,
-        ingress=events[0],
-        events=tuple(events[1:]),  # type: ignore[arg-type]  # no Ingress left (checked above)
-    )
+    headers = doc.request.header
+    return TraceMessage(doc.server, headers, doc.request.msgsize, doc.hops, events[0],
+                        tuple(events[1:]), (), first_values(headers))  # type: ignore[arg-type]  # no Ingress left (checked above)
 
 
 def _is_int(value: Any) -> bool:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct
+from msgspec.structs import force_setattr
 
 from nats_otel.core import accel
 from nats_otel.core.decode import DecodeError
-from nats_otel.core.model import FORWARDING_KINDS, TraceMessage
+from nats_otel.core.model import FORWARDING_KINDS, TraceMessage, first_values
 
 __all__ = [
     "ID_SCHEME",
@@ -46,13 +48,13 @@ class TraceContextError(DecodeError):
     reason = "bad_traceparent"
 
 
-@dataclass(frozen=True, slots=True)
-class TraceContext:
+class TraceContext(Struct, frozen=True, gc=False):
     """Where the spans of one trace message belong.
 
     `parent_span_id` is the application's span that published the message (empty for
     ad-hoc traces, whose origin span is a root). `adhoc_key` is set for ad-hoc traces: the
-    subject the trace messages arrived on, from which the trace id is derived.
+    subject the trace messages arrived on, from which the trace id is derived. A msgspec
+    `Struct` (built in C, one per message).
     """
 
     trace_id: bytes
@@ -60,11 +62,13 @@ class TraceContext:
     trace_state: str = ""
     sampled: bool = True
     adhoc_key: str | None = None
-    # The encoded (trace id, parent) fields every span id of this context hashes.
-    id_fields: bytes = field(default=b"", repr=False, compare=False)
+    # The encoded (trace id, parent) fields every span id of this context hashes: derived
+    # from the two ids when not given (only `trace_context` gives them).
+    id_fields: bytes = b""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "id_fields", _context_fields(self.trace_id, self.parent_span_id))
+        if not self.id_fields:
+            force_setattr(self, "id_fields", _context_fields(self.trace_id, self.parent_span_id))
 
 
 def parse_traceparent(value: str) -> tuple[bytes, bytes, int]:
@@ -91,9 +95,12 @@ def trace_context(msg: TraceMessage, arrival_subject: str | None) -> TraceContex
     way. An ad-hoc context's `trace_id` names the group of messages traced to that
     destination; each traced message gets a trace of its own (`adhoc_trace_id`).
     """
-    traceparent = msg.header("traceparent")
-    trace_state = msg.header("tracestate") or ""
-    dest = msg.header("Nats-Trace-Dest")
+    index = msg.header_index
+    if index is None:
+        index = first_values(msg.headers)
+    traceparent = index.get("traceparent")
+    trace_state = index.get("tracestate") or ""
+    dest = index.get("nats-trace-dest")
     adhoc_key = arrival_subject or (dest if dest and dest != TRACE_DISABLED else None)
     if traceparent is not None:
         try:
@@ -104,7 +111,8 @@ def trace_context(msg: TraceMessage, arrival_subject: str | None) -> TraceContex
             # The server traced it for its Nats-Trace-Dest; the broken traceparent is
             # reported by the caller and the message is correlated as an ad-hoc trace.
         else:
-            return TraceContext(trace_id, parent_id, trace_state, bool(flags & 1))
+            return TraceContext(trace_id, parent_id, trace_state, bool(flags & 1), None,
+                                _context_fields(trace_id, parent_id))
     if adhoc_key is None:
         raise TraceContextError("no traceparent and no ad-hoc trace destination")
     return TraceContext(_trace_id(_hash(b"adhoc-group", adhoc_key)), b"", trace_state, True, adhoc_key)

@@ -112,7 +112,9 @@ def body_size(msg_size: int, headers: dict[str, list[str]]) -> int:
     """
     for name, values in headers.items():
         if name.lower() == _HOP_HEADER:
-            return msg_size - sum(len(name) + 2 + len(value) + 2 for value in values)
+            for value in values:  # a loop, not sum() over a generator: once per downstream report
+                msg_size -= len(name) + len(value) + 4
+            return msg_size
     return msg_size
 
 
@@ -125,10 +127,13 @@ class LinkIndex:
     """Both sides of every hop observed, by link key and by (link key, size), time-sorted;
     bounded when `expire`d."""
 
-    __slots__ = ("_bounded", "_claimed", "_fifo", "_tables", "evicted", "expired_unmatched", "settings")
+    __slots__ = ("_bounded", "_claimed", "_fifo", "_latency_ns", "_skew_ns", "_tables", "evicted",
+                 "expired_unmatched", "settings")
 
     def __init__(self, settings: LinkSettings = LinkSettings(), bounded: bool = True) -> None:
         self.settings = settings
+        # The window in nanoseconds, worked out once (two properties per `resolve` otherwise).
+        self._latency_ns, self._skew_ns = settings.latency_ns, settings.skew_ns
         # Unbounded (a whole input, `convert`): nothing expires, no observation order kept.
         self._bounded = bounded
         # Egresses (True) and arrivals (False), each by key and by (key, size): the second
@@ -157,13 +162,21 @@ class LinkIndex:
 
     def _add(self, is_egress: bool, key: LinkKey, entry: Egress | Arrival, now: float) -> None:
         by_key, by_size = self._tables[is_egress]
-        entries = by_key.setdefault(key, [])
-        at = bisect_left(entries, entry)
-        if at < len(entries) and entries[at] == entry:
-            return
-        entries.insert(at, entry)
-        sized = by_size.setdefault((key, entry.size), [])
-        sized.insert(bisect_left(sized, entry), entry)
+        entries = by_key.get(key)
+        sized_key = (key, entry.size)
+        if entries is None:  # the common case: the first entry of its key, nothing to sort
+            by_key[key] = [entry]
+            by_size[sized_key] = [entry]
+        else:
+            at = bisect_left(entries, entry)
+            if at < len(entries) and entries[at] == entry:
+                return
+            entries.insert(at, entry)
+            sized = by_size.get(sized_key)
+            if sized is None:
+                by_size[sized_key] = [entry]
+            else:
+                sized.insert(bisect_left(sized, entry), entry)
         if self._bounded:
             self._fifo.append((now, is_egress, key, entry))
 
@@ -171,7 +184,12 @@ class LinkIndex:
         """The one candidate in [lo_ns, hi_ns] (or of the same size, when several fit in
         time) as a list of one, else [] and how many fit."""
         by_key, by_size = self._tables[is_egress]
-        entries = by_key.get(key, [])
+        entries = by_key.get(key)
+        if entries is None:
+            return [], 0
+        if len(entries) == 1:  # the common case: one entry for the key, no search
+            ts_ns = entries[0].ts_ns
+            return (entries, 1) if lo_ns <= ts_ns <= hi_ns else ([], 0)
         start, end = _window(entries, lo_ns, hi_ns)
         if end - start <= 1:
             return entries[start:end], end - start
@@ -183,15 +201,15 @@ class LinkIndex:
 
     def resolve(self, key: LinkKey, arrival: Arrival) -> Link:
         """The egress that forwarded the message of `arrival`, if the evidence says so."""
-        s = self.settings
-        found, count = self._candidates(True, key, arrival.ts_ns - s.latency_ns, arrival.ts_ns + s.skew_ns,
+        latency_ns, skew_ns = self._latency_ns, self._skew_ns
+        found, count = self._candidates(True, key, arrival.ts_ns - latency_ns, arrival.ts_ns + skew_ns,
                                         arrival.size)
         if not found:
             return Link(AMBIGUOUS, None, count) if count else Link(UNMATCHED)
         egress = found[0]
         # The other way round: this arrival must be the egress's only candidate too, else a
         # lost report could make two arrivals claim one egress.
-        back, count = self._candidates(False, key, egress.ts_ns - s.skew_ns, egress.ts_ns + s.latency_ns,
+        back, count = self._candidates(False, key, egress.ts_ns - skew_ns, egress.ts_ns + latency_ns,
                                        egress.size)
         if not back or back[0].ident != arrival.ident:
             return Link(AMBIGUOUS, None, max(count, 2))

@@ -96,6 +96,38 @@ def test_streaming_converter_agrees_with_batch_in_any_arrival_order(tree, rnd):
     assert streamed == batch
 
 
+@settings(max_examples=40, deadline=None)
+@given(traced_message_trees(), st.randoms(use_true_random=False))
+def test_batch_calls_agree_with_message_calls(tree, rnd):
+    """`observe_many`/`convert_many` (one call per batch) give what `observe`/`convert` give,
+    with part of the batch never observed, a redelivered copy, and one object observed twice."""
+    raws, _ = tree
+    arrived = raws[:]
+    rnd.shuffle(arrived)
+    observed = arrived[: max(1, len(arrived) - 1)]  # the last one is never observed
+    copy = RawTraceMessage(observed[0].subject, observed[0].headers, observed[0].payload)
+    batch_converter, message_converter = Converter(), Converter()
+    batch_converter.observe_many([*observed, observed[0], copy])
+    for raw in [*observed, observed[0], copy]:
+        message_converter.observe(raw)
+    assert len(batch_converter._pending) == len(message_converter._pending) == len(observed) + 1
+    converted = [*arrived, copy]
+    by_batch = batch_converter.convert_many(converted, encoded=True)
+    by_message = [message_converter.convert(raw, encoded=True) for raw in converted]
+    assert by_batch == by_message
+    assert not batch_converter._pending and not message_converter._pending
+    assert all(isinstance(r, Converted) and r.encoded is not None and r.encoded.span_count for r in by_batch)
+
+
+def test_batch_calls_keep_the_pending_bound():
+    """Past `pending_capacity` the oldest observed messages are forgotten (decoded again)."""
+    raws = [RawTraceMessage("t", {}, b"{}") for _ in range(10)]
+    converter = Converter(pending_capacity=4)
+    converter.observe_many(raws)
+    assert [entry[0] for entry in converter._pending.values()] == raws[6:]
+    assert [r.reason for r in converter.convert_many(raws)] == ["bad_schema"] * 10  # type: ignore[union-attr]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(traced_message_trees(), min_size=1, max_size=4, unique_by=lambda tree: tree[1]))
 def test_no_id_collisions_and_no_orphans(trees):

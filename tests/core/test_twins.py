@@ -259,8 +259,16 @@ _traceparent = st.builds("{}-{}-{}-{}{}".format, st.sampled_from(["00", "01", "f
                          _parent_hex, st.sampled_from(["01", "00", "1", "xx"]), st.sampled_from(["", "-x", " ", "-"]))
 
 
+# 55 characters that are not all ASCII: the compiled twin reads UTF-8 bytes, which must then
+# not be 55 (or not encode at all: a lone surrogate).
+_non_ascii = st.sampled_from(["00-4bf92f3577b34da6a3ce929d0e0e473é-00f067aa0ba902b7-01",
+                              "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\ud800",
+                              "é" * 55, "\ud800" * 55])
+
+
 @settings(max_examples=800, deadline=None)
-@given(_traceparent | st.text(max_size=60) | st.sampled_from([None, 5, b"00"]))
+@given(_traceparent | _non_ascii | st.text(min_size=55, max_size=55) | st.text(max_size=60)
+       | st.sampled_from([None, 5, b"00"]))
 def test_traceparents_parse_alike(ids_twin, value):
     from nats_otel.core import ids
 

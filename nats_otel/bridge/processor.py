@@ -103,9 +103,7 @@ class Processor:
 
     def observe(self, raws: Sequence[RawTraceMessage]) -> None:
         """Record the hop evidence of messages that just arrived (mapped `link.wait` later)."""
-        now = time.monotonic()
-        for raw in raws:
-            self.converter.observe(raw, now)
+        self.converter.observe_many(raws, time.monotonic())
 
     def process(self, raws: Sequence[RawTraceMessage], deadline: float | None) -> BatchOutcome:
         """Convert and export one batch (`convert`, then `export`, in this thread)."""
@@ -119,7 +117,7 @@ class Processor:
             self._archive.write(b"".join(archive_record(raw) for raw in raws))
         now = time.monotonic()
         encoded = self._encoded
-        outcome = BatchOutcome([self.converter.convert(raw, now, encoded) for raw in raws])
+        outcome = BatchOutcome(self.converter.convert_many(raws, now, encoded))
         index = self.converter.linker.index
         outcome.evicted, self._evicted_seen = index.evicted - self._evicted_seen, index.evicted
         outcome.expired_unmatched = {side: count - self._expired_seen.get(side, 0)

@@ -103,11 +103,13 @@ if _compiled is not None:
         _compiled.event_post_init, _compiled.connection_post_init, _compiled.server_post_init)
 
 
-class _Wire(Struct, frozen=True, kw_only=True):
+class _Wire(Struct, frozen=True, kw_only=True, gc=False):
     # msgspec validates while it parses, in C: 5x faster than the pydantic models this
     # replaced (docs/performance.md). Its defaults are ours: extra keys are ignored
     # (servers add fields over time) and types are not coerced. Subclasses repeat
     # frozen=True: msgspec inherits it, type checkers only see it where it is written.
+    # gc=False (inherited too): strings, numbers and tuples of strings hold no cycle, and
+    # the live bridge keeps a second of decoded messages that the collector need not walk.
     pass
 
 

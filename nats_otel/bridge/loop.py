@@ -2,8 +2,8 @@
 
 The event loop only receives and settles; decoding, mapping and encoding run in one
 conversion thread (so the Converter's link state is touched by one thread only), exporting
-in one export thread (so the next batch is converted while this one waits for the
-backend, and the NATS read path never waits on one), or with `batch.workers` > 1 in that
+in `batch.exports_in_flight` export threads (so the next batch is converted while earlier
+ones wait for the backend, and the NATS read path never waits on one), or with `batch.workers` > 1 in that
 many worker processes (`workers.py`: batches sharded by trace id, several batches in flight). The error
 policy lives in `_policy` and nowhere else:
 
@@ -80,7 +80,8 @@ class Bridge:
         self.accounting = BatchAccounting(self.metrics, settings.telemetry, self.backend,
                                           [e.name for e in [*self._exporters, *self._probe_only]])
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-convert")
-        self._export_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
+        self._export_pool = ThreadPoolExecutor(max_workers=settings.batch.exports_in_flight,
+                                               thread_name_prefix="nats-otel-export")
         self.intake = Intake(settings.batch.queue_bytes, settings.batch.queue_size)
         # Read at scrape time: exact, and nothing to update per message.
         self.metrics.queue_depth.set_function(lambda: self.intake.held)
@@ -246,9 +247,10 @@ class Bridge:
 
     @property
     def _inflight(self) -> int:
-        """Batches processed at once: two for the threads (one converted while the one before
-        is exported); with workers, enough to keep all busy."""
-        return 2 if self.workers is None else 2 * self.workers.size
+        """Batches processed at once: one converted while `exports_in_flight` are exported
+        (each worker process the same, with workers)."""
+        per_converter = 1 + self.settings.batch.exports_in_flight
+        return per_converter if self.workers is None else per_converter * self.workers.size
 
     async def _process(self, deliveries: Sequence[Delivery]
                        ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:

@@ -212,6 +212,10 @@ class BatchSettings(_Model):
     pending_msgs_limit: int = Field(65_536, ge=1, description="core mode: nats-py per-subscription limit")
     workers: int = Field(1, ge=1, le=64, description="1: convert/export in one thread; N > 1: in N worker "
                          "processes (sharded by trace id), for more than one core")
+    # One export at a time capped a bridge at one batch per round trip (~15k messages/s to a
+    # local receiver; less to a remote backend); the Collector's exporters send 10 at once.
+    exports_in_flight: int = Field(4, ge=1, le=64, description="export requests sent at once (per worker "
+                                   "process with workers > 1), while the next batch is converted")
 
 
 class LinkSettingsModel(_Model):

@@ -34,6 +34,7 @@ import re
 import signal
 import threading
 import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -114,9 +115,9 @@ def shard_of(raw: RawTraceMessage, workers: int) -> int:
 def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: Any) -> None:
     """A worker process: a `Processor` fed sub-batches until it reads None (or EOF).
 
-    As in the one-process bridge, a batch is exported in a second thread while the next one
-    is converted (one export at a time: what waits is bounded); that thread also writes
-    every answer, so the pipe has one writer."""
+    As in the one-process bridge, batches are exported in `batch.exports_in_flight` threads
+    while the next one is converted (no more at once: what waits is bounded); those threads
+    write the answers, one at a time (`answering`)."""
     # The parent decides when to stop (it drains first); a Ctrl-C to the process group
     # or a stray SIGTERM must not kill a worker in the middle of a batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -126,8 +127,10 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     gc_tuning.tune_gc_for_throughput()
     outbox.send((_READY, accel.implementation()))  # the parent logs which core each worker runs
     observed: dict[int, list[RawTraceMessage]] = {}
-    exports = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-export")
-    exporting: Future[None] | None = None
+    in_flight = settings.batch.exports_in_flight
+    exports = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="nats-otel-export")
+    exporting: deque[Future[None]] = deque()
+    answering = threading.Lock()
     try:
         while True:
             try:
@@ -151,28 +154,29 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
                 converted = processor.convert(raws)
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
                 converted = f"worker {index}: {type(exc).__name__}: {exc}"
-            if exporting is not None:
-                exporting.result()
-            exporting = exports.submit(_export_and_answer, processor, batch_id, converted, deadline, outbox, index)
+            while len(exporting) >= in_flight or (exporting and exporting[0].done()):
+                exporting.popleft().result()
+            exporting.append(exports.submit(_export_and_answer, processor, batch_id, converted, deadline,
+                                            outbox, answering, index))
     finally:
         exports.shutdown(wait=True)
         processor.close()
 
 
 def _export_and_answer(processor: Processor, batch_id: int, converted: ConvertedBatch | str,
-                       deadline: float | None, outbox: Any, index: int) -> None:
+                       deadline: float | None, outbox: Any, answering: threading.Lock, index: int) -> None:
     """Export a converted sub-batch and answer the parent (or pass on why it failed)."""
-    if isinstance(converted, str):
-        outbox.send((batch_id, converted))
-        return
-    try:
-        outcome = processor.export(converted, deadline)
-        # Span records stay here: the parent needs counts, issues and export results.
-        outbox.send((batch_id, (_pack(outcome.results), outcome.exports, outcome.durations,
-                                outcome.evicted, outcome.expired_unmatched, outcome.span_count,
-                                outcome.poisoned)))
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
-        outbox.send((batch_id, f"worker {index}: {type(exc).__name__}: {exc}"))
+    answer: Any = converted
+    if not isinstance(converted, str):
+        try:
+            outcome = processor.export(converted, deadline)
+            # Span records stay here: the parent needs counts, issues and export results.
+            answer = (_pack(outcome.results), outcome.exports, outcome.durations, outcome.evicted,
+                      outcome.expired_unmatched, outcome.span_count, outcome.poisoned)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
+            answer = f"worker {index}: {type(exc).__name__}: {exc}"
+    with answering:  # one writer at a time on the pipe
+        outbox.send((batch_id, answer))
     gc_tuning.after_batch()
 
 

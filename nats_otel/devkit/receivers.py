@@ -62,11 +62,13 @@ class _Recorder:
     """What both receivers share: the record, the outage switch, waiting for spans."""
 
     __slots__ = (
+        "_active",
         "_cond",
         "_received",
         "_rejected",
         "_span_count",
         "keep_requests",
+        "max_concurrent",
         "refuse",
         "response_delay",
         "retry_after",
@@ -91,6 +93,10 @@ class _Recorder:
         #: A backend that finds some content invalid: called with each request, a text
         #: refuses it permanently (gRPC INVALID_ARGUMENT, HTTP 400) with that text.
         self.refuse: Callable[[ExportTraceServiceRequest], str | None] | None = None
+        self._active = 0
+        #: The most requests this receiver was handling at one time (exporters sending
+        #: several at once show it with a ``response_delay``).
+        self.max_concurrent = 0
 
     def _refusal(self, request: ExportTraceServiceRequest) -> str | None:
         """Why ``refuse`` finds the request invalid (counted as rejected), or None."""
@@ -102,8 +108,15 @@ class _Recorder:
 
     def _accept(self, request: ExportTraceServiceRequest, headers: dict[str, str]) -> bool:
         """Record ``request`` unless an outage is simulated; False means refuse it."""
-        if self.response_delay:
-            time.sleep(self.response_delay)
+        with self._cond:
+            self._active += 1
+            self.max_concurrent = max(self.max_concurrent, self._active)
+        try:
+            if self.response_delay:
+                time.sleep(self.response_delay)
+        finally:
+            with self._cond:
+                self._active -= 1
         n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
         with self._cond:
             if self.unavailable:

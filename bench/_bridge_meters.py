@@ -46,9 +46,12 @@ class Receiver:
             with self.lock:
                 self.spans += n
                 self.requests += 1
-                if not self.first:
-                    self.first = now
-                self.last = now
+                # Only requests with spans mark the window: the bridge's readiness probe (an
+                # empty request, sent before anything is published) must not open it.
+                if n:
+                    if not self.first:
+                        self.first = now
+                    self.last = now
             return response
 
         handler = grpc.method_handlers_generic_handler("opentelemetry.proto.collector.trace.v1.TraceService", {

@@ -133,7 +133,8 @@ class Processor:
 
     def export(self, batch: ConvertedBatch, deadline: float | None) -> BatchOutcome:
         """Send a converted batch to every exporter (isolating what a backend refuses as
-        invalid); its outcome gets the export results. Exporters run one batch at a time."""
+        invalid); its outcome gets the export results. Runs in up to `batch.exports_in_flight`
+        threads at once (the exporters are thread-safe)."""
         outcome, payload = batch.outcome, batch.payload
         if outcome.spans:
             for exporter in self.exporters:

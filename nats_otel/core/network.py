@@ -42,26 +42,21 @@ class NetworkSample(NamedTuple):
 
 def network_sample(msg: TraceMessage, upstream_egress_ns: int | None) -> NetworkSample:
     """The facts of `msg`; `upstream_egress_ns` is the matched upstream egress's time, if any."""
-    # Once per trace message: one pass over the events (latest time and failures together),
-    # and the samples built with `tuple.__new__` (a NamedTuple's `__new__` is a Python call).
     ingress = msg.ingress
     failed = is_failure(ingress.error)
-    failed_hops: tuple[tuple[str, str], ...] = ()
-    start_ns = latest = ingress.ts_ns
+    failed_hops: list[tuple[str, str]] = []
     for event in msg.events:
-        if event.ts_ns > latest:
-            latest = event.ts_ns
-        kind = type(event)
-        if (kind is Egress or kind is JetStreamEvent) and event.error and is_failure(event.error):  # type: ignore[union-attr]
+        if isinstance(event, Egress | JetStreamEvent) and is_failure(event.error):
             failed = True
-            if kind is Egress and event.forwards:  # type: ignore[union-attr]
-                failed_hops += ((event.name, ConnectionKind.label(event.kind)),)  # type: ignore[union-attr]
+            if isinstance(event, Egress) and event.forwards:
+                failed_hops.append((event.name, ConnectionKind.label(event.kind)))
     hop = None
+    # Built with `tuple.__new__`: a NamedTuple's own `__new__` is a Python call, per message.
     if upstream_egress_ns is not None:
         hop = _new(HopSample, (ingress.name, msg.server.name, ConnectionKind.label(ingress.kind),
-                               start_ns - upstream_egress_ns))
-    return _new(NetworkSample, (msg.server.name, ingress.account, ingress.subject, latest - start_ns,
-                                failed, hop, failed_hops))
+                               ingress.ts_ns - upstream_egress_ns))
+    return _new(NetworkSample, (msg.server.name, ingress.account, ingress.subject, msg.end_ns - ingress.ts_ns,
+                                failed, hop, tuple(failed_hops)))
 
 
 _new = tuple.__new__

@@ -36,15 +36,13 @@ from nats_otel.core.linking import (
     body_size,
 )
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
-from nats_otel.core.model import FORWARDING_KINDS, TraceMessage
 from nats_otel.core.model import Egress as EgressEvent
+from nats_otel.core.model import TraceMessage
 from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
 __all__ = ["Converted", "Converter", "Linker", "Prepared", "Rejected", "convert_batch", "finish", "prepare"]
-
-_HOP_HEADER = "nats-trace-hop"  # as `first_values` spells it: lower case
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.
@@ -76,7 +74,7 @@ class Prepared(Struct, frozen=True, gc=False):
         msg = self.msg
         found: list[tuple[LinkKey, Egress]] = []
         for position, event in enumerate(msg.events, start=1):
-            if type(event) is EgressEvent and event.hop and event.kind in FORWARDING_KINDS:  # `forwards`
+            if type(event) is EgressEvent and event.forwards:
                 size = self.size if self.size >= 0 else body_size(msg.msg_size, msg.headers)
                 key = (self.ctx.id_fields, event.hop, msg.server.name, event.name)
                 found.append((key, _new(Egress, (event.ts_ns, size, self.ident,
@@ -125,20 +123,15 @@ def prepare(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> Prep
     if ctx.adhoc_key is not None and msg.header("traceparent") is not None:
         issues = ("bad_traceparent: malformed traceparent, correlated by ad-hoc destination",)
     ident = identity(msg)
-    index = msg.header_index
-    # Most messages carry no hop header: then the size is the message's, no loop needed.
-    size = body_size(msg.msg_size, msg.headers) if index is None or _HOP_HEADER in index else msg.msg_size
+    size = body_size(msg.msg_size, msg.headers)
     return Prepared(raw, msg, ctx, ident, _arrival(msg, ctx, ident, size), issues, size)
 
 
 def _arrival(msg: TraceMessage, ctx: TraceContext, ident: bytes, size: int) -> tuple[LinkKey, Arrival] | None:
-    ingress = msg.ingress
-    if ingress.kind not in FORWARDING_KINDS:  # `upstream_hop`, without its header() call
-        return None
-    index = msg.header_index
-    hop = index.get(_HOP_HEADER) if index is not None else upstream_hop(msg)
+    hop = upstream_hop(msg)
     if not hop:
         return None
+    ingress = msg.ingress
     return (ctx.id_fields, hop, ingress.name, msg.server.name), _new(Arrival, (ingress.ts_ns, size, ident))
 
 
@@ -251,13 +244,7 @@ class Converter:
     def observe(self, raw: RawTraceMessage, now: float = 0.0) -> None:
         """Decode a message that just arrived and record its hop evidence; `convert` of the
         same object later finds it decoded."""
-        pending = self._pending
-        key = id(raw)
-        if key in pending and pending[key][0] is raw:
-            return
-        pending[key] = (raw, self._prepare(raw, now))
-        if len(pending) > self._pending_capacity:  # decoded again when its turn comes
-            del pending[next(iter(pending))]
+        self.observe_many((raw,), now)
 
     def observe_many(self, raws: Iterable[RawTraceMessage], now: float = 0.0) -> None:
         """`observe` each of a batch that just arrived (one call per batch, not per message)."""
@@ -276,12 +263,7 @@ class Converter:
         """Spans of an observed (or not yet observed) message, or why it gave none. Never raises.
 
         `encoded`: the spans as protobuf (`Converted.encoded`), for exporters that send bytes."""
-        entry = self._pending.pop(id(raw), None)
-        result = entry[1] if entry is not None and entry[0] is raw else self._prepare(raw, now)
-        self.linker.index.expire(now)
-        if isinstance(result, Rejected):
-            return result
-        return finish(result, self.linker, self.options, encoded)
+        return self.convert_many((raw,), now, encoded)[0]
 
     def convert_many(self, raws: Iterable[RawTraceMessage], now: float = 0.0,
                      encoded: bool = False) -> list[Converted | Rejected]:

@@ -30,11 +30,11 @@ class Delivery:
     msg: Any
     size: int
 
-    def __init__(self, raw: RawTraceMessage, source: str, msg: Any = None, size: int | None = None) -> None:
+    def __init__(self, raw: RawTraceMessage, source: str, msg: Any = None) -> None:
         self.raw = raw
         self.source = source
         self.msg = msg
-        self.size = len(raw.payload) + len(raw.subject or "") + MESSAGE_OVERHEAD if size is None else size
+        self.size = len(raw.payload) + len(raw.subject or "") + MESSAGE_OVERHEAD
 
 
 def charge(delivery: Delivery) -> int:

@@ -30,7 +30,7 @@ from nats.aio.subscription import Subscription
 from nats_otel.bridge.settings import BatchSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources import direct
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg, received_at
-from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery
+from nats_otel.bridge.sources.delivery import Delivery
 from nats_otel.bridge.sources.headers import parse_headers
 from nats_otel.bridge.sources.link import Link
 from nats_otel.bridge.telemetry import Metrics
@@ -121,7 +121,7 @@ class CoreSource:
             subject_text = subject.decode(errors="replace")
             raw = RawTraceMessage(subject_text, headers_of(header_block) if header_block else {}, payload,
                                   received_at())
-            if not offer(Delivery(raw, name, None, len(payload) + len(subject_text) + MESSAGE_OVERHEAD)):
+            if not offer(Delivery(raw, name)):
                 queue_full.inc()
 
         return on_raw

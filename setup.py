@@ -1,4 +1,5 @@
-"""The optional compiled twins of the core's hot path (`nats_otel/core/_*.pyx`, Cython).
+"""The optional compiled twins of the hot path (`nats_otel/core/_*.pyx` and the bridge's
+`nats_otel/bridge/sources/_frames.pyx`, Cython).
 
 Everything else is configured in pyproject.toml. The build is optional, as in aiohttp and
 multidict: without Cython or a C compiler, or with NATS_OTEL_NO_EXTENSIONS=1, the install
@@ -15,6 +16,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping")
+# Compiled twins outside the core: the bridge's NATS frame scanner.
+BRIDGE_TWINS = ("nats_otel.bridge.sources._frames",)
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
 
 
@@ -47,7 +50,8 @@ def _extensions() -> list[Extension]:
     except ImportError:
         _warn("Cython is not installed: the compiled core is not built")
         return []
-    modules = [Extension(f"nats_otel.core.{name}", [f"nats_otel/core/{name}.pyx"]) for name in TWINS]
+    names = [f"nats_otel.core.{name}" for name in TWINS] + list(BRIDGE_TWINS)
+    modules = [Extension(name, [name.replace(".", "/") + ".pyx"]) for name in names]
     return cythonize(modules, compiler_directives={"language_level": "3"}, quiet=True)
 
 

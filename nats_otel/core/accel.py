@@ -25,11 +25,12 @@ _unavailable: dict[str, str] = {}
 
 
 def compiled(name: str) -> ModuleType | None:
-    """The compiled twin `nats_otel.core.<name>`, or None: forbidden, or not built."""
+    """The compiled twin `nats_otel.core.<name>` (or the module `name`, when dotted: the
+    bridge's twins), or None: forbidden, or not built."""
     if NO_EXTENSIONS:
         return None
     try:
-        return importlib.import_module(f"nats_otel.core.{name}")
+        return importlib.import_module(name if "." in name else f"nats_otel.core.{name}")
     except ImportError as exc:
         _unavailable[name] = str(exc)
         return None
@@ -50,9 +51,9 @@ def _load_all() -> None:
 
 
 def implementation() -> str:
-    """"compiled" when every compiled twin is in use, else "python"."""
+    """"compiled" when every compiled twin of the core is in use, else "python"."""
     _load_all()
-    return "python" if NO_EXTENSIONS or _unavailable else "compiled"
+    return "python" if NO_EXTENSIONS or any(name in _unavailable for name in TWINS) else "compiled"
 
 
 def unavailable() -> dict[str, str]:

@@ -13,8 +13,14 @@ works: UNSUB, then a flush; the messages read before the PONG were handed over
 synchronously, in order, before the flush returns. nats-py's per-subscription pending
 limits do not apply (nothing waits in its queue): the caller's own bound does.
 
-`_process_msg` is private. `UNSUPPORTED` says why the installed nats-py cannot be served
-this way (None when it can); the caller then subscribes with a callback as before.
+The frames themselves are read by `DirectParser`: the complete frames of direct
+subscriptions at the head of the read buffer are served in one pass by `frames.scan`, and
+whatever else arrives (PING, INFO, other sids, anything odd) by nats-py's own parser.
+
+`_process_msg` and the parser's state are private. `UNSUPPORTED` says why the installed
+nats-py cannot be served this way (None when it can); the caller then subscribes with a
+callback as before. `PARSER_UNSUPPORTED` says why its parser cannot be fronted by
+`DirectParser` (then nats-py parses every frame and `_process_msg` still dispatches them).
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
+from nats.protocol import parser as nats_parser
 
-__all__ = ["UNSUPPORTED", "DirectClient", "DirectHandler", "direct_unsupported"]
+from nats_otel.bridge.sources import frames
+
+__all__ = ["PARSER_UNSUPPORTED", "UNSUPPORTED", "DirectClient", "DirectHandler", "DirectParser",
+           "direct_unsupported", "parser_unsupported"]
 
 #: Called with (subject, raw header block or None, payload); must not block or raise.
 DirectHandler = Callable[[bytes, "bytes | None", bytes], None]
@@ -53,12 +63,80 @@ def direct_unsupported(client_class: type = Client) -> str | None:
 UNSUPPORTED = direct_unsupported()
 
 
+def parser_unsupported(parser_class: type = nats_parser.Parser) -> str | None:
+    """Why nats-py's parser cannot be fronted by `DirectParser`, or None if it can: it must
+    keep its bytes in `buf` (a bytearray), its state in `state`/`needed`, and parse what is
+    in `buf` when `parse` is awaited."""
+    if not inspect.iscoroutinefunction(getattr(parser_class, "parse", None)):
+        return "nats-py's Parser.parse is not a coroutine function"
+    try:
+        probe = parser_class(None)
+    except Exception as exc:  # noqa: BLE001 - any surprise means: leave nats-py's parser alone
+        return f"nats-py's Parser cannot be built: {exc}"
+    if not isinstance(getattr(probe, "buf", None), bytearray):
+        return "nats-py's Parser keeps no bytearray `buf`"
+    if getattr(probe, "state", None) != getattr(nats_parser, "AWAITING_CONTROL_LINE", object()):
+        return "nats-py's Parser has no AWAITING_CONTROL_LINE state"
+    if not isinstance(getattr(probe, "needed", None), int):
+        return "nats-py's Parser keeps no `needed` count"
+    return None
+
+
+PARSER_UNSUPPORTED = parser_unsupported()
+_CONTROL_LINE = getattr(nats_parser, "AWAITING_CONTROL_LINE", 1)
+_CRLF_SIZE = 2
+
+
+class DirectParser(nats_parser.Parser):
+    """nats-py's parser with `frames.scan` in front: the complete frames of direct
+    subscriptions at the head of the buffer are served in one pass and deleted at once;
+    everything else is parsed by nats-py, which stays the judge of the protocol."""
+
+    def __init__(self, nc: DirectClient) -> None:
+        super().__init__(nc)
+        self._client = nc
+
+    async def parse(self, data: bytes = b"") -> None:
+        client = self._client
+        if self.state != _CONTROL_LINE:
+            # nats-py is inside a frame (it read the line, waits for the payload): give it
+            # exactly what the frame still needs, then scan what follows.
+            # (A header size over the frame's size makes nats-py read past the frame: then
+            # it reads all of it, as it would alone.)
+            missing = self.needed + _CRLF_SIZE - len(self.buf)
+            if missing > len(data) or self.header_needed > self.needed:
+                return await super().parse(data)
+            await super().parse(data[:missing])
+            data = data[missing:]
+            if self.state != _CONTROL_LINE:
+                return await super().parse(data)
+        buf = self.buf
+        buf.extend(data)
+        while buf:
+            used, served, size, stop = frames.scan(buf, client._direct)
+            if used:
+                del buf[:used]  # one move per read, not one per message
+            if served:
+                stats = client.stats
+                stats["in_msgs"] += served
+                stats["in_bytes"] += size
+            if stop == frames.MORE:
+                return
+            if stop != frames.OTHER:  # a handler failed: report it as nats-py does, read on
+                await client._error_cb(stop)
+                continue
+            # A frame the scan does not serve: nats-py parses the rest of this read.
+            return await super().parse()
+
+
 class DirectClient(Client):
     """A nats-py `Client` whose direct subscriptions skip `Msg`, queue and task."""
 
     def __init__(self) -> None:
         super().__init__()
         self._direct: dict[int, DirectHandler] = {}
+        if PARSER_UNSUPPORTED is None:
+            self._ps = DirectParser(self)
 
     async def subscribe_direct(self, subject: str, handler: DirectHandler, queue: str = "") -> Subscription:
         """Subscribe `subject` (in `queue`, if any); each message calls `handler` at once."""

@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from nats_otel.bridge.settings import BatchSettings, NatsSettings, NatsSource
-from nats_otel.bridge.sources import direct
+from nats_otel.bridge.sources import direct, frames
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg, received_at
 from nats_otel.bridge.sources.delivery import Delivery
 from nats_otel.bridge.sources.headers import parse_headers
@@ -94,8 +94,16 @@ class CoreSource:
         await self.nc.flush()
         log.info("subscribed", extra={"fields": {"source": self.source.name, "subjects": self.source.subjects,
                                                  "queue": self.source.queue,
-                                                 "direct": isinstance(self.nc, direct.DirectClient)}})
+                                                 "direct": isinstance(self.nc, direct.DirectClient),
+                                                 "frames": self._frame_reader()}})
         return True
+
+    def _frame_reader(self) -> str:
+        """Which parser reads the frames: the frame scanner ("compiled" or "python") in front
+        of nats-py's, or nats-py's alone ("nats-py")."""
+        if isinstance(self.nc, direct.DirectClient) and isinstance(self.nc._ps, direct.DirectParser):
+            return frames.IMPLEMENTATION
+        return "nats-py"
 
     async def _subscribe(self, nc: Client, subject: str) -> Subscription:
         if isinstance(nc, direct.DirectClient):

@@ -63,6 +63,20 @@ class Intake:
             self._nonempty.clear()
         return delivery
 
+    def take(self, limit: int) -> list[Delivery]:
+        """Up to `limit` of the oldest deliveries, at once (a batch is collected with one call,
+        not one per message). They stay charged until `release`d."""
+        items = self._items
+        if len(items) <= limit:
+            taken = list(items)
+            items.clear()
+        else:
+            popleft = items.popleft
+            taken = [popleft() for _ in range(limit)]
+        if not items:
+            self._nonempty.clear()
+        return taken
+
     def release(self, deliveries: Sequence[Delivery]) -> None:
         """Taken deliveries are done with (exported, or counted lost): their room is free."""
         self.bytes -= sum([delivery.size for delivery in deliveries])

@@ -254,7 +254,8 @@ class Bridge:
 
     async def _process(self, deliveries: Sequence[Delivery]
                        ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
-        """Convert, export, count one batch; returns what to (ack, nak, term)."""
+        """Convert, export, count one batch; returns what to (ack, nak, term) (JetStream mode;
+        core mode settles nothing: empty)."""
         raws = [d.raw for d in deliveries]
         if self.workers is None:
             loop = asyncio.get_running_loop()
@@ -382,17 +383,15 @@ class Bridge:
             return []
         batch = [first]
         flush_at = time.monotonic() + (0 if self._intake_done else b.max_delay)
-        while len(batch) < b.max_messages:
-            more = self.intake.get_nowait()
+        while True:
+            batch += self.intake.take(b.max_messages - len(batch))
+            left = flush_at - time.monotonic()
+            if len(batch) >= b.max_messages or left <= 0:
+                return batch
+            more = await self.intake.get(left)
             if more is None:
-                left = flush_at - time.monotonic()
-                if left <= 0:
-                    break
-                more = await self.intake.get(left)
-                if more is None:
-                    break
+                return batch
             batch.append(more)
-        return batch
 
     # -- JetStream mode --------------------------------------------------------------------
 
@@ -441,19 +440,26 @@ class Bridge:
 
     def _policy(self, deliveries: Sequence[Delivery], outcome: BatchOutcome
                 ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
-        """Decide each delivery's fate: (ack, nak, term). Core mode only counts."""
+        """Decide each delivery's fate: (ack, nak, term). Core mode only counts: what a
+        JetStream bridge would nak is lost there (`dropped{reason="export_failed"}`)."""
         ack: list[Delivery] = []
         nak: list[Delivery] = []
         term: list[Delivery] = []
+        exported = outcome.exported
+        if self.settings.mode == "core":  # nothing to settle: one pass only when it failed
+            if not exported:
+                lost = sum(1 for position, result in enumerate(outcome.results)
+                           if not (isinstance(result, Rejected) or position in outcome.poisoned))
+                if lost:
+                    self.metrics.dropped.labels("export_failed").inc(lost)
+            return ack, nak, term
         for position, (delivery, result) in enumerate(zip(deliveries, outcome.results, strict=True)):
             if isinstance(result, Rejected) or position in outcome.poisoned:
                 term.append(delivery)  # bad input, or spans the backend refused: never redeliver
-            elif outcome.exported:
+            elif exported:
                 ack.append(delivery)
             else:
                 nak.append(delivery)  # transient downstream failure: try again later
-        if nak and self.settings.mode == "core":
-            self.metrics.dropped.labels("export_failed").inc(len(nak))
         return ack, nak, term
 
 

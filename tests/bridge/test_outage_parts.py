@@ -133,3 +133,17 @@ def test_next_server_at_once_the_wait_after_each_round() -> None:
     three = [next_wait(n, 3, settings, rng) for n in range(1, 7)]
     assert three[0] == three[1] == 0.0 and 0.25 <= three[2] <= 0.5   # round 1 over
     assert three[3] == three[4] == 0.0 and 0.5 <= three[5] <= 1.0    # round 2 over
+
+
+async def test_intake_take_gives_the_oldest_at_once_and_keeps_them_charged() -> None:
+    intake = Intake(max_bytes=1 << 20)
+    for size in range(5):
+        assert intake.offer(_delivery(size))
+    first = intake.take(3)
+    assert [len(d.raw.payload) for d in first] == [0, 1, 2] and intake.qsize() == 2
+    rest = intake.take(10)  # fewer than asked: all that waits
+    assert [len(d.raw.payload) for d in rest] == [3, 4] and intake.empty() and intake.take(4) == []
+    assert await intake.get(0.01) is None  # emptied by take: a waiting get does not wake for nothing
+    assert intake.held == 5
+    intake.release(first + rest)
+    assert intake.bytes == 0 and intake.held == 0

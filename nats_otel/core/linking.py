@@ -33,6 +33,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from nats_otel.core import accel
+
 __all__ = [
     "AMBIGUOUS",
     "MATCHED",
@@ -43,6 +45,7 @@ __all__ = [
     "LinkIndex",
     "LinkKey",
     "LinkSettings",
+    "PythonLinkIndex",
     "body_size",
 ]
 
@@ -123,9 +126,9 @@ def _window(entries: list, lo_ns: int, hi_ns: int) -> tuple[int, int]:
     return bisect_left(entries, (lo_ns,)), bisect_left(entries, (hi_ns + 1,))
 
 
-class LinkIndex:
+class PythonLinkIndex:
     """Both sides of every hop observed, by link key and by (link key, size), time-sorted;
-    bounded when `expire`d."""
+    bounded when `expire`d. The reference; `LinkIndex` is its compiled twin when built."""
 
     __slots__ = ("_bounded", "_claimed", "_fifo", "_latency_ns", "_skew_ns", "_tables", "evicted",
                  "expired_unmatched", "settings")
@@ -240,3 +243,12 @@ class LinkIndex:
                 del entries[bisect_left(entries, entry)]
                 if not entries:
                     del table[index]
+
+
+# The compiled twin (`_linking.pyx`: the same decisions with another layout), chosen here
+# when built (`accel`); the pure class stays the reference the tests compare it with.
+LinkIndex = PythonLinkIndex
+_compiled: Any = accel.compiled("_linking")
+if _compiled is not None:
+    _compiled.configure(Link, MATCHED, UNMATCHED, AMBIGUOUS, LinkSettings())
+    LinkIndex = _compiled.LinkIndex

@@ -247,7 +247,7 @@ class PythonLinkIndex:
 
 # The compiled twin (`_linking.pyx`: the same decisions with another layout), chosen here
 # when built (`accel`); the pure class stays the reference the tests compare it with.
-LinkIndex = PythonLinkIndex
+LinkIndex: type[PythonLinkIndex] = PythonLinkIndex  # the same interface, whichever runs
 _compiled: Any = accel.compiled("_linking")
 if _compiled is not None:
     _compiled.configure(Link, MATCHED, UNMATCHED, AMBIGUOUS, LinkSettings())

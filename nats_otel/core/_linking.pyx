@@ -218,7 +218,9 @@ cdef class LinkIndex:
 
     def resolve(self, key, arrival):
         """The egress that forwarded the message of `arrival`, if the evidence says so."""
-        cdef tuple probe = _entry(arrival)  # an Arrival (a tuple subclass)
+        return self._resolve(key, _entry(arrival))
+
+    cdef object _resolve(self, object key, tuple probe):
         cdef Py_ssize_t count
         cdef _Bucket bucket = self._buckets.get(key)
         if bucket is None:
@@ -234,11 +236,11 @@ cdef class LinkIndex:
         if back is None or (<tuple>back)[2] != probe[2]:
             return _new(_Link, (_AMBIGUOUS, None, max(count, 2), True))
         claimed = bucket.arrivals.claimed
-        first = claimed is None or arrival not in claimed
+        first = claimed is None or probe not in claimed
         if first:
             if claimed is None:
                 bucket.arrivals.claimed = claimed = set()
-            claimed.add(arrival)
+            claimed.add(probe)
             if bucket.egresses.claimed is None:
                 bucket.egresses.claimed = set()
             bucket.egresses.claimed.add(egress)
@@ -276,3 +278,96 @@ cdef class LinkIndex:
                 if claimed:
                     out.update((is_egress, (<_Bucket>bucket).key, entry) for entry in claimed)
         return out
+
+
+# The compiled twin of `pipeline.Linker` (see there): the same calls to the index, without
+# a Python call per egress, per index operation or per NamedTuple built.
+
+cdef object _Placement = None
+cdef object _Egress = None
+cdef object _EgressEvent = None
+cdef object _adhoc_trace_id = None
+cdef object _event_span_id = None
+cdef object _body_size = None
+cdef int _max_depth = 0
+
+
+def configure_linker(placement, egress, egress_event, adhoc_trace_id, event_span_id, body_size, max_depth):
+    """What `pipeline.Linker` uses: `Placement`, `Egress`, the model's egress event, the id
+    functions in use, `body_size` and the ad-hoc walk's depth bound."""
+    global _Placement, _Egress, _EgressEvent, _adhoc_trace_id, _event_span_id, _body_size, _max_depth
+    _Placement, _Egress, _EgressEvent = placement, egress, egress_event
+    _adhoc_trace_id, _event_span_id, _body_size, _max_depth = adhoc_trace_id, event_span_id, body_size, max_depth
+
+
+@cython.final
+cdef class Linker:
+    """The hop evidence of observed messages, and where each message's spans go."""
+
+    cdef readonly LinkIndex index
+    cdef bint _bounded
+    cdef dict _adhoc_arrivals  # ad-hoc reports only: identity -> its arrival (None at the origin)
+
+    def __init__(self, settings=None, bint bounded=True):
+        self.index = LinkIndex(settings, bounded)
+        self._bounded = bounded
+        self._adhoc_arrivals = {}
+
+    def observe(self, prepared, now=0.0):
+        """Record a message's hop evidence (idempotent: a redelivery changes nothing)."""
+        cdef LinkIndex index = self.index
+        cdef Py_ssize_t position = 0
+        arrival = prepared.arrival
+        if arrival is not None:
+            key, entry = arrival
+            index._add(False, key, _entry(entry), now)
+        # `Prepared.egresses`, one egress at a time.
+        msg, ctx, ident = prepared.msg, prepared.ctx, prepared.ident
+        for event in msg.events:
+            position += 1
+            if type(event) is _EgressEvent and event.forwards:
+                size = prepared.size
+                if size < 0:
+                    size = _body_size(msg.msg_size, msg.headers)
+                key = (ctx.id_fields, event.hop, msg.server.name, event.name)
+                index._add(True, key, <tuple>_new(_Egress, (event.ts_ns, size, ident, _event_span_id(ctx, ident, position))),
+                           now)
+        if ctx.adhoc_key is not None:
+            adhoc = self._adhoc_arrivals
+            adhoc[ident] = arrival
+            if self._bounded and len(adhoc) > index.settings.capacity:
+                del adhoc[next(iter(adhoc))]
+
+    def place(self, prepared):
+        """Trace id and parent of a message's spans, from what was observed."""
+        return self.locate(prepared)[0]
+
+    cpdef tuple locate(self, prepared):
+        """`place`, with the link decision behind it (None at the origin)."""
+        ctx, ident, arrival = prepared.ctx, prepared.ident, prepared.arrival
+        if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
+            trace_id = ctx.trace_id if ctx.adhoc_key is None else _adhoc_trace_id(ctx, ident)
+            return _new(_Placement, (ident, trace_id, ctx.parent_span_id, "", 0)), None
+        key, entry = arrival
+        link = self.index._resolve(key, _entry(entry))
+        result, egress = (<tuple>link)[0], (<tuple>link)[1]
+        if result == _MATCHED and egress is not None:
+            trace_id = ctx.trace_id if ctx.adhoc_key is None else self._adhoc_trace(ctx, (<tuple>egress)[2])
+            return _new(_Placement, (ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)), link
+        # Never under another message's egress: see `pipeline.Linker.locate`.
+        trace_id = ctx.trace_id if ctx.adhoc_key is None else _adhoc_trace_id(ctx, ident)
+        candidates = (<tuple>link)[2] if result == _AMBIGUOUS else 0
+        return _new(_Placement, (ident, trace_id, ctx.parent_span_id, result, candidates)), link
+
+    cdef object _adhoc_trace(self, object ctx, object ident):
+        """The trace id of the ad-hoc message whose report `ident` is: its origin's."""
+        for _ in range(_max_depth):
+            arrival = self._adhoc_arrivals.get(ident)
+            if arrival is None:  # the origin (or forgotten: then this report names the trace)
+                break
+            key, entry = arrival
+            link = self.index._resolve(key, _entry(entry))
+            if (<tuple>link)[0] != _MATCHED or (<tuple>link)[1] is None:
+                break
+            ident = (<tuple>(<tuple>link)[1])[2]
+        return _adhoc_trace_id(ctx, ident)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nats_otel.core import accel
 
@@ -247,8 +247,10 @@ class PythonLinkIndex:
 
 # The compiled twin (`_linking.pyx`: the same decisions with another layout), chosen here
 # when built (`accel`); the pure class stays the reference the tests compare it with.
-LinkIndex: type[PythonLinkIndex] = PythonLinkIndex  # the same interface, whichever runs
 _compiled: Any = accel.compiled("_linking")
 if _compiled is not None:
     _compiled.configure(Link, MATCHED, UNMATCHED, AMBIGUOUS, LinkSettings())
-    LinkIndex = _compiled.LinkIndex
+if TYPE_CHECKING:  # one interface: type checkers see the reference
+    LinkIndex = PythonLinkIndex
+else:
+    LinkIndex = PythonLinkIndex if _compiled is None else _compiled.LinkIndex

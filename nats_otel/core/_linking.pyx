@@ -146,10 +146,10 @@ cdef class _Bucket:
     cdef _Side egresses
     cdef _Side arrivals
 
-    def __cinit__(self, key):
-        self.key = key
-        self.egresses = _Side()
-        self.arrivals = _Side()
+    def __cinit__(self):
+        # `__new__`: straight to tp_new, no Python call (a bucket and two sides per hop).
+        self.egresses = _Side.__new__(_Side)
+        self.arrivals = _Side.__new__(_Side)
 
     cdef inline _Side side(self, bint is_egress):
         return self.egresses if is_egress else self.arrivals
@@ -208,7 +208,8 @@ cdef class LinkIndex:
     cdef void _add(self, bint is_egress, object key, tuple entry, object now) except *:
         cdef _Bucket bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = _Bucket(key)
+            bucket = _Bucket.__new__(_Bucket)
+            bucket.key = key
             self._buckets[key] = bucket
         if not bucket.side(is_egress).add(entry):
             return

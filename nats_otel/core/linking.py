@@ -31,7 +31,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from nats_otel.core import accel
 
 __all__ = [
     "AMBIGUOUS",
@@ -43,6 +45,7 @@ __all__ = [
     "LinkIndex",
     "LinkKey",
     "LinkSettings",
+    "PythonLinkIndex",
     "body_size",
 ]
 
@@ -123,9 +126,9 @@ def _window(entries: list, lo_ns: int, hi_ns: int) -> tuple[int, int]:
     return bisect_left(entries, (lo_ns,)), bisect_left(entries, (hi_ns + 1,))
 
 
-class LinkIndex:
+class PythonLinkIndex:
     """Both sides of every hop observed, by link key and by (link key, size), time-sorted;
-    bounded when `expire`d."""
+    bounded when `expire`d. The reference; `LinkIndex` is its compiled twin when built."""
 
     __slots__ = ("_bounded", "_claimed", "_fifo", "_latency_ns", "_skew_ns", "_tables", "evicted",
                  "expired_unmatched", "settings")
@@ -240,3 +243,14 @@ class LinkIndex:
                 del entries[bisect_left(entries, entry)]
                 if not entries:
                     del table[index]
+
+
+# The compiled twin (`_linking.pyx`: the same decisions with another layout), chosen here
+# when built (`accel`); the pure class stays the reference the tests compare it with.
+_compiled: Any = accel.compiled("_linking")
+if _compiled is not None:
+    _compiled.configure(Link, MATCHED, UNMATCHED, AMBIGUOUS, LinkSettings())
+if TYPE_CHECKING:  # one interface: type checkers see the reference
+    LinkIndex = PythonLinkIndex
+else:
+    LinkIndex = PythonLinkIndex if _compiled is None else _compiled.LinkIndex

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 
+from nats_otel.core import accel
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decode
 from nats_otel.core.ids import TraceContext, adhoc_trace_id, event_span_id, identity, trace_context, upstream_hop
 from nats_otel.core.linking import (
@@ -30,9 +32,9 @@ from nats_otel.core.linking import (
     Arrival,
     Egress,
     Link,
-    LinkIndex,
     LinkKey,
     LinkSettings,
+    PythonLinkIndex,
     body_size,
 )
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
@@ -42,7 +44,8 @@ from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
-__all__ = ["Converted", "Converter", "Linker", "Prepared", "Rejected", "convert_batch", "finish", "prepare"]
+__all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonLinker", "Rejected", "convert_batch", "finish",
+           "prepare"]
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.
@@ -135,13 +138,14 @@ def _arrival(msg: TraceMessage, ctx: TraceContext, ident: bytes, size: int) -> t
     return (ctx.id_fields, hop, ingress.name, msg.server.name), _new(Arrival, (ingress.ts_ns, size, ident))
 
 
-class Linker:
-    """The hop evidence of observed messages, and where each message's spans go."""
+class PythonLinker:
+    """The hop evidence of observed messages, and where each message's spans go. The
+    reference; `Linker` is its compiled twin (`_linking.pyx`) when built."""
 
     __slots__ = ("_adhoc_arrivals", "_bounded", "index")
 
     def __init__(self, settings: LinkSettings = LinkSettings(), bounded: bool = True) -> None:
-        self.index = LinkIndex(settings, bounded)
+        self.index = PythonLinkIndex(settings, bounded)
         self._bounded = bounded
         # Ad-hoc reports only: identity -> its arrival (None at the origin), to find the
         # origin whose identity names the trace. Bounded like the index.
@@ -192,6 +196,16 @@ class Linker:
                 break
             ident = link.egress.ident
         return adhoc_trace_id(ctx, ident)
+
+
+# The compiled twin (with the compiled `LinkIndex`), chosen here when built (`accel`).
+_compiled: Any = accel.compiled("_linking")
+if _compiled is not None:
+    _compiled.configure_linker(Placement, Egress, EgressEvent, adhoc_trace_id, event_span_id, body_size, _MAX_DEPTH)
+if TYPE_CHECKING:  # one interface: type checkers see the reference
+    Linker = PythonLinker
+else:
+    Linker = PythonLinker if _compiled is None else _compiled.Linker
 
 
 def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded: bool = False) -> Converted:

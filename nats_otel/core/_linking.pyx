@@ -1,0 +1,374 @@
+# cython: language_level=3, wraparound=False
+"""The compiled twin of `linking.LinkIndex` (see there for the matching rules): the same
+decisions, counters and length, with another layout. Where `linking` keeps one dict per
+side by key, one by (key, size) and one set of claims, this keeps one `_Bucket` per key
+holding both sides (`_Side`: its time-sorted entries, its entries by size, its claims), so
+that adding or resolving hashes the key once. Timestamps stay Python ints: the window is
+worked out in C only when they fit comfortably in an int64 (every real one does), and
+with Python ints otherwise (a hostile report can carry any uint64).
+
+Bounds checking stays on (no `boundscheck=False`): an entry that is not the NamedTuple it
+should be raises, as in the pure twin, instead of reading past a tuple."""
+
+cimport cython
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+
+from bisect import bisect_left
+from collections import deque
+
+cdef object _Link = None
+cdef object _new = tuple.__new__
+cdef str _MATCHED = "matched"
+cdef str _AMBIGUOUS = "ambiguous"
+cdef object _UNMATCHED_LINK = None
+cdef object _default_settings = None
+
+# Timestamps and window bounds within +-2**62 are added and compared in int64 without overflow.
+cdef long long _SMALL = 1 << 62
+
+
+def configure(link, matched, unmatched, ambiguous, default_settings):
+    """`linking`'s `Link` NamedTuple, its three results and the default settings."""
+    global _Link, _MATCHED, _AMBIGUOUS, _UNMATCHED_LINK, _default_settings
+    _Link, _MATCHED, _AMBIGUOUS, _default_settings = link, matched, ambiguous, default_settings
+    _UNMATCHED_LINK = link(unmatched)  # immutable: one for every unmatched arrival
+
+
+cdef inline bint _small(object value, long long* out):
+    """True (and the value in `out`) when `value` is an int within +-2**62."""
+    cdef int overflow = 0
+    if type(value) is not int:
+        return False
+    out[0] = PyLong_AsLongLongAndOverflow(value, &overflow)
+    return overflow == 0 and -_SMALL <= out[0] <= _SMALL
+
+
+cdef inline tuple _entry(object value):
+    """An `Egress` or `Arrival` (tuple subclasses), read by position from here on."""
+    if not isinstance(value, tuple):
+        raise TypeError(f"expected an Egress or Arrival, got {type(value).__name__}")
+    return <tuple>value
+
+
+@cython.freelist(64)
+@cython.final
+cdef class _Side:
+    """One side (egresses or arrivals) of one link key: `linking`'s by-key list, its
+    by-(key, size) lists and its part of the claims."""
+
+    cdef list entries  # time-sorted (by the whole tuple, as `linking` sorts them)
+    cdef dict by_size  # size -> time-sorted entries; only while there are two entries or more
+    cdef set claimed  # entries of a matched hop, until they expire; None until the first
+
+    cdef bint add(self, tuple entry):
+        """Insert `entry`; False when it was there already (a redelivery)."""
+        cdef list entries = self.entries
+        cdef list sized
+        if entries is None or not entries:  # the common case: its first entry, nothing to sort
+            self.entries = [entry]
+            return True
+        at = bisect_left(entries, entry)
+        if at < len(entries) and entries[at] == entry:
+            return False
+        entries.insert(at, entry)
+        if self.by_size is None:  # the second entry: sort the entries by size too
+            self.by_size = {}
+            for other in entries:
+                self.by_size.setdefault(other[1], []).append(other)
+        else:
+            sized = self.by_size.get(entry[1])
+            if sized is None:
+                self.by_size[entry[1]] = [entry]
+            else:
+                sized.insert(bisect_left(sized, entry), entry)
+        return True
+
+    cdef void remove(self, tuple entry):
+        """Take a stored entry out (`expire`)."""
+        cdef list entries = self.entries
+        cdef list sized
+        del entries[bisect_left(entries, entry)]
+        if self.by_size is None:
+            return
+        if len(entries) <= 1:
+            self.by_size = None
+            return
+        sized = self.by_size[entry[1]]
+        del sized[bisect_left(sized, entry)]
+        if not sized:
+            del self.by_size[entry[1]]
+
+    cdef object candidate(self, object center, object below, object above, long long below_c,
+                          long long above_c, bint small_window, object size, Py_ssize_t* count):
+        """`linking.LinkIndex._candidates` for the window [center - below, center + above]:
+        the one candidate (or the one of the same size, when several fit in time), else None
+        and how many fit (in `count`)."""
+        cdef list entries = self.entries
+        cdef list sized
+        cdef long long center_c = 0, ts_c = 0
+        cdef Py_ssize_t start, end
+        count[0] = 0
+        if entries is None or not entries:
+            return None
+        if len(entries) == 1:  # the common case: one entry for the key, no search
+            entry = entries[0]
+            ts = (<tuple>entry)[0]
+            if small_window and _small(center, &center_c) and _small(ts, &ts_c):
+                fits = center_c - below_c <= ts_c <= center_c + above_c
+            else:
+                fits = center - below <= ts <= center + above
+            if fits:
+                count[0] = 1
+                return entry
+            return None
+        lo, hi = center - below, center + above
+        start, end = bisect_left(entries, (lo,)), bisect_left(entries, (hi + 1,))
+        if end - start <= 1:
+            count[0] = end - start
+            return entries[start] if end > start else None
+        count[0] = end - start
+        sized = self.by_size.get(size)
+        if sized is None:
+            return None
+        start, end = bisect_left(sized, (lo,)), bisect_left(sized, (hi + 1,))
+        if end - start == 1:
+            count[0] = 1
+            return sized[start]
+        return None
+
+
+@cython.freelist(64)
+@cython.final
+cdef class _Bucket:
+    """Both sides of one link key."""
+
+    cdef object key
+    cdef _Side egresses
+    cdef _Side arrivals
+
+    def __cinit__(self):
+        # `__new__`: straight to tp_new, no Python call (a bucket and two sides per hop).
+        self.egresses = _Side.__new__(_Side)
+        self.arrivals = _Side.__new__(_Side)
+
+    cdef inline _Side side(self, bint is_egress):
+        return self.egresses if is_egress else self.arrivals
+
+    cdef bint empty(self):
+        """Nothing held and nothing claimed: the bucket can go (a claim outlives its entry
+        when the arrival resolved was not the one stored; `linking` keeps it too)."""
+        for side in (self.egresses, self.arrivals):
+            if (<_Side>side).entries or (<_Side>side).claimed:
+                return False
+        return True
+
+
+@cython.final
+cdef class LinkIndex:
+    """Both sides of every hop observed, by link key and size, time-sorted; bounded when
+    `expire`d. The compiled twin of `linking.PythonLinkIndex`."""
+
+    cdef readonly object settings
+    cdef public object evicted
+    cdef public dict expired_unmatched
+    cdef dict _buckets  # link key -> _Bucket
+    cdef object _fifo  # (observed at, is egress, bucket, entry) in observation order
+    cdef bint _bounded
+    cdef Py_ssize_t _count  # entries held
+    cdef object _latency_ns, _skew_ns
+    cdef long long _latency_c, _skew_c
+    cdef bint _small_window  # both fit for C arithmetic
+
+    def __init__(self, settings=None, bint bounded=True):
+        self.settings = _default_settings if settings is None else settings
+        self._latency_ns, self._skew_ns = self.settings.latency_ns, self.settings.skew_ns
+        self._small_window = (type(self._latency_ns) is int and type(self._skew_ns) is int
+                              and 0 <= self._latency_ns <= _SMALL and 0 <= self._skew_ns <= _SMALL)
+        if self._small_window:
+            self._latency_c, self._skew_c = self._latency_ns, self._skew_ns
+        self._bounded = bounded
+        self._buckets = {}
+        self._fifo = deque()
+        self._count = 0
+        self.evicted = 0
+        self.expired_unmatched = {"upstream": 0, "downstream": 0}
+
+    def __len__(self):
+        """Entries held (egresses and arrivals)."""
+        return self._count
+
+    def add_egress(self, key, egress, now=0.0):
+        """Record a forwarding egress (a redelivered trace message is recorded once)."""
+        self._add(True, key, _entry(egress), now)
+
+    def add_arrival(self, key, arrival, now=0.0):
+        """Record a downstream ingress (a redelivered trace message is recorded once)."""
+        self._add(False, key, _entry(arrival), now)
+
+    cdef void _add(self, bint is_egress, object key, tuple entry, object now) except *:
+        cdef _Bucket bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = _Bucket.__new__(_Bucket)
+            bucket.key = key
+            self._buckets[key] = bucket
+        if not bucket.side(is_egress).add(entry):
+            return
+        self._count += 1
+        if self._bounded:
+            self._fifo.append((now, is_egress, bucket, entry))
+
+    def resolve(self, key, arrival):
+        """The egress that forwarded the message of `arrival`, if the evidence says so."""
+        return self._resolve(key, _entry(arrival))
+
+    cdef object _resolve(self, object key, tuple probe):
+        cdef Py_ssize_t count
+        cdef _Bucket bucket = self._buckets.get(key)
+        if bucket is None:
+            return _UNMATCHED_LINK
+        egress = bucket.egresses.candidate(probe[0], self._latency_ns, self._skew_ns, self._latency_c,
+                                           self._skew_c, self._small_window, probe[1], &count)
+        if egress is None:
+            return _new(_Link, (_AMBIGUOUS, None, count, True)) if count else _UNMATCHED_LINK
+        # The other way round: this arrival must be the egress's only candidate too, else a
+        # lost report could make two arrivals claim one egress.
+        back = bucket.arrivals.candidate((<tuple>egress)[0], self._skew_ns, self._latency_ns, self._skew_c,
+                                         self._latency_c, self._small_window, (<tuple>egress)[1], &count)
+        if back is None or (<tuple>back)[2] != probe[2]:
+            return _new(_Link, (_AMBIGUOUS, None, max(count, 2), True))
+        claimed = bucket.arrivals.claimed
+        first = claimed is None or probe not in claimed
+        if first:
+            if claimed is None:
+                bucket.arrivals.claimed = claimed = set()
+            claimed.add(probe)
+            if bucket.egresses.claimed is None:
+                bucket.egresses.claimed = set()
+            bucket.egresses.claimed.add(egress)
+        return _new(_Link, (_MATCHED, egress, 1, first))
+
+    def expire(self, now):
+        """Drop entries observed more than `retention_s` before `now`, and the oldest past
+        `capacity` (counted in `evicted`). O(1) amortised per entry."""
+        cdef _Bucket bucket
+        cdef _Side side
+        horizon = now - self.settings.retention_s
+        capacity = self.settings.capacity
+        fifo = self._fifo
+        while fifo and ((<tuple>fifo[0])[0] < horizon or len(fifo) > capacity):
+            observed, is_egress, bucket, entry = fifo.popleft()
+            if observed >= horizon:
+                self.evicted += 1
+            side = bucket.side(is_egress)
+            if side.claimed is not None and entry in side.claimed:
+                side.claimed.discard(entry)
+            else:
+                self.expired_unmatched["upstream" if is_egress else "downstream"] += 1
+            side.remove(<tuple>entry)
+            self._count -= 1
+            if bucket.empty():
+                del self._buckets[bucket.key]
+
+    @property
+    def _claimed(self):
+        """The claims as `linking.PythonLinkIndex` holds them: {(is egress, key, entry)}."""
+        out = set()
+        for bucket in self._buckets.values():
+            for is_egress in (True, False):
+                claimed = (<_Bucket>bucket).side(is_egress).claimed
+                if claimed:
+                    out.update((is_egress, (<_Bucket>bucket).key, entry) for entry in claimed)
+        return out
+
+
+# The compiled twin of `pipeline.Linker` (see there): the same calls to the index, without
+# a Python call per egress, per index operation or per NamedTuple built.
+
+cdef object _Placement = None
+cdef object _Egress = None
+cdef object _EgressEvent = None
+cdef object _adhoc_trace_id = None
+cdef object _event_span_id = None
+cdef object _body_size = None
+cdef int _max_depth = 0
+
+
+def configure_linker(placement, egress, egress_event, adhoc_trace_id, event_span_id, body_size, max_depth):
+    """What `pipeline.Linker` uses: `Placement`, `Egress`, the model's egress event, the id
+    functions in use, `body_size` and the ad-hoc walk's depth bound."""
+    global _Placement, _Egress, _EgressEvent, _adhoc_trace_id, _event_span_id, _body_size, _max_depth
+    _Placement, _Egress, _EgressEvent = placement, egress, egress_event
+    _adhoc_trace_id, _event_span_id, _body_size, _max_depth = adhoc_trace_id, event_span_id, body_size, max_depth
+
+
+@cython.final
+cdef class Linker:
+    """The hop evidence of observed messages, and where each message's spans go."""
+
+    cdef readonly LinkIndex index
+    cdef bint _bounded
+    cdef dict _adhoc_arrivals  # ad-hoc reports only: identity -> its arrival (None at the origin)
+
+    def __init__(self, settings=None, bint bounded=True):
+        self.index = LinkIndex(settings, bounded)
+        self._bounded = bounded
+        self._adhoc_arrivals = {}
+
+    def observe(self, prepared, now=0.0):
+        """Record a message's hop evidence (idempotent: a redelivery changes nothing)."""
+        cdef LinkIndex index = self.index
+        cdef Py_ssize_t position = 0
+        arrival = prepared.arrival
+        if arrival is not None:
+            key, entry = arrival
+            index._add(False, key, _entry(entry), now)
+        # `Prepared.egresses`, one egress at a time.
+        msg, ctx, ident = prepared.msg, prepared.ctx, prepared.ident
+        for event in msg.events:
+            position += 1
+            if type(event) is _EgressEvent and event.forwards:
+                size = prepared.size
+                if size < 0:
+                    size = _body_size(msg.msg_size, msg.headers)
+                key = (ctx.id_fields, event.hop, msg.server.name, event.name)
+                index._add(True, key, <tuple>_new(_Egress, (event.ts_ns, size, ident, _event_span_id(ctx, ident, position))),
+                           now)
+        if ctx.adhoc_key is not None:
+            adhoc = self._adhoc_arrivals
+            adhoc[ident] = arrival
+            if self._bounded and len(adhoc) > index.settings.capacity:
+                del adhoc[next(iter(adhoc))]
+
+    def place(self, prepared):
+        """Trace id and parent of a message's spans, from what was observed."""
+        return self.locate(prepared)[0]
+
+    cpdef tuple locate(self, prepared):
+        """`place`, with the link decision behind it (None at the origin)."""
+        ctx, ident, arrival = prepared.ctx, prepared.ident, prepared.arrival
+        if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
+            trace_id = ctx.trace_id if ctx.adhoc_key is None else _adhoc_trace_id(ctx, ident)
+            return _new(_Placement, (ident, trace_id, ctx.parent_span_id, "", 0)), None
+        key, entry = arrival
+        link = self.index._resolve(key, _entry(entry))
+        result, egress = (<tuple>link)[0], (<tuple>link)[1]
+        if result == _MATCHED and egress is not None:
+            trace_id = ctx.trace_id if ctx.adhoc_key is None else self._adhoc_trace(ctx, (<tuple>egress)[2])
+            return _new(_Placement, (ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)), link
+        # Never under another message's egress: see `pipeline.Linker.locate`.
+        trace_id = ctx.trace_id if ctx.adhoc_key is None else _adhoc_trace_id(ctx, ident)
+        candidates = (<tuple>link)[2] if result == _AMBIGUOUS else 0
+        return _new(_Placement, (ident, trace_id, ctx.parent_span_id, result, candidates)), link
+
+    cdef object _adhoc_trace(self, object ctx, object ident):
+        """The trace id of the ad-hoc message whose report `ident` is: its origin's."""
+        for _ in range(_max_depth):
+            arrival = self._adhoc_arrivals.get(ident)
+            if arrival is None:  # the origin (or forgotten: then this report names the trace)
+                break
+            key, entry = arrival
+            link = self.index._resolve(key, _entry(entry))
+            if (<tuple>link)[0] != _MATCHED or (<tuple>link)[1] is None:
+                break
+            ident = (<tuple>(<tuple>link)[1])[2]
+        return _adhoc_trace_id(ctx, ident)

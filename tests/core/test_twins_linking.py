@@ -1,0 +1,156 @@
+"""The compiled link index and linker (`_linking.pyx`) against the pure references
+(`linking.PythonLinkIndex`, `pipeline.PythonLinker`): the same links, counters and length,
+in every mode, on the corpus (also under reused contexts) and on generated index
+operations. As in test_twins.py, the twin is imported directly, whichever core the process
+chose; both CI runs of tests/core run these.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nats_otel.core import accel
+from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.linking import LinkSettings
+from nats_otel.core.pipeline import Converted, Converter, convert_batch
+from tests.core.test_twins import _twin
+
+# --- The link index and linker (`_linking.pyx` against `linking.PythonLinkIndex` and
+# `pipeline.PythonLinker`): the same links, counters and length, in every mode. -----------
+
+
+@pytest.fixture(scope="module")
+def linking_twin() -> ModuleType:
+    from nats_otel.core import ids, linking, mapping, model, pipeline
+
+    module = _twin("_linking")
+    # As linking and pipeline do when they choose the twin.
+    module.configure(linking.Link, linking.MATCHED, linking.UNMATCHED, linking.AMBIGUOUS, linking.LinkSettings())
+    module.configure_linker(mapping.Placement, linking.Egress, model.Egress, ids.adhoc_trace_id, ids.event_span_id,
+                            linking.body_size, pipeline._MAX_DEPTH)
+    return module
+
+
+def test_the_process_runs_the_link_twins_it_was_asked_for():
+    from nats_otel.core import linking, pipeline
+
+    python = (linking.LinkIndex is linking.PythonLinkIndex, pipeline.Linker is pipeline.PythonLinker)
+    assert python == ((True, True) if accel.NO_EXTENSIONS else (False, False)), accel.unavailable()
+
+
+def _index_state(index) -> tuple:
+    return len(index), index.evicted, dict(index.expired_unmatched), index._claimed
+
+
+def _reused(raws) -> list[RawTraceMessage]:
+    """The corpus, and copies of it under the same contexts: some apart in time (linked),
+    some within one hop's latency of each other (ambiguous), some under one ad-hoc subject."""
+    import orjson
+
+    from tests.core.test_linking_properties import copies_of
+
+    def plain(raw: RawTraceMessage) -> bool:  # JSON with events and headers: what copies_of rewrites
+        try:
+            doc = orjson.loads(raw.payload)
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(doc, dict) and bool(doc.get("events")) and "header" in doc.get("request", {})
+
+    copied = [raw for raw in raws if plain(raw)]
+    traced = [raw for raw in copied if "traceparent" in orjson.loads(raw.payload)["request"]["header"]]
+    assert len(traced) > 40
+    return [*raws, *copies_of(copied, [0, 3_000, 2_000_000]), *copies_of(traced[:40], [0, 5_000_000], adhoc=True)]
+
+
+def test_the_corpus_links_alike_through_convert_batch(linking_twin, corpus_raws, monkeypatch):
+    from nats_otel.core import pipeline
+    from tests.core.test_linking_properties import WINDOW
+
+    raws = _reused(corpus_raws)
+    outcomes = {}
+    for name, linker in (("python", pipeline.PythonLinker), ("compiled", linking_twin.Linker)):
+        monkeypatch.setattr(pipeline, "Linker", linker)
+        outcomes[name] = [convert_batch(raws), convert_batch(raws, link=WINDOW), convert_batch(raws[::-1], link=WINDOW)]
+    assert outcomes["compiled"] == outcomes["python"]
+    links = {r.link for batch in outcomes["python"] for r in batch if isinstance(r, Converted)}
+    assert links == {"", "matched", "ambiguous", "unmatched"}  # every decision was compared
+
+
+def test_the_corpus_links_alike_in_a_bounded_converter(linking_twin, corpus_raws):
+    from nats_otel.core import pipeline
+    from tests.core.test_linking_properties import WINDOW
+
+    raws = _reused(corpus_raws)
+    for capacity in (1, 2, 5, 50, 10_000):
+        settings = LinkSettings(WINDOW.max_hop_latency_s, WINDOW.max_clock_skew_s, capacity, retention_s=0.05)
+        states, outcomes = [], []
+        for linker in (pipeline.PythonLinker(settings), linking_twin.Linker(settings)):
+            converter = Converter(link=settings)
+            converter.linker = linker
+            out = []
+            for start in range(0, len(raws), 7):  # batches, observed then converted a little later
+                batch, now = raws[start : start + 7], start / 1000
+                converter.observe_many(batch, now)
+                out.extend(converter.convert_many(batch, now + 0.003))
+            outcomes.append(out)
+            states.append(_index_state(linker.index))
+        assert outcomes[1] == outcomes[0]
+        assert states[1] == states[0]
+        if capacity <= 5:
+            assert states[0][1] > 0  # the capacity bound was compared too
+
+
+# Colliding keys (equal, not identical), equal and huge timestamps, duplicate entries.
+_keys = st.sampled_from([(b"c", "1", "a", "b"), (b"c", "2", "a", "b"), (b"d", "1", "a", "b")]).map(
+    lambda key: (bytes(key[0]), *key[1:]))
+_ts_ns = (st.integers(0, 12) | st.integers(2**62 - 3, 2**62 + 3) | st.integers(2**64 - 8, 2**64 - 1)
+          | st.integers(0, 2**64 - 1) | st.integers(-3, -1))
+_entry_fields = st.tuples(_ts_ns, st.integers(0, 2), st.sampled_from([b"u", b"v", b"w"]))
+_ops = st.one_of(
+    st.tuples(st.just("egress"), _keys, _entry_fields, st.sampled_from([b"s1", b"s2"])),
+    st.tuples(st.just("arrival"), _keys, _entry_fields),
+    st.tuples(st.just("resolve"), _keys, _entry_fields),
+    st.tuples(st.just("expire"), st.sampled_from([0.0, 0.5, 1.0, 2.5])),
+)
+# A window of a few ns (worked out in C), and one too wide for it (worked out on Python ints).
+_windows = st.sampled_from([(3e-9, 1e-9), (0.0, 0.0), (5e9, 5e9)])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_ops, max_size=40), _windows, st.integers(1, 5), st.booleans())
+def test_index_operations_give_the_same_links_and_counts(linking_twin, ops, window, capacity, bounded):
+    from nats_otel.core.linking import Arrival, Egress, PythonLinkIndex
+
+    settings = LinkSettings(window[0], window[1], capacity, retention_s=2.0)
+    indexes = (PythonLinkIndex(settings, bounded), linking_twin.LinkIndex(settings, bounded))
+    now = 0.0
+    for op in ops:
+        if op[0] == "expire":
+            now += op[1]
+        for index in indexes:
+            if op[0] == "egress":
+                index.add_egress(op[1], Egress(*op[2], op[3]), now)
+            elif op[0] == "arrival":
+                index.add_arrival(op[1], Arrival(*op[2]), now)
+            elif op[0] == "expire":
+                index.expire(now)
+        if op[0] == "resolve":
+            python, compiled = (index.resolve(op[1], Arrival(*op[2])) for index in indexes)
+            assert compiled == python
+        assert _index_state(indexes[1]) == _index_state(indexes[0])
+
+
+def test_a_wrong_entry_is_an_error_not_a_crash(linking_twin):
+    index = linking_twin.LinkIndex(LinkSettings())
+    for call in (index.add_egress, index.add_arrival, index.resolve):
+        with pytest.raises(TypeError):
+            call((b"c", "1", "a", "b"), 5)
+    from nats_otel.core.linking import Egress
+
+    index.add_egress((b"c", "1", "a", "b"), Egress(1, 2, b"u", b"s"))
+    with pytest.raises(IndexError):  # read by position, bounds checked
+        index.resolve((b"c", "1", "a", "b"), ())

@@ -138,6 +138,21 @@ def _arrival(msg: TraceMessage, ctx: TraceContext, ident: bytes, size: int) -> t
     return (ctx.id_fields, hop, ingress.name, msg.server.name), _new(Arrival, (ingress.ts_ns, size, ident))
 
 
+# The pure `prepare` is the reference; `_prepare.pyx` holds its compiled twin for the
+# common case (it hands everything else to the reference), chosen here when built (`accel`).
+python_prepare = prepare
+_compiled_prepare: Any = accel.compiled("_prepare")
+if _compiled_prepare is not None:
+    from nats_otel.core import decode as _decode
+    from nats_otel.core import ids as _ids
+    from nats_otel.core.model import FORWARDING_KINDS, Ingress
+
+    _compiled_prepare.configure(python_prepare, DecodeLimits(), _decode._DOCUMENT.decode, Ingress, TraceMessage,
+                                TraceContext, Prepared, Arrival, _ids.parse_traceparent, _ids._context_fields,
+                                _ids._fields, FORWARDING_KINDS)
+    prepare = _compiled_prepare.prepare
+
+
 class PythonLinker:
     """The hop evidence of observed messages, and where each message's spans go. The
     reference; `Linker` is its compiled twin (`_linking.pyx`) when built."""

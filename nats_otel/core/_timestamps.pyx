@@ -44,13 +44,15 @@ def parse_rfc3339_ns(text):
     cdef Py_UCS4 c
     cdef int year, month, day, hour, minute, second, fraction = 0, width
     cdef int64_t days
+    cdef str chars
     if type(text) is not str:
         return _py_parse(text)
-    n = len(text)
+    chars = <str>text  # typed: indexing reads the character in C, not through str.__getitem__
+    n = len(chars)
     if n < 20 or n > 30:
         return _py_parse(text)
     for i in range(n):
-        c = text[i]
+        c = chars[i]
         buf[i] = <unsigned int>c
     if not (buf[4] == 45 and buf[7] == 45 and buf[10] in (84, 116, 32) and buf[13] == 58 and buf[16] == 58
             and buf[n - 1] in (90, 122)):

@@ -208,5 +208,7 @@ async def test_jetstream_backlog_of_big_messages_is_bounded_in_bytes(server: Run
     got = await _run(server, tmp_path, backlog=True, count=4_000, pad=20_000,
                      env={"NATS_OTEL_BATCH__QUEUE_BYTES": str(bound)})
     assert got["held_bytes"] <= bound + fetch_batch * charge, got["summary"]
-    assert got["peak_unacked"] <= (bound + fetch_batch * charge) // (charge - 1000), got["summary"]
+    # The server's count also holds what the bridge has settled and acked but the server has
+    # not processed yet (acks are published without waiting): one more batch at most.
+    assert got["peak_unacked"] <= (bound + 2 * fetch_batch * charge) // (charge - 1000), got["summary"]
     assert got["rss"] < 200 * 2**20, got["summary"]

@@ -446,12 +446,8 @@ class Bridge:
         nak: list[Delivery] = []
         term: list[Delivery] = []
         exported = outcome.exported
-        if self.settings.mode == "core":  # nothing to settle: one pass only when it failed
-            if not exported:
-                lost = sum(1 for position, result in enumerate(outcome.results)
-                           if not (isinstance(result, Rejected) or position in outcome.poisoned))
-                if lost:
-                    self.metrics.dropped.labels("export_failed").inc(lost)
+        core = self.settings.mode == "core"
+        if core and exported:  # the common case: nothing to settle, nothing lost
             return ack, nak, term
         for position, (delivery, result) in enumerate(zip(deliveries, outcome.results, strict=True)):
             if isinstance(result, Rejected) or position in outcome.poisoned:
@@ -460,6 +456,10 @@ class Bridge:
                 ack.append(delivery)
             else:
                 nak.append(delivery)  # transient downstream failure: try again later
+        if core:  # nothing is settled in core mode: the lists only count what was lost
+            if nak:
+                self.metrics.dropped.labels("export_failed").inc(len(nak))
+            return [], [], []
         return ack, nak, term
 
 

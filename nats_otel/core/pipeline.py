@@ -141,15 +141,22 @@ def _arrival(msg: TraceMessage, ctx: TraceContext, ident: bytes, size: int) -> t
 # The pure `prepare` is the reference; `_prepare.pyx` holds its compiled twin for the
 # common case (it hands everything else to the reference), chosen here when built (`accel`).
 python_prepare = prepare
-_compiled_prepare: Any = accel.compiled("_prepare")
-if _compiled_prepare is not None:
+
+
+def configure_prepare(module: Any) -> None:
+    """Hand the compiled `prepare` (`_prepare`) what it uses: the reference, the decoder, the
+    record types and the id helpers in use (here, and in the tests that compare the twins)."""
     from nats_otel.core import decode as _decode
     from nats_otel.core import ids as _ids
     from nats_otel.core.model import FORWARDING_KINDS, Ingress
 
-    _compiled_prepare.configure(python_prepare, DecodeLimits(), _decode._DOCUMENT.decode, Ingress, TraceMessage,
-                                TraceContext, Prepared, Arrival, _ids.parse_traceparent, _ids._context_fields,
-                                _ids._fields, FORWARDING_KINDS)
+    module.configure(python_prepare, DecodeLimits(), _decode._DOCUMENT.decode, Ingress, TraceMessage, TraceContext,
+                     Prepared, Arrival, _ids.parse_traceparent, _ids._context_fields, _ids._fields, FORWARDING_KINDS)
+
+
+_compiled_prepare: Any = accel.compiled("_prepare")
+if _compiled_prepare is not None:
+    configure_prepare(_compiled_prepare)
     prepare = _compiled_prepare.prepare
 
 
@@ -214,13 +221,14 @@ class PythonLinker:
 
 
 # The compiled twin (with the compiled `LinkIndex`), chosen here when built (`accel`).
-_compiled: Any = accel.compiled("_linking")
-if _compiled is not None:
-    _compiled.configure_linker(Placement, Egress, EgressEvent, adhoc_trace_id, event_span_id, body_size, _MAX_DEPTH)
+_compiled_linker: Any = accel.compiled("_linking")
+if _compiled_linker is not None:
+    _compiled_linker.configure_linker(Placement, Egress, EgressEvent, adhoc_trace_id, event_span_id, body_size,
+                                      _MAX_DEPTH)
 if TYPE_CHECKING:  # one interface: type checkers see the reference
     Linker = PythonLinker
 else:
-    Linker = PythonLinker if _compiled is None else _compiled.Linker
+    Linker = PythonLinker if _compiled_linker is None else _compiled_linker.Linker
 
 
 def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded: bool = False) -> Converted:

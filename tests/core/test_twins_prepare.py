@@ -27,14 +27,8 @@ from tests.core.test_twins import _twin
 
 @pytest.fixture(scope="module")
 def twin() -> ModuleType:
-    from nats_otel.core import decode, ids
-    from nats_otel.core.model import FORWARDING_KINDS, Ingress, TraceMessage
-
     module = _twin("_prepare")
-    # As pipeline.py does when it chooses the twin (not done when NATS_OTEL_NO_EXTENSIONS is set).
-    module.configure(pipeline.python_prepare, DecodeLimits(), decode._DOCUMENT.decode, Ingress, TraceMessage,
-                     ids.TraceContext, pipeline.Prepared, pipeline.Arrival, ids.parse_traceparent,
-                     ids._context_fields, ids._fields, FORWARDING_KINDS)
+    pipeline.configure_prepare(module)  # as pipeline.py does (not done when NATS_OTEL_NO_EXTENSIONS is set)
     return module
 
 

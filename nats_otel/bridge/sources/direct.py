@@ -65,8 +65,8 @@ UNSUPPORTED = direct_unsupported()
 
 def parser_unsupported(parser_class: type = nats_parser.Parser) -> str | None:
     """Why nats-py's parser cannot be fronted by `DirectParser`, or None if it can: it must
-    keep its bytes in `buf` (a bytearray), its state in `state`/`needed`, and parse what is
-    in `buf` when `parse` is awaited."""
+    keep its bytes in `buf` (a bytearray), its state in `state`/`needed`/`header_needed`,
+    and parse what is in `buf` when `parse` is awaited."""
     if not inspect.iscoroutinefunction(getattr(parser_class, "parse", None)):
         return "nats-py's Parser.parse is not a coroutine function"
     try:
@@ -77,8 +77,8 @@ def parser_unsupported(parser_class: type = nats_parser.Parser) -> str | None:
         return "nats-py's Parser keeps no bytearray `buf`"
     if getattr(probe, "state", None) != getattr(nats_parser, "AWAITING_CONTROL_LINE", object()):
         return "nats-py's Parser has no AWAITING_CONTROL_LINE state"
-    if not isinstance(getattr(probe, "needed", None), int):
-        return "nats-py's Parser keeps no `needed` count"
+    if not all(isinstance(getattr(probe, name, None), int) for name in ("needed", "header_needed")):
+        return "nats-py's Parser keeps no `needed`/`header_needed` counts"
     return None
 
 

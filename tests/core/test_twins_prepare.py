@@ -177,10 +177,11 @@ def test_odd_raws_prepare_alike(twin, raw):
 def test_the_decode_and_context_hooks_check_alike():
     from types import SimpleNamespace
 
-    from nats_otel.core import ids
+    from nats_otel.core import ids, model
     from nats_otel.core.model import check_uint64
 
     hooks, ids_twin = _twin("_model"), _twin("_ids")
+    hooks.configure(model.parse_rfc3339_ns, model._timestamp, check_uint64)  # as model.py does
     for value in (0, 2**64 - 1, 2**64, 2**70):
         for hook, name in ((hooks.request_post_init, "msgsize"), (hooks.document_post_init, "hops")):
             expected = None

@@ -128,7 +128,7 @@ def prepare(raw, limits=_UNSET):
     if traceparent_p is not NULL:
         try:
             trace_id, parent_id, flags = _parse_traceparent(<object>traceparent_p)
-        except Exception:
+        except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
             pass
         else:
             trace_state = index.get("tracestate") or ""

@@ -6,6 +6,7 @@ to reject) goes to the Python twins, so the bytes and the errors are the pure pa
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.string cimport memcpy
+from msgspec.structs import force_setattr
 
 
 cdef extern from "_blake2b.h":
@@ -137,6 +138,12 @@ def context_fields(trace_id, parent_span_id):
             p[at + 1] = _HEX[src[i] & 15]
             at += 2
     return out
+
+
+def context_post_init(self):
+    """`TraceContext.__post_init__`: `id_fields` from the two ids when not given."""
+    if not self.id_fields:
+        force_setattr(self, "id_fields", context_fields(self.trace_id, self.parent_span_id))
 
 
 cdef inline int _hex_value(unsigned char c):

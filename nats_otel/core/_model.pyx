@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The compiled twins of `model`'s `__post_init__` hooks (see there): msgspec calls one per
-decoded struct (server, every event), and the Python ones were a visible share of decoding.
+"""The compiled twins of `model`'s `__post_init__` hooks (see there), and of the fast decode's
+in `decode`: msgspec calls one per decoded struct (server, every event, the request and the
+document), and the Python ones were a visible share of decoding.
 Same checks, same fields set; anything out of range goes to the Python twins, which raise
 exactly what the pure path raises."""
 
@@ -46,3 +47,17 @@ def server_post_init(self):
     time = self.time
     if time is not None:
         force_setattr(self, "time_ns", _ns(time))
+
+
+def request_post_init(self):
+    """`decode._Request.__post_init__`: `msgsize` within a uint64."""
+    msgsize = self.msgsize
+    if msgsize >= _U64:
+        _py_check_uint64("msgsize", msgsize)
+
+
+def document_post_init(self):
+    """`decode._Document.__post_init__`: `hops` within a uint64."""
+    hops = self.hops
+    if hops >= _U64:
+        _py_check_uint64("hops", hops)

@@ -1,14 +1,35 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The compiled twin of `pipeline.prepare` (see there, and `decode.decode`,
 `ids.trace_context`, `ids.identity`, `linking.body_size`, `pipeline._arrival`, which it
-follows step by step) for the common case: no compression, msgspec's one-call decode
-succeeds, and a valid traceparent. Anything else - a compressed payload, a document the
-fast decode refuses, an ad-hoc or broken trace context - is handed to the pure-Python
-`prepare`, so every error and every unusual message is decided by the reference.
-Configured by pipeline.py with what it uses, so this module imports none of the core."""
+follows step by step) for the common case: msgspec's one-call decode succeeds (after the
+reference's `decompress` when the payload is compressed) and the traceparent is valid.
+Anything else - a payload `decompress` refuses, a document the fast decode refuses, a
+missing or broken traceparent - is handed to the Python code that decides it (the pure
+`prepare`, or `ids.trace_context` for an ad-hoc context), so every error and every unusual
+message is decided by the reference. Configured by pipeline.py with what it uses, so this
+module imports none of the core."""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsUnsignedLongLong
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from libc.string cimport memcpy
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object unicode, Py_ssize_t* size) except NULL
+    bint PyUnicode_IS_ASCII(object unicode)
+    unsigned char* PyUnicode_1BYTE_DATA(object unicode)
+    Py_ssize_t PyUnicode_GET_LENGTH(object unicode)
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    PyObject* PyDict_SetDefault(object d, object key, object default) except NULL
 
 cdef object _python_prepare = None
 cdef object _decode_document = None
+cdef object _decompress = None
+cdef object _trace_context = None
 cdef object _Ingress = None
 cdef object _TraceMessage = None
 cdef object _TraceContext = None
@@ -18,66 +39,56 @@ cdef object _parse_traceparent = None
 cdef object _context_fields = None
 cdef object _fields = None
 cdef object _FORWARDING = None
-cdef object _new = tuple.__new__
+cdef tuple _BAD_TRACEPARENT = ()
 cdef object _DEFAULT_LIMITS = None
+cdef object _UNSET = object()
+cdef object _new = tuple.__new__
+cdef str _HOP_HEADER = "nats-trace-hop"
 
 
-def configure(python_prepare, default_limits, decode_document, ingress, trace_message, trace_context, prepared,
-              arrival, parse_traceparent, context_fields, fields, forwarding_kinds):
-    """The reference `prepare` and its default `DecodeLimits`, `decode._DOCUMENT.decode`,
-    the record types, and the id helpers in use (compiled when built)."""
-    global _DEFAULT_LIMITS
-    _DEFAULT_LIMITS = default_limits
-    global _python_prepare, _decode_document, _Ingress, _TraceMessage, _TraceContext, _Prepared, _Arrival
-    global _parse_traceparent, _context_fields, _fields, _FORWARDING
-    _python_prepare, _decode_document = python_prepare, decode_document
-    _Ingress, _TraceMessage, _TraceContext, _Prepared, _Arrival = ingress, trace_message, trace_context, prepared, arrival
-    _parse_traceparent, _context_fields, _fields, _FORWARDING = parse_traceparent, context_fields, fields, forwarding_kinds
+def configure(python_prepare, default_limits, decode_document, decompress, trace_context, ingress, trace_message,
+              trace_context_type, prepared, arrival, parse_traceparent, context_fields, fields, forwarding_kinds,
+              bad_traceparent_issues):
+    """The reference `prepare` and its default `DecodeLimits`, `decode._DOCUMENT.decode` and
+    `decode.decompress`, `ids.trace_context`, the record types, the id helpers in use
+    (compiled when built), and the issues of a broken traceparent with an ad-hoc destination."""
+    global _python_prepare, _DEFAULT_LIMITS, _decode_document, _decompress, _trace_context
+    global _Ingress, _TraceMessage, _TraceContext, _Prepared, _Arrival
+    global _parse_traceparent, _context_fields, _fields, _FORWARDING, _BAD_TRACEPARENT
+    _python_prepare, _DEFAULT_LIMITS = python_prepare, default_limits
+    _decode_document, _decompress, _trace_context = decode_document, decompress, trace_context
+    _Ingress, _TraceMessage, _TraceContext, _Prepared, _Arrival = (ingress, trace_message, trace_context_type,
+                                                                   prepared, arrival)
+    _parse_traceparent, _context_fields, _fields = parse_traceparent, context_fields, fields
+    _FORWARDING, _BAD_TRACEPARENT = forwarding_kinds, tuple(bad_traceparent_issues)
 
 
-cdef bint _uncompressed(dict headers):
-    # RawTraceMessage.header("Content-Encoding"), then decompress's test for "no encoding".
-    for key, values in headers.items():
-        if key.lower() == "content-encoding" and values:
-            encoding = values[0]
-            return (encoding or "identity").strip().lower() in ("", "identity")
-    return True
-
-
-cdef dict _first_values(dict headers):
-    # model.first_values
-    cdef dict first = {}
-    for key, values in headers.items():
-        if values:
-            first.setdefault(key.lower(), values[0])
-    return first
-
-
-cdef object _body_size(object msg_size, dict headers):
-    # linking.body_size
-    for name, values in headers.items():
-        if name.lower() == "nats-trace-hop":
-            for value in values:
-                msg_size -= len(name) + len(value) + 4
-            return msg_size
-    return msg_size
-
-
-def prepare(raw, limits=None):
-    """As `pipeline.prepare`; the pure-Python one decides whatever is not the common case."""
-    if limits is None:
+def prepare(raw, limits=_UNSET):
+    """As `pipeline.prepare`; the pure-Python code decides whatever is not the common case."""
+    if limits is _UNSET:
         limits = _DEFAULT_LIMITS
     headers = raw.headers
-    if type(headers) is not dict or (headers and not _uncompressed(headers)):
-        return _python_prepare(raw, limits)
     payload = raw.payload
-    if len(payload) > limits.max_payload_bytes:
+    if type(headers) is not dict or type(payload) is not bytes:
         return _python_prepare(raw, limits)
+    # decode.decode: RawTraceMessage.header("Content-Encoding"), then decompress. Without
+    # the header only decompress's size check applies; with it, decompress itself runs.
     try:
-        doc = _decode_document(payload)
+        encoding = _content_encoding(<dict>headers) if headers else None
+    except Exception:  # a header name that is not a string: the reference raises
+        return _python_prepare(raw, limits)
+    if encoding is None and len(<bytes>payload) <= limits.max_payload_bytes:
+        data = payload
+    else:
+        try:
+            data = _decompress(payload, encoding, limits)
+        except Exception:  # refused: the reference raises the same error
+            return _python_prepare(raw, limits)
+    # decode._decode_fast
+    try:
+        doc = _decode_document(data)
     except Exception:  # not for the fast path: the reference words the error, or decodes it its way
         return _python_prepare(raw, limits)
-    # decode._decode_fast's checks
     events = doc.events
     if not events or len(events) > limits.max_events or type(events[0]) is not _Ingress:
         return _python_prepare(raw, limits)
@@ -87,26 +98,150 @@ def prepare(raw, limits=None):
             return _python_prepare(raw, limits)
     request = doc.request
     message_headers = request.header
-    index = _first_values(message_headers)
+    msg_size = request.msgsize
+    # model.first_values and linking.body_size, in one pass over the headers
+    cdef dict index = {}
+    size = msg_size
+    cdef Py_ssize_t at = 0
+    cdef PyObject* key_p
+    cdef PyObject* values_p
+    cdef bint hop_seen = False
+    while PyDict_Next(message_headers, &at, &key_p, &values_p):
+        key = <object>key_p
+        values = <list>values_p  # msgspec gave a dict[str, list[str]]
+        lowered = _lower(key)
+        if values:
+            PyDict_SetDefault(index, lowered, values[0])
+        if not hop_seen and lowered == _HOP_HEADER:
+            hop_seen = True
+            for value in values:
+                size -= len(key) + len(value) + 4
     ingress = events[0]
     server = doc.server
-    msg = _TraceMessage(server, message_headers, request.msgsize, doc.hops, ingress, tuple(events[1:]), (), index)
-    # ids.trace_context, when the traceparent is valid (otherwise the reference decides)
-    traceparent = index.get("traceparent")
-    if traceparent is None:
-        return _python_prepare(raw, limits)
-    try:
-        trace_id, parent_id, flags = _parse_traceparent(traceparent)
-    except Exception:
-        return _python_prepare(raw, limits)
-    id_fields = _context_fields(trace_id, parent_id)
-    ctx = _TraceContext(trace_id, parent_id, index.get("tracestate") or "", bool(flags & 1), None, id_fields)
-    ident = _fields(server.id, str(ingress.ts_ns), str(ingress.cid))  # ids.identity
-    size = _body_size(msg.msg_size, message_headers)
+    msg = _TraceMessage(server, message_headers, msg_size, doc.hops, ingress, _tail(events), (), index)
+    # ids.trace_context, when the traceparent is valid; otherwise the reference decides
+    # (an ad-hoc context, or the error), and prepare's issue follows
+    cdef tuple issues = ()
+    cdef PyObject* traceparent_p
+    ctx = None
+    traceparent_p = PyDict_GetItem(index, "traceparent")
+    if traceparent_p is not NULL:
+        try:
+            trace_id, parent_id, flags = _parse_traceparent(<object>traceparent_p)
+        except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
+            pass
+        else:
+            trace_state = index.get("tracestate") or ""
+            ctx = _TraceContext(trace_id, parent_id, trace_state, bool(flags & 1), None,
+                                _context_fields(trace_id, parent_id))
+    if ctx is None:
+        ctx = _trace_context(msg, raw.subject)
+        if ctx.adhoc_key is not None and traceparent_p is not NULL:
+            issues = _BAD_TRACEPARENT
+    ident = _identity(server.id, ingress.ts_ns, ingress.cid)
     # pipeline._arrival: only a message that came in from another server has one
     arrival = None
     if ingress.kind in _FORWARDING:
-        hop = index.get("nats-trace-hop") or ""
+        hop = index.get(_HOP_HEADER) or ""
         if hop:
-            arrival = ((id_fields, hop, ingress.name, server.name), _new(_Arrival, (ingress.ts_ns, size, ident)))
-    return _Prepared(raw, msg, ctx, ident, arrival, (), size)
+            arrival = ((ctx.id_fields, hop, ingress.name, server.name), _new(_Arrival, (ingress.ts_ns, size, ident)))
+    return _Prepared(raw, msg, ctx, ident, arrival, issues, size)
+
+
+cdef object _content_encoding(dict headers):
+    # RawTraceMessage.header("Content-Encoding")
+    for key, values in headers.items():
+        if key.lower() == "content-encoding" and values:
+            return values[0]
+    return None
+
+
+cdef str _lower(str key):
+    # key.lower(), without a new string when an ASCII name has no capital (most do not)
+    cdef Py_ssize_t n, i
+    cdef unsigned char* text
+    cdef unsigned char* out
+    cdef bint upper = False
+    if not PyUnicode_IS_ASCII(key):
+        return key.lower()
+    n = PyUnicode_GET_LENGTH(key)
+    text = PyUnicode_1BYTE_DATA(key)
+    for i in range(n):
+        if 65 <= text[i] <= 90:
+            upper = True
+            break
+    if not upper:
+        return key
+    lowered = PyUnicode_New(n, 127)
+    out = PyUnicode_1BYTE_DATA(lowered)
+    for i in range(n):
+        out[i] = text[i] + 32 if 65 <= text[i] <= 90 else text[i]
+    return lowered
+
+
+cdef tuple _tail(list events):
+    # tuple(events[1:]) without the intermediate list
+    cdef Py_ssize_t n = PyList_GET_SIZE(events), i
+    cdef tuple out = PyTuple_New(n - 1)
+    cdef object item
+    for i in range(1, n):
+        item = <object>PyList_GET_ITEM(events, i)
+        Py_INCREF(item)
+        PyTuple_SET_ITEM(out, i - 1, item)
+    return out
+
+
+cdef Py_ssize_t _decimal(unsigned long long value, char* out):
+    # the digits of str(value), written at out; returns how many
+    cdef char digits[20]
+    cdef Py_ssize_t n = 0, i
+    while True:
+        digits[n] = <char>(48 + value % 10)
+        n += 1
+        value //= 10
+        if value == 0:
+            break
+    for i in range(n):
+        out[i] = digits[n - 1 - i]
+    return n
+
+
+cdef inline void _length(char* p, Py_ssize_t n):
+    p[0] = <char>((n >> 24) & 0xFF)
+    p[1] = <char>((n >> 16) & 0xFF)
+    p[2] = <char>((n >> 8) & 0xFF)
+    p[3] = <char>(n & 0xFF)
+
+
+cdef bytes _identity(object server_id, object ts_ns, object cid):
+    # ids.identity: _fields(server id, str(ts_ns), str(cid)) in one buffer; odd values
+    # (not a str, lone surrogates, numbers outside a uint64) go to the configured `_fields`
+    cdef Py_ssize_t id_size = 0, ts_size, cid_size, at
+    cdef const char* id_text
+    cdef char ts_digits[20]
+    cdef char cid_digits[20]
+    cdef unsigned long long ts_value, cid_value
+    cdef char* p
+    if type(server_id) is not str or type(ts_ns) is not int or type(cid) is not int:
+        return _fields(server_id, str(ts_ns), str(cid))
+    try:
+        ts_value = PyLong_AsUnsignedLongLong(ts_ns)
+        cid_value = PyLong_AsUnsignedLongLong(cid)
+        id_text = PyUnicode_AsUTF8AndSize(server_id, &id_size)
+    except (OverflowError, UnicodeEncodeError):  # negative or over a uint64; lone surrogates
+        return _fields(server_id, str(ts_ns), str(cid))
+    if id_size >= 0x100000000:
+        return _fields(server_id, str(ts_ns), str(cid))
+    ts_size = _decimal(ts_value, ts_digits)
+    cid_size = _decimal(cid_value, cid_digits)
+    out = PyBytes_FromStringAndSize(NULL, 12 + id_size + ts_size + cid_size)
+    p = PyBytes_AS_STRING(out)
+    _length(p, id_size)
+    memcpy(p + 4, id_text, id_size)
+    at = 4 + id_size
+    _length(p + at, ts_size)
+    memcpy(p + at + 4, ts_digits, ts_size)
+    at += 4 + ts_size
+    _length(p + at, cid_size)
+    memcpy(p + at + 4, cid_digits, cid_size)
+    return out

@@ -16,6 +16,7 @@ import cramjam
 import msgspec
 import orjson
 
+from nats_otel.core import accel
 from nats_otel.core.model import (
     EVENT_MODELS,
     Egress,
@@ -264,22 +265,36 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
 # decides.
 
 
-class _Request(msgspec.Struct, frozen=True):
+# Their `__post_init__` hooks (the reference; `_model.pyx` holds the compiled twins, chosen
+# before the classes are made, as in `model`).
+def _request_post_init(self: Any) -> None:
+    check_uint64("msgsize", self.msgsize)
+
+
+def _document_post_init(self: Any) -> None:
+    check_uint64("hops", self.hops)
+
+
+_compiled_hooks: Any = accel.compiled("_model")  # configured by `model`, imported above
+if _compiled_hooks is not None:
+    _request_post_init, _document_post_init = _compiled_hooks.request_post_init, _compiled_hooks.document_post_init
+
+
+# Short-lived (one per decoded message) and without cycles: not tracked by the GC.
+class _Request(msgspec.Struct, frozen=True, gc=False):
     header: dict[str, list[str]] = {}
     msgsize: UInt64 = 0
 
-    def __post_init__(self) -> None:
-        check_uint64("msgsize", self.msgsize)
+    __post_init__ = _request_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
-class _Document(msgspec.Struct, frozen=True):
+class _Document(msgspec.Struct, frozen=True, gc=False):
     server: ServerInfo
     events: list[Union[Ingress, SubjectMapping, StreamExport, ServiceImport, JetStreamEvent, Egress]]  # noqa: UP007
     request: _Request = _Request()
     hops: UInt64 = 0
 
-    def __post_init__(self) -> None:
-        check_uint64("hops", self.hops)
+    __post_init__ = _document_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
 _DOCUMENT = msgspec.json.Decoder(_Document)

@@ -48,6 +48,18 @@ class TraceContextError(DecodeError):
     reason = "bad_traceparent"
 
 
+# TraceContext's `__post_init__` (one call per context): the reference; `_ids.pyx` holds its
+# compiled twin. msgspec reads the hook when the class is created, so it is chosen here.
+def _context_post_init(self: Any) -> None:
+    if not self.id_fields:
+        force_setattr(self, "id_fields", _context_fields(self.trace_id, self.parent_span_id))
+
+
+_compiled: Any = accel.compiled("_ids")
+if _compiled is not None:
+    _context_post_init = _compiled.context_post_init
+
+
 class TraceContext(Struct, frozen=True, gc=False):
     """Where the spans of one trace message belong.
 
@@ -66,9 +78,7 @@ class TraceContext(Struct, frozen=True, gc=False):
     # from the two ids when not given (only `trace_context` gives them).
     id_fields: bytes = b""
 
-    def __post_init__(self) -> None:
-        if not self.id_fields:
-            force_setattr(self, "id_fields", _context_fields(self.trace_id, self.parent_span_id))
+    __post_init__ = _context_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
 def parse_traceparent(value: str) -> tuple[bytes, bytes, int]:
@@ -198,7 +208,6 @@ def _hash(role: bytes, *fields: str) -> bytes:
 # (BLAKE2b in C), chosen here when built (`accel`).
 python_fields, python_context_fields = _fields, _context_fields
 python_server_span_id, python_event_span_id, python_parse_traceparent = server_span_id, event_span_id, parse_traceparent
-_compiled: Any = accel.compiled("_ids")
 if _compiled is not None:
     _compiled.configure(_ROLE_PREFIX[b"server"], _ROLE_PREFIX[b"event"], _POSITIONS, python_fields,
                         python_server_span_id, python_event_span_id, python_parse_traceparent)

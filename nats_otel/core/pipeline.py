@@ -118,13 +118,17 @@ class Rejected(Struct, frozen=True, gc=False):
     subject: str | None = None
 
 
+# A broken traceparent beside an ad-hoc destination: correlated by the destination, and said so.
+_BAD_TRACEPARENT = ("bad_traceparent: malformed traceparent, correlated by ad-hoc destination",)
+
+
 def prepare(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> Prepared:
     """Decode and find the trace context; raises `DecodeError` (with a reason)."""
     msg = decode(raw, limits)
     ctx = trace_context(msg, raw.subject)
     issues: tuple[str, ...] = ()
     if ctx.adhoc_key is not None and msg.header("traceparent") is not None:
-        issues = ("bad_traceparent: malformed traceparent, correlated by ad-hoc destination",)
+        issues = _BAD_TRACEPARENT
     ident = identity(msg)
     size = body_size(msg.msg_size, msg.headers)
     return Prepared(raw, msg, ctx, ident, _arrival(msg, ctx, ident, size), issues, size)
@@ -143,15 +147,18 @@ def _arrival(msg: TraceMessage, ctx: TraceContext, ident: bytes, size: int) -> t
 python_prepare = prepare
 
 
-def configure_prepare(module: Any) -> None:
+def configure_prepare(module: Any, reference: Any = None) -> None:
     """Hand the compiled `prepare` (`_prepare`) what it uses: the reference, the decoder, the
-    record types and the id helpers in use (here, and in the tests that compare the twins)."""
+    record types and the id helpers in use (here, and in the tests that compare the twins).
+    It imports none of the core itself (no import cycles); `reference` decides the uncommon
+    cases (tests pass a replacement for `python_prepare`)."""
     from nats_otel.core import decode as _decode
     from nats_otel.core import ids as _ids
     from nats_otel.core.model import FORWARDING_KINDS, Ingress
 
-    module.configure(python_prepare, DecodeLimits(), _decode._DOCUMENT.decode, Ingress, TraceMessage, TraceContext,
-                     Prepared, Arrival, _ids.parse_traceparent, _ids._context_fields, _ids._fields, FORWARDING_KINDS)
+    module.configure(reference or python_prepare, DecodeLimits(), _decode._DOCUMENT.decode, _decode.decompress,
+                     trace_context, Ingress, TraceMessage, TraceContext, Prepared, Arrival, _ids.parse_traceparent,
+                     _ids._context_fields, _ids._fields, FORWARDING_KINDS, _BAD_TRACEPARENT)
 
 
 _compiled_prepare: Any = accel.compiled("_prepare")

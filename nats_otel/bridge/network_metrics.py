@@ -118,29 +118,63 @@ class NetworkMetrics(Collector):
         self.sides_expired = _Counter(["side"], 2)
         for side in ("upstream", "downstream"):
             self.sides_expired.inc((side,), 0)
+        # The rows each label set counts into (latency histogram, error counter), found once:
+        # per sample one dict look-up, not one per metric. Only label sets with series of
+        # their own are kept (at most max_series each); those past the bound go through
+        # `_Family.row` every time, which counts them as overflow.
+        self._server_rows: dict[object, tuple[list[int], list[int]]] = {}  # by server name (or labels)
+        self._hop_rows: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
         registry.register(self)
 
     def record(self, samples: Iterable[NetworkSample], expired_unmatched: dict[str, int] | None = None) -> None:
         """Account one batch's samples, and the hop sides the link index let go unmatched."""
+        server_rows, hop_rows = self._server_rows, self._hop_rows
+        server_bounds, hop_bounds = self.server_latency.bounds_ns, self.hop_latency.bounds_ns
+        extra_labels = self.extra_labels
         with self._lock:
             extra: tuple[str, ...] = ()
             for sample in samples:
-                if self.extra_labels:
+                server, _, _, in_server_ns, failed, hop, failed_hops = sample
+                if extra_labels:
                     extra = self._extra(sample)
-                server = (sample.server, *extra)
-                self.server_latency.observe(server, sample.in_server_ns)
+                    server_key: object = (server, *extra)
+                else:
+                    server_key = server
+                rows = server_rows.get(server_key)
+                if rows is None:
+                    labels = (server, *extra)
+                    rows = self._rows(server_rows, server_key, labels, self.server_latency, self.server_errors, labels)
+                latency, errors = rows
+                latency[bisect_left(server_bounds, in_server_ns)] += 1  # the first bucket whose `le` holds it
+                latency[-1] += in_server_ns
                 # Error series exist (at 0) from the first sample on: rate() and alerts see them.
-                self.server_errors.row(server, 1)[0] += sample.failed
-                hop = sample.hop
+                errors[0] += failed
                 if hop is not None:
-                    self.hop_latency.observe((hop.from_server, hop.to_server, hop.kind, *extra), hop.latency_ns)
-                    self.hop_errors.row((hop.from_server, hop.to_server, hop.kind), 1)
-                for to_server, kind in sample.failed_hops:
-                    self.hop_errors.inc((sample.server, to_server, kind))
+                    from_server, to_server, kind, hop_ns = hop
+                    edge = (from_server, to_server, kind)
+                    hop_key = (*edge, *extra) if extra_labels else edge
+                    rows = hop_rows.get(hop_key)
+                    if rows is None:
+                        rows = self._rows(hop_rows, hop_key, hop_key, self.hop_latency, self.hop_errors, edge)
+                    latency = rows[0]
+                    latency[bisect_left(hop_bounds, hop_ns)] += 1
+                    latency[-1] += hop_ns
+                for to_server, kind in failed_hops:
+                    self.hop_errors.inc((server, to_server, kind))
             for side, count in (expired_unmatched or {}).items():
                 if count:
                     self.sides_expired.inc((side,), count)
             self._warn_overflow()
+
+    @staticmethod
+    def _rows(cache: dict, key: object, labels: tuple[str, ...], latency: _Histogram, errors: _Counter,
+              error_labels: tuple[str, ...]) -> tuple[list[int], list[int]]:
+        """The rows a label set counts into (`labels` for the histogram, `error_labels` for the
+        errors), kept in `cache` under `key` while both are series of their own."""
+        rows = (latency.row(labels, len(latency.bounds_ns) + 2), errors.row(error_labels, 1))
+        if labels in latency.series and error_labels in errors.series:
+            cache[key] = rows
+        return rows
 
     def _warn_overflow(self) -> None:
         """Say once per metric that its label sets reached the bound (then only counted)."""

@@ -24,6 +24,7 @@ from nats_otel.core.model import (
     SubjectMapping,
     TraceEvent,
     TraceMessage,
+    kind_label,
 )
 from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord, StatusCode
 
@@ -165,7 +166,7 @@ def map_message(
         # msgsize counts headers too: the envelope, not the body.
         "messaging.message.envelope.size": msg.msg_size,
         "messaging.nats.account": ingress.account,
-        "messaging.nats.connection.kind": ConnectionKind.label(ingress.kind),
+        "messaging.nats.connection.kind": kind_label(ingress.kind),
         "messaging.nats.connection.id": ingress.cid,
         "messaging.nats.connection.name": ingress.name,
         "messaging.nats.trace.hops": msg.hops,
@@ -310,7 +311,7 @@ def _map_egress(event: Egress, position: int, state: _State) -> SpanRecord:
         "messaging.operation.name": "send",
         "messaging.destination.name": state.subject,
         "messaging.nats.account": event.account or state.account,
-        "messaging.nats.connection.kind": ConnectionKind.label(event.kind),
+        "messaging.nats.connection.kind": kind_label(event.kind),
         "messaging.nats.connection.id": event.cid,
         "messaging.nats.connection.name": event.name,
     }

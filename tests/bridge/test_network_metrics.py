@@ -4,7 +4,10 @@ and said once in the log; extra labels only when asked."""
 from __future__ import annotations
 
 import logging
+import random
+from collections import Counter
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from nats_otel.bridge.network_metrics import NetworkMetrics
@@ -42,3 +45,51 @@ def test_subject_label_only_when_asked():
     assert b"orders.new" not in generate_latest(plain)
     assert by_subject.get_sample_value("nats_otel_server_latency_seconds_count",
                                        {"server": "n1", "subject": "orders.new"}) == 1
+
+
+def test_repeated_label_sets_count_every_sample_in_every_batch():
+    """Each label set's rows are found once, then reused: counts, sums and buckets stay those
+    of every sample, across batches, with extra labels, and past the bound."""
+    rng = random.Random(7)
+    registry = CollectorRegistry()
+    network = NetworkMetrics(registry, extra_labels=["account"], max_series=4)
+    expected_count: Counter[tuple[str, str]] = Counter()
+    expected_sum: Counter[tuple[str, str]] = Counter()
+    expected_errors: Counter[tuple[str, str]] = Counter()
+    expected_hops: Counter[tuple[str, ...]] = Counter()
+    expected_fast: Counter[tuple[str, str]] = Counter()  # at most 10 us in the server
+    own: list[tuple[str, str]] = []  # server label sets in order of first sight: the first 4 own a series
+    own_hops: list[tuple[str, ...]] = []
+    for _ in range(6):
+        batch = []
+        for _ in range(50):
+            server, account = rng.choice(["n1", "n2", "n3"]), rng.choice(["A", "B"])
+            in_server_ns, failed = rng.choice([5_000, 20_000, 3_000_000]), rng.random() < 0.2
+            hop = HopSample("up", server, "router", 400_000) if rng.random() < 0.5 else None
+            batch.append(NetworkSample(server, account, "s", in_server_ns, failed, hop))
+            labels = (server, account)
+            if labels not in own and len(own) < 4:
+                own.append(labels)
+            key = labels if labels in own else ("_other", "_other")
+            expected_count[key] += 1
+            expected_sum[key] += in_server_ns
+            expected_errors[key] += failed
+            expected_fast[key] += in_server_ns <= 10_000
+            if hop is not None:
+                edge = ("up", server, "router", account)
+                if edge not in own_hops and len(own_hops) < 4:
+                    own_hops.append(edge)
+                expected_hops[edge if edge in own_hops else ("_other",) * 4] += 1
+        network.record(batch)
+    value = registry.get_sample_value
+    for key, count in expected_count.items():
+        labels = {"server": key[0], "account": key[1]}
+        assert value("nats_otel_server_latency_seconds_count", labels) == count
+        assert value("nats_otel_server_latency_seconds_sum", labels) == pytest.approx(expected_sum[key] / 1e9)
+        assert value("nats_otel_server_latency_seconds_bucket", labels | {"le": "1e-05"}) == expected_fast[key]
+        assert value("nats_otel_server_errors_total", labels) == expected_errors[key]
+    for (from_server, to_server, kind, account), count in expected_hops.items():
+        assert value("nats_otel_hop_latency_seconds_count", {
+            "from_server": from_server, "to_server": to_server, "kind": kind, "account": account}) == count
+    assert value("nats_otel_network_series_overflow_total", {"metric": "server_latency"}) == \
+        expected_count["_other", "_other"]

@@ -14,6 +14,10 @@ include "_protobuf.pxi"
 
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_Size
 
+cdef extern from "_fields.h":
+    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
+    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+
 
 cdef enum:
     _CACHE_LIMIT = 65536
@@ -69,16 +73,66 @@ cdef tuple _not_failures = ()
 cdef dict _kind_labels = {}
 cdef frozenset _forwarding = frozenset()
 cdef object _Egress = None, _SubjectMapping = None, _StreamExport = None, _ServiceImport = None, _JetStream = None
+cdef object _TraceMessage = None, _Ingress = None, _TraceContext = None, _Placement = None
 cdef tuple _ON = ("1", "true", "on")
 
 
+# Where the fields read per message are in their objects (`_fields.h`: a read is a load, not
+# an attribute look-up), found at configure; each is read only after an exact type check.
+cdef struct MessageFields:
+    Py_ssize_t ingress, header_index, events, unknown_events, msg_size, hops, headers
+cdef struct IngressFields:
+    Py_ssize_t kind, cid, name, account, subject, error
+cdef struct EgressFields:
+    Py_ssize_t kind, cid, name, hop, account, subscription, queue, error
+cdef struct ContextFields:
+    Py_ssize_t trace_state, adhoc_key
+cdef MessageFields MSG
+cdef IngressFields IN
+cdef EgressFields EG
+cdef ContextFields CTX
+cdef Py_ssize_t TS_NS  # every event's `ts_ns` (a field of their base class: one offset)
+
+
 def configure(layouts, roles, py_map_encode, server_resource, server_span_id, event_span_id, header_prefix,
-              not_failures, kind_labels, forwarding_kinds, event_types):
+              not_failures, kind_labels, forwarding_kinds, event_types, record_types):
     """What this file takes from the Python core: the layouts (names, constants), the Python
-    twin, and the functions and tables mapping.py uses."""
+    twin, the functions and tables mapping.py uses, and the types it reads (raises TypeError
+    when a field read here is not a plain slot: then the Python twin is used)."""
     global _keys, _consts, _caches, _py_map_encode, _server_resource, _server_span_id, _event_span_id
     global _header_prefix, _not_failures, _kind_labels, _forwarding
     global _Egress, _SubjectMapping, _StreamExport, _ServiceImport, _JetStream
+    global _TraceMessage, _Ingress, _TraceContext, _Placement, MSG, IN, EG, CTX, TS_NS
+    _TraceMessage, _Ingress, _TraceContext, _Placement = record_types
+    if _Placement._fields != ("ident", "trace_id", "parent_span_id", "link", "candidates"):
+        raise TypeError(f"Placement's fields changed: {_Placement._fields}")  # read by position below
+    MSG.ingress = field_offset(_TraceMessage, "ingress")
+    MSG.header_index = field_offset(_TraceMessage, "header_index")
+    MSG.events = field_offset(_TraceMessage, "events")
+    MSG.unknown_events = field_offset(_TraceMessage, "unknown_events")
+    MSG.msg_size = field_offset(_TraceMessage, "msg_size")
+    MSG.hops = field_offset(_TraceMessage, "hops")
+    MSG.headers = field_offset(_TraceMessage, "headers")
+    TS_NS = field_offset(_Ingress, "ts_ns")
+    if any(field_offset(kind, "ts_ns") != TS_NS for kind in event_types):
+        raise TypeError("the event types' ts_ns fields are not one slot")
+    IN.kind = field_offset(_Ingress, "kind")
+    IN.cid = field_offset(_Ingress, "cid")
+    IN.name = field_offset(_Ingress, "name")
+    IN.account = field_offset(_Ingress, "account")
+    IN.subject = field_offset(_Ingress, "subject")
+    IN.error = field_offset(_Ingress, "error")
+    egress = event_types[0]
+    EG.kind = field_offset(egress, "kind")
+    EG.cid = field_offset(egress, "cid")
+    EG.name = field_offset(egress, "name")
+    EG.hop = field_offset(egress, "hop")
+    EG.account = field_offset(egress, "account")
+    EG.subscription = field_offset(egress, "subscription")
+    EG.queue = field_offset(egress, "queue")
+    EG.error = field_offset(egress, "error")
+    CTX.trace_state = field_offset(_TraceContext, "trace_state")
+    CTX.adhoc_key = field_offset(_TraceContext, "adhoc_key")
     _keys = [[key for key, _ in layouts[role]] for role in roles]
     _consts = [[value for _, value in layouts[role]] for role in roles]
     _caches = [[{} for _ in layouts[role]] for role in roles]
@@ -108,6 +162,12 @@ cdef int put_pair(Buf* b, int role, int index, object value) except -1:
 
 cdef inline int put_const(Buf* b, int role, int index) except -1:
     return put_pair(b, role, index, (<list>_consts[role])[index])
+
+
+cdef inline bint _known_event(object event):
+    kind = type(event)
+    return (kind is _Egress or kind is _SubjectMapping or kind is _StreamExport or kind is _ServiceImport
+            or kind is _JetStream)
 
 
 cdef object _label(object kind):
@@ -197,73 +257,83 @@ cdef inline int close_span(Buf* blob, Buf* s) except -1:
 
 cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
                       list issues) except -1:
-    cdef object ingress = msg.ingress
-    cdef object first = msg.header_index
-    cdef object ident = placement.ident
-    cdef object trace_id = placement.trace_id
-    if first is None:  # a hand-built message (no `header_index`): the Python twin maps it
+    # Exact types only: the fields below are read at their offsets. Anything else (a
+    # hand-built message has no `header_index`) is mapped by the Python twin.
+    if type(msg) is not _TraceMessage or type(ctx) is not _TraceContext or type(placement) is not _Placement:
         return 0
-    cdef object trace_state = ctx.trace_state
-    cdef object subject = ingress.subject
-    cdef object account = ingress.account
-    cdef object events = msg.events
-    cdef object unknown = msg.unknown_events
+    cdef object ingress = field(msg, MSG.ingress)
+    cdef object first = field(msg, MSG.header_index)  # the first value of each header (a dict)
+    cdef tuple where = <tuple>placement  # (ident, trace_id, parent_span_id, link, candidates)
+    cdef object ident = where[0]
+    cdef object trace_id = where[1]
+    if type(first) is not dict or type(ingress) is not _Ingress:
+        return 0
+    cdef object trace_state = field(ctx, CTX.trace_state)
+    cdef object subject = field(ingress, IN.subject)
+    cdef object account = field(ingress, IN.account)
+    cdef object ingress_kind = field(ingress, IN.kind)
+    cdef object error = field(ingress, IN.error)
+    cdef object events = field(msg, MSG.events)
+    cdef object unknown = field(msg, MSG.unknown_events)
     cdef uint64_t start, end, ts
     cdef int position = 0, i
     if type(trace_id) is not bytes or type(ident) is not bytes or type(trace_state) is not str:
         return 0
     server_id = _server_span_id(ctx, ident)
-    start = ingress.ts_ns
+    start = field(ingress, TS_NS)
     end = start
     for event in events:
-        ts = event.ts_ns
+        if not _known_event(event):
+            return 0
+        ts = field(event, TS_NS)
         if ts > end:
             end = ts
     hop = ""
-    if ingress.kind in _forwarding:
-        hop = first.get("nats-trace-hop") or ""
+    if ingress_kind in _forwarding:
+        hop = (<dict>first).get("nats-trace-hop") or ""
     # the server span
-    if not put_head(s, trace_id, server_id, placement.parent_span_id, trace_state, "receive", 7, subject, False,
-                    5, start, end):
+    if not put_head(s, trace_id, server_id, where[2], trace_state, "receive", 7, subject, False, 5, start, end):
         return 0
     for i in range(3):
         put_const(s, SERVER, i)
-    if not (put_pair(s, SERVER, S_SUBJECT, subject) and put_pair(s, SERVER, S_SIZE, msg.msg_size)
-            and put_pair(s, SERVER, S_ACCOUNT, account) and put_pair(s, SERVER, S_KIND, _label(ingress.kind))
-            and put_pair(s, SERVER, S_CID, ingress.cid) and put_pair(s, SERVER, S_NAME, ingress.name)
-            and put_pair(s, SERVER, S_HOPS, msg.hops)):
+    if not (put_pair(s, SERVER, S_SUBJECT, subject) and put_pair(s, SERVER, S_SIZE, field(msg, MSG.msg_size))
+            and put_pair(s, SERVER, S_ACCOUNT, account) and put_pair(s, SERVER, S_KIND, _label(ingress_kind))
+            and put_pair(s, SERVER, S_CID, field(ingress, IN.cid)) and put_pair(s, SERVER, S_NAME, field(ingress, IN.name))
+            and put_pair(s, SERVER, S_HOPS, field(msg, MSG.hops))):
         return 0
-    if ingress.kind == CLIENT and not put_pair(s, SERVER, S_CLIENT_ID, str(ingress.cid)):
+    if ingress_kind == CLIENT and not put_pair(s, SERVER, S_CLIENT_ID, str(field(ingress, IN.cid))):
         return 0
     if hop and not put_pair(s, SERVER, S_HOP, hop):
         return 0
-    if first.get("nats-trace-dest") and (first.get("nats-trace-only") or "").lower() in _ON:
+    if (<dict>first).get("nats-trace-dest") and ((<dict>first).get("nats-trace-only") or "").lower() in _ON:
         put_const(s, SERVER, S_ONLY)
-    if ctx.adhoc_key is not None and not put_pair(s, SERVER, S_ADHOC, ctx.adhoc_key):
+    adhoc_key = field(ctx, CTX.adhoc_key)
+    if adhoc_key is not None and not put_pair(s, SERVER, S_ADHOC, adhoc_key):
         return 0
-    link = placement.link
+    link = where[3]
     if link and link != "matched":
         if not put_pair(s, SERVER, S_LINK, link):
             return 0
-        if placement.candidates and not put_pair(s, SERVER, S_CANDIDATES, placement.candidates):
+        if where[4] and not put_pair(s, SERVER, S_CANDIDATES, where[4]):
             return 0
     if unknown:
         put_pair(s, SERVER, S_UNMAPPED, len(unknown))
         for u in unknown:
             issues.append(f"unknown_event: {u['problem']} at position {u['position']}")
-    note = _note(ingress.error)
+    note = _note(error)
     if note is not None and not put_pair(s, SERVER, S_NOTE, note):
         return 0
-    if msg.headers and not put_headers(s, msg.headers, options.header_allowlist):
+    headers = field(msg, MSG.headers)
+    if headers and not put_headers(s, headers, options.header_allowlist):
         return 0
-    if not put_status(s, ingress.error):
+    if not put_status(s, error):
         return 0
     close_span(blob, s)
     # one child span per event
     for event in events:
         position += 1
         span_id = _event_span_id(ctx, ident, position)
-        ts = event.ts_ns
+        ts = field(event, TS_NS)
         if ts < start:
             ts = start
         kind = type(event)
@@ -272,20 +342,25 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
                 return 0
             for i in range(3):
                 put_const(s, EGRESS, i)
-            if not (put_pair(s, EGRESS, E_DEST, subject) and put_pair(s, EGRESS, E_ACCOUNT, event.account or account)
-                    and put_pair(s, EGRESS, E_KIND, _label(event.kind)) and put_pair(s, EGRESS, E_CID, event.cid)
-                    and put_pair(s, EGRESS, E_NAME, event.name)):
+            connection = field(event, EG.kind)
+            name = field(event, EG.name)
+            if not (put_pair(s, EGRESS, E_DEST, subject) and put_pair(s, EGRESS, E_ACCOUNT, field(event, EG.account) or account)
+                    and put_pair(s, EGRESS, E_KIND, _label(connection)) and put_pair(s, EGRESS, E_CID, field(event, EG.cid))
+                    and put_pair(s, EGRESS, E_NAME, name)):
                 return 0
-            if event.kind == CLIENT and not put_pair(s, EGRESS, E_CLIENT_ID, str(event.cid)):
+            if connection == CLIENT and not put_pair(s, EGRESS, E_CLIENT_ID, str(field(event, EG.cid))):
                 return 0
-            if event.subscription and not put_pair(s, EGRESS, E_SUB, event.subscription):
+            value = field(event, EG.subscription)
+            if value and not put_pair(s, EGRESS, E_SUB, value):
                 return 0
-            if event.queue and not put_pair(s, EGRESS, E_QUEUE, event.queue):
+            value = field(event, EG.queue)
+            if value and not put_pair(s, EGRESS, E_QUEUE, value):
                 return 0
-            if event.hop and event.kind in _forwarding:
-                if not (put_pair(s, EGRESS, E_HOP, event.hop) and put_pair(s, EGRESS, E_PEER, event.name)):
+            value = field(event, EG.hop)
+            if value and connection in _forwarding:
+                if not (put_pair(s, EGRESS, E_HOP, value) and put_pair(s, EGRESS, E_PEER, name)):
                     return 0
-            if not put_outcome(s, EGRESS, E_NOTE, event.error):
+            if not put_outcome(s, EGRESS, E_NOTE, field(event, EG.error)):
                 return 0
         elif kind is _SubjectMapping:
             to = event.to

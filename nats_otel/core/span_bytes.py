@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from nats_otel.core import accel
-from nats_otel.core.ids import event_span_id, server_span_id
+from nats_otel.core.ids import TraceContext, event_span_id, server_span_id
 from nats_otel.core.mapping import (
     _NOT_FAILURES,
     HEADER_ATTRIBUTE_PREFIX,
@@ -28,6 +28,7 @@ from nats_otel.core.model import (
     _KIND_LABELS,
     FORWARDING_KINDS,
     Egress,
+    Ingress,
     JetStreamEvent,
     ServiceImport,
     StreamExport,
@@ -73,21 +74,31 @@ def encode_request(items: Sequence[EncodedSpans]) -> bytes:
     )
 
 
+def configure_map_encode(module: Any) -> None:
+    """Hand the compiled twin (`_mapping`) what it takes from the Python core: the layouts,
+    the reference, the functions and tables mapping.py uses, the types it reads (here, and in
+    the tests that compare the twins). Raises `LayoutChanged` or TypeError when the twin
+    would not write what the reference does."""
+    from nats_otel.core.mapping import server_resource
+    from nats_otel.core.span_layout import ROLES, layouts
+
+    module.configure(layouts(), ROLES, python_map_encode, server_resource, server_span_id, event_span_id,
+                     HEADER_ATTRIBUTE_PREFIX, _NOT_FAILURES, _KIND_LABELS, FORWARDING_KINDS,
+                     (Egress, SubjectMapping, StreamExport, ServiceImport, JetStreamEvent),
+                     (TraceMessage, Ingress, TraceContext, Placement))
+
+
 def _compiled_map_encode() -> Any:
     compiled = accel.compiled("_mapping")
     if compiled is None:
         return None
-    from nats_otel.core.mapping import server_resource
-    from nats_otel.core.span_layout import ROLES, LayoutChanged, layouts
+    from nats_otel.core.span_layout import LayoutChanged
 
     try:
-        found = layouts()
-    except LayoutChanged as exc:
+        configure_map_encode(compiled)
+    except (LayoutChanged, TypeError) as exc:
         accel.note_unavailable("_mapping", f"not used: {exc}")
         return None
-    compiled.configure(found, ROLES, python_map_encode, server_resource, server_span_id, event_span_id,
-                       HEADER_ATTRIBUTE_PREFIX, _NOT_FAILURES, _KIND_LABELS, FORWARDING_KINDS,
-                       (Egress, SubjectMapping, StreamExport, ServiceImport, JetStreamEvent))
     return compiled.map_encode
 
 

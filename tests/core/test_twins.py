@@ -329,14 +329,8 @@ def test_the_whole_path_gives_the_same_outcomes_on_both_cores():
 
 @pytest.fixture(scope="module")
 def mapper() -> ModuleType:
-    from nats_otel.core import ids, mapping, model
-    from nats_otel.core.span_layout import ROLES, layouts
-
     module = _twin("_mapping")
-    module.configure(layouts(), ROLES, span_bytes.python_map_encode, mapping.server_resource, ids.server_span_id,
-                     ids.event_span_id, mapping.HEADER_ATTRIBUTE_PREFIX, mapping._NOT_FAILURES, model._KIND_LABELS,
-                     model.FORWARDING_KINDS, (model.Egress, model.SubjectMapping, model.StreamExport,
-                                              model.ServiceImport, model.JetStreamEvent))
+    span_bytes.configure_map_encode(module)  # as span_bytes.py does (not done when NATS_OTEL_NO_EXTENSIONS is set)
     return module
 
 

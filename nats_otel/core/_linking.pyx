@@ -291,13 +291,17 @@ cdef object _adhoc_trace_id = None
 cdef object _event_span_id = None
 cdef object _body_size = None
 cdef int _max_depth = 0
+cdef frozenset _forwarding_kinds = frozenset()
 
 
-def configure_linker(placement, egress, egress_event, adhoc_trace_id, event_span_id, body_size, max_depth):
+def configure_linker(placement, egress, egress_event, adhoc_trace_id, event_span_id, body_size, max_depth,
+                     forwarding_kinds):
     """What `pipeline.Linker` uses: `Placement`, `Egress`, the model's egress event, the id
-    functions in use, `body_size` and the ad-hoc walk's depth bound."""
+    functions in use, `body_size`, the ad-hoc walk's depth bound and `FORWARDING_KINDS`."""
     global _Placement, _Egress, _EgressEvent, _adhoc_trace_id, _event_span_id, _body_size, _max_depth
+    global _forwarding_kinds
     _Placement, _Egress, _EgressEvent = placement, egress, egress_event
+    _forwarding_kinds = frozenset(forwarding_kinds)
     _adhoc_trace_id, _event_span_id, _body_size, _max_depth = adhoc_trace_id, event_span_id, body_size, max_depth
 
 
@@ -326,7 +330,8 @@ cdef class Linker:
         msg, ctx, ident = prepared.msg, prepared.ctx, prepared.ident
         for event in msg.events:
             position += 1
-            if type(event) is _EgressEvent and event.forwards:
+            # `event.forwards`, without a call to the property (a Python frame per egress).
+            if type(event) is _EgressEvent and event.hop and event.kind in _forwarding_kinds:
                 size = prepared.size
                 if size < 0:
                     size = _body_size(msg.msg_size, msg.headers)

@@ -38,8 +38,8 @@ from nats_otel.core.linking import (
     body_size,
 )
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
+from nats_otel.core.model import FORWARDING_KINDS, TraceMessage
 from nats_otel.core.model import Egress as EgressEvent
-from nats_otel.core.model import TraceMessage
 from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
@@ -154,7 +154,7 @@ def configure_prepare(module: Any, reference: Any = None) -> None:
     cases (tests pass a replacement for `python_prepare`)."""
     from nats_otel.core import decode as _decode
     from nats_otel.core import ids as _ids
-    from nats_otel.core.model import FORWARDING_KINDS, Ingress
+    from nats_otel.core.model import Ingress
 
     module.configure(reference or python_prepare, DecodeLimits(), _decode._DOCUMENT.decode, _decode.decompress,
                      trace_context, Ingress, TraceMessage, TraceContext, Prepared, Arrival, _ids.parse_traceparent,
@@ -227,11 +227,16 @@ class PythonLinker:
         return adhoc_trace_id(ctx, ident)
 
 
+def configure_linker(module: Any) -> None:
+    """Hand the compiled linker (`_linking`) what it uses (here, and in the twin tests)."""
+    module.configure_linker(Placement, Egress, EgressEvent, adhoc_trace_id, event_span_id, body_size, _MAX_DEPTH,
+                            FORWARDING_KINDS)
+
+
 # The compiled twin (with the compiled `LinkIndex`), chosen here when built (`accel`).
 _compiled_linker: Any = accel.compiled("_linking")
 if _compiled_linker is not None:
-    _compiled_linker.configure_linker(Placement, Egress, EgressEvent, adhoc_trace_id, event_span_id, body_size,
-                                      _MAX_DEPTH)
+    configure_linker(_compiled_linker)
 if TYPE_CHECKING:  # one interface: type checkers see the reference
     Linker = PythonLinker
 else:

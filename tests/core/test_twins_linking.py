@@ -25,13 +25,12 @@ from tests.core.test_twins import _twin
 
 @pytest.fixture(scope="module")
 def linking_twin() -> ModuleType:
-    from nats_otel.core import ids, linking, mapping, model, pipeline
+    from nats_otel.core import linking, pipeline
 
     module = _twin("_linking")
     # As linking and pipeline do when they choose the twin.
     module.configure(linking.Link, linking.MATCHED, linking.UNMATCHED, linking.AMBIGUOUS, linking.LinkSettings())
-    module.configure_linker(mapping.Placement, linking.Egress, model.Egress, ids.adhoc_trace_id, ids.event_span_id,
-                            linking.body_size, pipeline._MAX_DEPTH)
+    pipeline.configure_linker(module)
     return module
 
 

@@ -106,33 +106,13 @@ def configure(layouts, roles, py_map_encode, server_resource, server_span_id, ev
     _TraceMessage, _Ingress, _TraceContext, _Placement = record_types
     if _Placement._fields != ("ident", "trace_id", "parent_span_id", "link", "candidates"):
         raise TypeError(f"Placement's fields changed: {_Placement._fields}")  # read by position below
-    MSG.ingress = field_offset(_TraceMessage, "ingress")
-    MSG.header_index = field_offset(_TraceMessage, "header_index")
-    MSG.events = field_offset(_TraceMessage, "events")
-    MSG.unknown_events = field_offset(_TraceMessage, "unknown_events")
-    MSG.msg_size = field_offset(_TraceMessage, "msg_size")
-    MSG.hops = field_offset(_TraceMessage, "hops")
-    MSG.headers = field_offset(_TraceMessage, "headers")
+    MSG = _offsets(_TraceMessage, "ingress header_index events unknown_events msg_size hops headers")
+    IN = _offsets(_Ingress, "kind cid name account subject error")
+    EG = _offsets(event_types[0], "kind cid name hop account subscription queue error")
+    CTX = _offsets(_TraceContext, "trace_state adhoc_key")
     TS_NS = field_offset(_Ingress, "ts_ns")
     if any(field_offset(kind, "ts_ns") != TS_NS for kind in event_types):
         raise TypeError("the event types' ts_ns fields are not one slot")
-    IN.kind = field_offset(_Ingress, "kind")
-    IN.cid = field_offset(_Ingress, "cid")
-    IN.name = field_offset(_Ingress, "name")
-    IN.account = field_offset(_Ingress, "account")
-    IN.subject = field_offset(_Ingress, "subject")
-    IN.error = field_offset(_Ingress, "error")
-    egress = event_types[0]
-    EG.kind = field_offset(egress, "kind")
-    EG.cid = field_offset(egress, "cid")
-    EG.name = field_offset(egress, "name")
-    EG.hop = field_offset(egress, "hop")
-    EG.account = field_offset(egress, "account")
-    EG.subscription = field_offset(egress, "subscription")
-    EG.queue = field_offset(egress, "queue")
-    EG.error = field_offset(egress, "error")
-    CTX.trace_state = field_offset(_TraceContext, "trace_state")
-    CTX.adhoc_key = field_offset(_TraceContext, "adhoc_key")
     _keys = [[key for key, _ in layouts[role]] for role in roles]
     _consts = [[value for _, value in layouts[role]] for role in roles]
     _caches = [[{} for _ in layouts[role]] for role in roles]
@@ -162,6 +142,11 @@ cdef int put_pair(Buf* b, int role, int index, object value) except -1:
 
 cdef inline int put_const(Buf* b, int role, int index) except -1:
     return put_pair(b, role, index, (<list>_consts[role])[index])
+
+
+cdef dict _offsets(object cls, str names):
+    """The offset of each named field in `cls`'s objects (Cython makes the struct of it)."""
+    return {name: field_offset(cls, name) for name in names.split()}
 
 
 cdef inline bint _known_event(object event):

@@ -58,6 +58,13 @@ class _Family:
         return row
 
 
+def _count(row: list[int], bounds_ns: list[int], value_ns: int) -> None:
+    """One sample into a histogram row (`_Histogram`): its bucket, the first whose `le`
+    holds it, and the sum."""
+    row[bisect_left(bounds_ns, value_ns)] += 1
+    row[-1] += value_ns
+
+
 class _Histogram(_Family):
     """Bucket counts (not cumulative) then the +Inf bucket, then the sum, in nanoseconds:
     integers, so the sum is exact whatever the order of the samples."""
@@ -69,10 +76,9 @@ class _Histogram(_Family):
         self.bounds_s = list(bounds_s)
         self.bounds_ns = [round(b * 1e9) for b in bounds_s]
 
-    def observe(self, labels: tuple[str, ...], value_ns: int) -> None:
-        row = self.row(labels, len(self.bounds_ns) + 2)
-        row[bisect_left(self.bounds_ns, value_ns)] += 1  # the first bucket whose `le` holds it
-        row[-1] += value_ns
+    def histogram_row(self, labels: tuple[str, ...]) -> list[int]:
+        """The row of a label set (`row`), as wide as this histogram's layout."""
+        return self.row(labels, len(self.bounds_ns) + 2)
 
     def family(self, name: str, documentation: str) -> HistogramMetricFamily:
         metric = HistogramMetricFamily(name, documentation, labels=self.label_names)
@@ -145,8 +151,7 @@ class NetworkMetrics(Collector):
                     labels = (server, *extra)
                     rows = self._rows(server_rows, server_key, labels, self.server_latency, self.server_errors, labels)
                 latency, errors = rows
-                latency[bisect_left(server_bounds, in_server_ns)] += 1  # the first bucket whose `le` holds it
-                latency[-1] += in_server_ns
+                _count(latency, server_bounds, in_server_ns)
                 # Error series exist (at 0) from the first sample on: rate() and alerts see them.
                 errors[0] += failed
                 if hop is not None:
@@ -156,9 +161,7 @@ class NetworkMetrics(Collector):
                     rows = hop_rows.get(hop_key)
                     if rows is None:
                         rows = self._rows(hop_rows, hop_key, hop_key, self.hop_latency, self.hop_errors, edge)
-                    latency = rows[0]
-                    latency[bisect_left(hop_bounds, hop_ns)] += 1
-                    latency[-1] += hop_ns
+                    _count(rows[0], hop_bounds, hop_ns)
                 for to_server, kind in failed_hops:
                     self.hop_errors.inc((server, to_server, kind))
             for side, count in (expired_unmatched or {}).items():
@@ -171,7 +174,7 @@ class NetworkMetrics(Collector):
               error_labels: tuple[str, ...]) -> tuple[list[int], list[int]]:
         """The rows a label set counts into (`labels` for the histogram, `error_labels` for the
         errors), kept in `cache` under `key` while both are series of their own."""
-        rows = (latency.row(labels, len(latency.bounds_ns) + 2), errors.row(error_labels, 1))
+        rows = (latency.histogram_row(labels), errors.row(error_labels, 1))
         if labels in latency.series and error_labels in errors.series:
             cache[key] = rows
         return rows

@@ -65,7 +65,6 @@ cdef list _consts = []    # per role: the probe's values (the constants among th
 cdef list _caches = []    # per role, per position: value -> encoded KeyValue entry
 cdef object _py_map_encode = None
 cdef object _server_resource = None
-cdef object _resource_bytes = None
 cdef object _server_span_id = None
 cdef object _event_span_id = None
 cdef object _header_prefix = None

@@ -44,23 +44,20 @@ def network_sample(msg: TraceMessage, upstream_egress_ns: int | None) -> Network
     """The facts of `msg`; `upstream_egress_ns` is the matched upstream egress's time, if any."""
     ingress = msg.ingress
     failed = is_failure(ingress.error)
-    failed_hops: list[tuple[str, str]] = []
-    end_ns = ingress.ts_ns  # `msg.end_ns`, in the same pass over the events (this runs per message)
+    failed_hops: tuple[tuple[str, str], ...] = ()  # grown only on a failure (rare): no list per message
     for event in msg.events:
-        if event.ts_ns > end_ns:
-            end_ns = event.ts_ns
         # Only egresses and JetStream events carry an error; most have none.
         if isinstance(event, _WITH_ERRORS) and event.error and is_failure(event.error):
             failed = True
             if type(event) is Egress and event.forwards:
-                failed_hops.append((event.name, kind_label(event.kind)))
+                failed_hops += ((event.name, kind_label(event.kind)),)
     hop = None
     # Built with `tuple.__new__`: a NamedTuple's own `__new__` is a Python call, per message.
     if upstream_egress_ns is not None:
         hop = _new(HopSample, (ingress.name, msg.server.name, kind_label(ingress.kind),
                                ingress.ts_ns - upstream_egress_ns))
-    return _new(NetworkSample, (msg.server.name, ingress.account, ingress.subject, end_ns - ingress.ts_ns,
-                                failed, hop, tuple(failed_hops) if failed_hops else ()))
+    return _new(NetworkSample, (msg.server.name, ingress.account, ingress.subject, msg.end_ns - ingress.ts_ns,
+                                failed, hop, failed_hops))
 
 
 # A tuple, not `Egress | JetStreamEvent`: isinstance is several times faster with a tuple.

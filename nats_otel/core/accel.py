@@ -20,7 +20,7 @@ __all__ = ["NO_EXTENSIONS", "compiled", "implementation", "note_unavailable", "u
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
 
 # The compiled twins the core uses, and why one could not be imported (name -> error).
-TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping", "_linking", "_prepare")
+TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping", "_linking", "_prepare", "_network")
 _unavailable: dict[str, str] = {}
 
 
@@ -49,6 +49,7 @@ def _load_all() -> None:
     importlib.import_module("nats_otel.core.ids")
     importlib.import_module("nats_otel.core.span_bytes")
     importlib.import_module("nats_otel.core.linking")
+    importlib.import_module("nats_otel.core.network")
     importlib.import_module("nats_otel.core.pipeline")
 
 

@@ -9,10 +9,23 @@ egress); a side whose counterpart never came is counted by the link index instea
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from nats_otel.core.mapping import is_failure
-from nats_otel.core.model import Egress, JetStreamEvent, TraceMessage, kind_label
+from nats_otel.core import accel
+from nats_otel.core.mapping import _NOT_FAILURES, is_failure
+from nats_otel.core.model import (
+    _KIND_LABELS,
+    FORWARDING_KINDS,
+    Egress,
+    Ingress,
+    JetStreamEvent,
+    ServerInfo,
+    ServiceImport,
+    StreamExport,
+    SubjectMapping,
+    TraceMessage,
+    kind_label,
+)
 
 __all__ = ["HopSample", "NetworkSample", "network_sample"]
 
@@ -63,3 +76,33 @@ def network_sample(msg: TraceMessage, upstream_egress_ns: int | None) -> Network
 # A tuple, not `Egress | JetStreamEvent`: isinstance is several times faster with a tuple.
 _WITH_ERRORS = (Egress, JetStreamEvent)
 _new = tuple.__new__
+
+
+# The pure `network_sample` is the reference; `_network.pyx` holds its compiled twin, chosen
+# here when built (`accel`).
+python_network_sample = network_sample
+
+
+def configure_network(module: Any) -> None:
+    """Hand the compiled twin (`_network`) what it takes from the Python core (here, and in
+    the twin tests); raises TypeError when a field it reads is not a plain slot."""
+    module.configure(python_network_sample, _NOT_FAILURES, _KIND_LABELS, kind_label, FORWARDING_KINDS,
+                     (TraceMessage, ServerInfo, Ingress, Egress, JetStreamEvent),
+                     (SubjectMapping, StreamExport, ServiceImport), (HopSample, NetworkSample))
+
+
+def _compiled_network_sample() -> Any:
+    compiled = accel.compiled("_network")
+    if compiled is None:
+        return None
+    try:
+        configure_network(compiled)
+    except TypeError as exc:
+        accel.note_unavailable("_network", f"not used: {exc}")
+        return None
+    return compiled.network_sample
+
+
+_compiled = _compiled_network_sample()
+if _compiled is not None:
+    network_sample = _compiled  # the compiled twin replaces the reference

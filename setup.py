@@ -15,7 +15,8 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping", "_linking", "_prepare", "_network")
+TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping", "_linking", "_prepare", "_network",
+         "_pipeline")
 # Compiled twins outside the core: the bridge's NATS frame scanner.
 BRIDGE_TWINS = ("nats_otel.bridge.sources._frames",)
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")

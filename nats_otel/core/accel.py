@@ -20,7 +20,8 @@ __all__ = ["NO_EXTENSIONS", "compiled", "implementation", "note_unavailable", "u
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
 
 # The compiled twins the core uses, and why one could not be imported (name -> error).
-TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping", "_linking", "_prepare", "_network")
+TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping", "_linking", "_prepare", "_network",
+         "_pipeline")
 _unavailable: dict[str, str] = {}
 
 

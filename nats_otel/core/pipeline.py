@@ -44,8 +44,8 @@ from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
-__all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonLinker", "Rejected", "convert_batch", "finish",
-           "prepare"]
+__all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonConverter", "PythonLinker", "Rejected",
+           "convert_batch", "finish", "prepare"]
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.
@@ -266,8 +266,9 @@ def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded:
     return Converted(spans, issues, placement.link, network_sample(prepared.msg, egress_ns), encoding)
 
 
-class Converter:
-    """Streaming conversion (the live bridge): `observe` on arrival, `convert` later.
+class PythonConverter:
+    """Streaming conversion (the live bridge): `observe` on arrival, `convert` later. The
+    reference; `Converter` is its compiled twin (`_pipeline.pyx`) when built.
 
     Between the two, the message's decoded form waits here (bounded); the linker's memory
     is bounded in time and entries (`LinkSettings`), with what it had to drop counted.
@@ -327,7 +328,7 @@ class Converter:
             else:  # never observed (or forgotten): its evidence is new, the bounds apply again
                 result = self._prepare(raw, now)
                 linker.index.expire(now)
-            out.append(result if type(result) is Rejected else finish(result, linker, options, encoded))  # type: ignore[arg-type]  # a Prepared
+            out.append(result if type(result) is Rejected else python_finish(result, linker, options, encoded))  # type: ignore[arg-type]  # a Prepared
         return out
 
     def _prepare(self, raw: RawTraceMessage, now: float) -> Prepared | Rejected:
@@ -337,6 +338,27 @@ class Converter:
             return Rejected(exc.reason, exc.detail, raw.subject)
         self.linker.observe(prepared, now)
         return prepared
+
+
+# The pure `finish` and `PythonConverter` are the references; `_pipeline.pyx` holds their
+# compiled twins (the per-message glue around the compiled steps), chosen here when built.
+python_finish = finish
+
+
+def configure_pipeline(module: Any) -> None:
+    """Hand the compiled twins (`_pipeline`) what they call (here, and in the twin tests)."""
+    module.configure(prepare, DecodeError, map_encode, map_message, network_sample, upstream_hop, Linker,
+                     (Converted, Rejected, EncodedSpans), MATCHED, (MappingOptions(), DecodeLimits(), LinkSettings()))
+
+
+_compiled_pipeline: Any = accel.compiled("_pipeline")
+if _compiled_pipeline is not None:
+    configure_pipeline(_compiled_pipeline)
+    finish = _compiled_pipeline.finish
+if TYPE_CHECKING:  # one interface: type checkers see the reference
+    Converter = PythonConverter
+else:
+    Converter = PythonConverter if _compiled_pipeline is None else _compiled_pipeline.Converter
 
 
 def convert_batch(

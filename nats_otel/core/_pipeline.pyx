@@ -1,0 +1,137 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The compiled twins of `pipeline.finish` and `pipeline.PythonConverter` (see there, the
+references): the same steps in the same order, with the same results, counters and
+errors. They are glue - a few calls, checks and records per trace message - but as Python
+that glue was about a tenth of converting one. Configured by pipeline.py with what they
+call (its `prepare`, linker, mapping and network functions and record types), so this
+module imports none of the core."""
+
+cimport cython
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+
+from itertools import islice
+
+cdef object _prepare = None
+cdef object _DecodeError = None
+cdef object _map_encode = None
+cdef object _map_message = None
+cdef object _network_sample = None
+cdef object _upstream_hop = None
+cdef object _Linker = None
+cdef object _Converted = None, _Rejected = None, _EncodedSpans = None
+cdef object _default_options = None, _default_limits = None, _default_link = None
+cdef str _MATCHED = "matched"
+cdef object _new = tuple.__new__
+
+
+def configure(prepare, decode_error, map_encode, map_message, network_sample, upstream_hop, linker, record_types,
+              matched, defaults):
+    """pipeline's `prepare` and `DecodeError`, the mapping and network functions, the linker
+    class, the record types (Converted, Rejected, EncodedSpans), `linking.MATCHED`, and the
+    default options, limits and link settings (each function as chosen where it lives:
+    compiled when built)."""
+    global _prepare, _DecodeError, _map_encode, _map_message, _network_sample, _upstream_hop, _Linker
+    global _Converted, _Rejected, _EncodedSpans, _MATCHED, _default_options, _default_limits, _default_link
+    _prepare, _DecodeError, _map_encode, _map_message = prepare, decode_error, map_encode, map_message
+    _network_sample, _upstream_hop, _Linker, _MATCHED = network_sample, upstream_hop, linker, matched
+    _Converted, _Rejected, _EncodedSpans = record_types
+    _default_options, _default_limits, _default_link = defaults
+
+
+def finish(prepared, linker, options, encoded=False):
+    """As `pipeline.finish`: map an observed message where the linker places it."""
+    return _finish(prepared, linker, options, encoded)
+
+
+cdef object _finish(object prepared, object linker, object options, bint encoded):
+    placement, link = linker.locate(prepared)
+    msg = prepared.msg
+    cdef list spans = []
+    encoding = None
+    if encoded:
+        resource, data, count, map_issues = _map_encode(msg, prepared.ctx, placement, options)
+        encoding = _new(_EncodedSpans, (resource, data, count))
+    else:
+        result = _map_message(msg, prepared.ctx, placement, options)
+        spans, map_issues = result.spans, result.issues
+    egress_ns = None
+    if link is not None:
+        egress = link.egress
+        if egress is not None and link.first:
+            egress_ns = egress.ts_ns
+    prepared_issues = prepared.issues
+    issues = [*prepared_issues, *map_issues] if prepared_issues else map_issues
+    placement_link = placement.link
+    if placement_link and placement_link != _MATCHED:
+        issues.append(f"hop_{placement_link}: no single upstream egress for hop "
+                      f"{_upstream_hop(msg)} from {msg.ingress.name}"
+                      + (f" ({placement.candidates} candidates)" if placement.candidates else ""))
+    return _Converted(spans, issues, placement_link, _network_sample(msg, egress_ns), encoding)
+
+
+@cython.final
+cdef class Converter:
+    """Streaming conversion (the live bridge): `observe` on arrival, `convert` later."""
+
+    cdef public object options
+    cdef public object limits
+    cdef public object linker
+    cdef readonly dict _pending  # id(raw) -> (raw, its decoded form): see `pipeline.PythonConverter`
+    cdef Py_ssize_t _pending_capacity
+
+    def __init__(self, options=None, limits=None, link=None, Py_ssize_t pending_capacity=200_000):
+        self.options = _default_options if options is None else options
+        self.limits = _default_limits if limits is None else limits
+        self.linker = _Linker(_default_link if link is None else link)
+        self._pending = {}
+        self._pending_capacity = pending_capacity
+
+    def observe(self, raw, now=0.0):
+        """Decode a message that just arrived and record its hop evidence."""
+        self.observe_many((raw,), now)
+
+    def observe_many(self, raws, now=0.0):
+        """`observe` each of a batch that just arrived."""
+        cdef dict pending = self._pending
+        cdef PyObject* entry
+        for raw in raws:
+            key = id(raw)
+            entry = PyDict_GetItem(pending, key)
+            if entry is NULL or (<tuple>entry)[0] is not raw:
+                pending[key] = (raw, self._prepare_one(raw, now))
+        over = len(pending) - self._pending_capacity
+        if over > 0:  # the oldest are decoded again when their turn comes
+            for key in list(islice(pending, over)):
+                del pending[key]
+
+    def convert(self, raw, now=0.0, encoded=False):
+        """Spans of an observed (or not yet observed) message, or why it gave none."""
+        # `convert_many` of one, without the batch's tuple and list
+        index = self.linker.index
+        index.expire(now)
+        return self._convert_one(raw, now, encoded, index)
+
+    def convert_many(self, raws, now=0.0, encoded=False):
+        """`convert` each of a batch (observed with `observe_many` or `observe`, or not)."""
+        index = self.linker.index
+        index.expire(now)
+        cdef bint as_bytes = encoded
+        return [self._convert_one(raw, now, as_bytes, index) for raw in raws]
+
+    cdef object _convert_one(self, object raw, object now, bint encoded, object index):
+        entry = self._pending.pop(id(raw), None)
+        if entry is not None and (<tuple>entry)[0] is raw:
+            result = (<tuple>entry)[1]
+        else:  # never observed (or forgotten): its evidence is new, the bounds apply again
+            result = self._prepare_one(raw, now)
+            index.expire(now)
+        return result if type(result) is _Rejected else _finish(result, self.linker, self.options, encoded)
+
+    cdef object _prepare_one(self, object raw, object now):
+        try:
+            prepared = _prepare(raw, self.limits)
+        except _DecodeError as exc:
+            return _Rejected(exc.reason, exc.detail, raw.subject)
+        self.linker.observe(prepared, now)
+        return prepared

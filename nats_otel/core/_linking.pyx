@@ -292,14 +292,56 @@ cdef object _event_span_id = None
 cdef object _body_size = None
 cdef int _max_depth = 0
 cdef frozenset _forwarding_kinds = frozenset()
+cdef object _Prepared = None, _TraceContext = None, _TraceMessage = None, _ServerInfo = None
+
+cdef extern from "_fields.h":
+    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
+    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+
+# Where the fields read per message are in their objects (`_fields.h`: a read is a load, not
+# an attribute look-up), found at configure; read at an offset only from an object of
+# exactly that type (`_read`), by name from anything else.
+cdef struct PreparedFields:
+    Py_ssize_t msg, ctx, ident, arrival, size
+cdef struct ContextFields:
+    Py_ssize_t trace_id, parent_span_id, adhoc_key, id_fields
+cdef struct MessageFields:
+    Py_ssize_t server, events, msg_size, headers
+cdef struct EgressFields:
+    Py_ssize_t ts_ns, kind, name, hop
+cdef PreparedFields PREPARED
+cdef ContextFields CTX
+cdef MessageFields MSG
+cdef EgressFields EG
+cdef Py_ssize_t SERVER_NAME
+
+
+cdef inline object _read(object obj, object cls, Py_ssize_t offset, str name):
+    if type(obj) is cls:
+        return field(obj, offset)
+    return getattr(obj, name)
+
+
+cdef dict _offsets(cls, str names):
+    # Cython makes the struct of the dict the caller assigns it to.
+    return {name: field_offset(cls, name) for name in names.split()}
 
 
 def configure_linker(placement, egress, egress_event, adhoc_trace_id, event_span_id, body_size, max_depth,
-                     forwarding_kinds):
+                     forwarding_kinds, record_types):
     """What `pipeline.Linker` uses: `Placement`, `Egress`, the model's egress event, the id
-    functions in use, `body_size`, the ad-hoc walk's depth bound and `FORWARDING_KINDS`."""
+    functions in use, `body_size`, the ad-hoc walk's depth bound, `FORWARDING_KINDS`, and the
+    records it reads (Prepared, TraceContext, TraceMessage, ServerInfo; raises TypeError when
+    a field read here is not a plain slot: then the reference linker is used)."""
     global _Placement, _Egress, _EgressEvent, _adhoc_trace_id, _event_span_id, _body_size, _max_depth
-    global _forwarding_kinds
+    global _forwarding_kinds, _Prepared, _TraceContext, _TraceMessage, _ServerInfo, PREPARED, CTX, MSG, EG
+    global SERVER_NAME
+    _Prepared, _TraceContext, _TraceMessage, _ServerInfo = record_types
+    PREPARED = _offsets(_Prepared, "msg ctx ident arrival size")
+    CTX = _offsets(_TraceContext, "trace_id parent_span_id adhoc_key id_fields")
+    MSG = _offsets(_TraceMessage, "server events msg_size headers")
+    EG = _offsets(egress_event, "ts_ns kind name hop")
+    SERVER_NAME = field_offset(_ServerInfo, "name")
     _Placement, _Egress, _EgressEvent = placement, egress, egress_event
     _forwarding_kinds = frozenset(forwarding_kinds)
     _adhoc_trace_id, _event_span_id, _body_size, _max_depth = adhoc_trace_id, event_span_id, body_size, max_depth
@@ -322,23 +364,28 @@ cdef class Linker:
         """Record a message's hop evidence (idempotent: a redelivery changes nothing)."""
         cdef LinkIndex index = self.index
         cdef Py_ssize_t position = 0
-        arrival = prepared.arrival
+        arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
         if arrival is not None:
             key, entry = arrival
             index._add(False, key, _entry(entry), now)
         # `Prepared.egresses`, one egress at a time.
-        msg, ctx, ident = prepared.msg, prepared.ctx, prepared.ident
-        for event in msg.events:
+        msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
+        ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
+        ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
+        for event in _read(msg, _TraceMessage, MSG.events, "events"):
             position += 1
             # `event.forwards`, without a call to the property (a Python frame per egress).
-            if type(event) is _EgressEvent and event.hop and event.kind in _forwarding_kinds:
-                size = prepared.size
+            if type(event) is _EgressEvent and field(event, EG.hop) and field(event, EG.kind) in _forwarding_kinds:
+                size = _read(prepared, _Prepared, PREPARED.size, "size")
                 if size < 0:
-                    size = _body_size(msg.msg_size, msg.headers)
-                key = (ctx.id_fields, event.hop, msg.server.name, event.name)
-                index._add(True, key, <tuple>_new(_Egress, (event.ts_ns, size, ident, _event_span_id(ctx, ident, position))),
-                           now)
-        if ctx.adhoc_key is not None:
+                    size = _body_size(_read(msg, _TraceMessage, MSG.msg_size, "msg_size"),
+                                      _read(msg, _TraceMessage, MSG.headers, "headers"))
+                server = _read(msg, _TraceMessage, MSG.server, "server")
+                key = (_read(ctx, _TraceContext, CTX.id_fields, "id_fields"), field(event, EG.hop),
+                       _read(server, _ServerInfo, SERVER_NAME, "name"), field(event, EG.name))
+                index._add(True, key, <tuple>_new(_Egress, (field(event, EG.ts_ns), size, ident,
+                                                            _event_span_id(ctx, ident, position))), now)
+        if _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None:
             adhoc = self._adhoc_arrivals
             adhoc[ident] = arrival
             if self._bounded and len(adhoc) > index.settings.capacity:
@@ -350,20 +397,28 @@ cdef class Linker:
 
     cpdef tuple locate(self, prepared):
         """`place`, with the link decision behind it (None at the origin)."""
-        ctx, ident, arrival = prepared.ctx, prepared.ident, prepared.arrival
+        ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
+        ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
+        arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
+        cdef bint adhoc
         if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
-            trace_id = ctx.trace_id if ctx.adhoc_key is None else _adhoc_trace_id(ctx, ident)
-            return _new(_Placement, (ident, trace_id, ctx.parent_span_id, "", 0)), None
+            adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
+            trace_id = _adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
+            return _new(_Placement, (ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
+                                     "", 0)), None
         key, entry = arrival
         link = self.index._resolve(key, _entry(entry))
         result, egress = (<tuple>link)[0], (<tuple>link)[1]
+        adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
         if result == _MATCHED and egress is not None:
-            trace_id = ctx.trace_id if ctx.adhoc_key is None else self._adhoc_trace(ctx, (<tuple>egress)[2])
+            trace_id = (self._adhoc_trace(ctx, (<tuple>egress)[2]) if adhoc
+                        else _read(ctx, _TraceContext, CTX.trace_id, "trace_id"))
             return _new(_Placement, (ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)), link
         # Never under another message's egress: see `pipeline.Linker.locate`.
-        trace_id = ctx.trace_id if ctx.adhoc_key is None else _adhoc_trace_id(ctx, ident)
+        trace_id = _adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
         candidates = (<tuple>link)[2] if result == _AMBIGUOUS else 0
-        return _new(_Placement, (ident, trace_id, ctx.parent_span_id, result, candidates)), link
+        return _new(_Placement, (ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
+                                 result, candidates)), link
 
     cdef object _adhoc_trace(self, object ctx, object ident):
         """The trace id of the ad-hoc message whose report `ident` is: its origin's."""

@@ -23,16 +23,35 @@ cdef object _Converted = None, _Rejected = None, _EncodedSpans = None
 cdef object _default_options = None, _default_limits = None, _default_link = None
 cdef str _MATCHED = "matched"
 cdef object _new = tuple.__new__
+cdef object _Prepared = None, _Placement = None, _Link = None
+
+cdef extern from "_fields.h":
+    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
+    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+
+# `Prepared`'s fields read per message, at their slot offsets (`_fields.h`), found at
+# configure; read so only from an object of exactly that type, by name from anything else.
+cdef struct PreparedFields:
+    Py_ssize_t msg, ctx, issues
+cdef PreparedFields PREPARED
 
 
 def configure(prepare, decode_error, map_encode, map_message, network_sample, upstream_hop, linker, record_types,
-              matched, defaults):
+              read_types, matched, defaults):
     """pipeline's `prepare` and `DecodeError`, the mapping and network functions, the linker
-    class, the record types (Converted, Rejected, EncodedSpans), `linking.MATCHED`, and the
-    default options, limits and link settings (each function as chosen where it lives:
-    compiled when built)."""
+    class, the record types built (Converted, Rejected, EncodedSpans) and read (Prepared,
+    Placement, Link; raises TypeError when one is not laid out as read here: then the
+    references are used), `linking.MATCHED`, and the default options, limits and link
+    settings (each function as chosen where it lives: compiled when built)."""
     global _prepare, _DecodeError, _map_encode, _map_message, _network_sample, _upstream_hop, _Linker
     global _Converted, _Rejected, _EncodedSpans, _MATCHED, _default_options, _default_limits, _default_link
+    global _Prepared, _Placement, _Link, PREPARED
+    _Prepared, _Placement, _Link = read_types
+    # Placement and Link are NamedTuples: read by position below
+    if _Placement._fields[3:5] != ("link", "candidates") or _Link._fields != ("result", "egress", "candidates",
+                                                                                "first"):
+        raise TypeError(f"Placement's or Link's fields changed: {_Placement._fields}, {_Link._fields}")
+    PREPARED = {name: field_offset(_Prepared, name) for name in ("msg", "ctx", "issues")}
     _prepare, _DecodeError, _map_encode, _map_message = prepare, decode_error, map_encode, map_message
     _network_sample, _upstream_hop, _Linker, _MATCHED = network_sample, upstream_hop, linker, matched
     _Converted, _Rejected, _EncodedSpans = record_types
@@ -46,27 +65,35 @@ def finish(prepared, linker, options, encoded=False):
 
 cdef object _finish(object prepared, object linker, object options, bint encoded):
     placement, link = linker.locate(prepared)
-    msg = prepared.msg
+    cdef bint exact = type(prepared) is _Prepared
+    msg = field(prepared, PREPARED.msg) if exact else prepared.msg
+    ctx = field(prepared, PREPARED.ctx) if exact else prepared.ctx
     cdef list spans = []
     encoding = None
     if encoded:
-        resource, data, count, map_issues = _map_encode(msg, prepared.ctx, placement, options)
+        resource, data, count, map_issues = _map_encode(msg, ctx, placement, options)
         encoding = _new(_EncodedSpans, (resource, data, count))
     else:
-        result = _map_message(msg, prepared.ctx, placement, options)
+        result = _map_message(msg, ctx, placement, options)
         spans, map_issues = result.spans, result.issues
     egress_ns = None
     if link is not None:
-        egress = link.egress
-        if egress is not None and link.first:
+        if type(link) is _Link:
+            egress, first = (<tuple>link)[1], (<tuple>link)[3]
+        else:
+            egress, first = link.egress, link.first
+        if egress is not None and first:
             egress_ns = egress.ts_ns
-    prepared_issues = prepared.issues
+    prepared_issues = field(prepared, PREPARED.issues) if exact else prepared.issues
     issues = [*prepared_issues, *map_issues] if prepared_issues else map_issues
-    placement_link = placement.link
+    if type(placement) is _Placement:
+        placement_link, candidates = (<tuple>placement)[3], (<tuple>placement)[4]
+    else:
+        placement_link, candidates = placement.link, placement.candidates
     if placement_link and placement_link != _MATCHED:
         issues.append(f"hop_{placement_link}: no single upstream egress for hop "
                       f"{_upstream_hop(msg)} from {msg.ingress.name}"
-                      + (f" ({placement.candidates} candidates)" if placement.candidates else ""))
+                      + (f" ({candidates} candidates)" if candidates else ""))
     return _Converted(spans, issues, placement_link, _network_sample(msg, egress_ns), encoding)
 
 

@@ -38,7 +38,7 @@ from nats_otel.core.linking import (
     body_size,
 )
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
-from nats_otel.core.model import FORWARDING_KINDS, TraceMessage
+from nats_otel.core.model import FORWARDING_KINDS, ServerInfo, TraceMessage
 from nats_otel.core.model import Egress as EgressEvent
 from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
@@ -230,13 +230,17 @@ class PythonLinker:
 def configure_linker(module: Any) -> None:
     """Hand the compiled linker (`_linking`) what it uses (here, and in the twin tests)."""
     module.configure_linker(Placement, Egress, EgressEvent, adhoc_trace_id, event_span_id, body_size, _MAX_DEPTH,
-                            FORWARDING_KINDS)
+                            FORWARDING_KINDS, (Prepared, TraceContext, TraceMessage, ServerInfo))
 
 
 # The compiled twin (with the compiled `LinkIndex`), chosen here when built (`accel`).
 _compiled_linker: Any = accel.compiled("_linking")
 if _compiled_linker is not None:
-    configure_linker(_compiled_linker)
+    try:
+        configure_linker(_compiled_linker)
+    except TypeError as exc:  # a field it reads is not a plain slot: the reference is used
+        accel.note_unavailable("_linking", f"not used: {exc}")
+        _compiled_linker = None
 if TYPE_CHECKING:  # one interface: type checkers see the reference
     Linker = PythonLinker
 else:
@@ -348,12 +352,18 @@ python_finish = finish
 def configure_pipeline(module: Any) -> None:
     """Hand the compiled twins (`_pipeline`) what they call (here, and in the twin tests)."""
     module.configure(prepare, DecodeError, map_encode, map_message, network_sample, upstream_hop, Linker,
-                     (Converted, Rejected, EncodedSpans), MATCHED, (MappingOptions(), DecodeLimits(), LinkSettings()))
+                     (Converted, Rejected, EncodedSpans), (Prepared, Placement, Link), MATCHED,
+                     (MappingOptions(), DecodeLimits(), LinkSettings()))
 
 
 _compiled_pipeline: Any = accel.compiled("_pipeline")
 if _compiled_pipeline is not None:
-    configure_pipeline(_compiled_pipeline)
+    try:
+        configure_pipeline(_compiled_pipeline)
+    except TypeError as exc:  # a record is not laid out as it reads it: the references are used
+        accel.note_unavailable("_pipeline", f"not used: {exc}")
+        _compiled_pipeline = None
+if _compiled_pipeline is not None:
     finish = _compiled_pipeline.finish
 if TYPE_CHECKING:  # one interface: type checkers see the reference
     Converter = PythonConverter

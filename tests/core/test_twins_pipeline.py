@@ -134,3 +134,21 @@ def test_finish_alike_and_bad_calls_fail_alike(pipeline_twin, corpus_raws):
     for converter_type in (pipeline.PythonConverter, pipeline_twin.Converter):
         with pytest.raises(AttributeError):
             converter_type().convert("not a raw message")
+
+
+class _PreparedCopy(pipeline.Prepared, frozen=True, gc=False):
+    """A subclass: the compiled linker and `finish` read it by name, not at slot offsets."""
+
+
+def test_records_of_other_types_are_read_by_name_alike(pipeline_twin, corpus_raws):
+    prepared = [pipeline.prepare(raw) for raw in corpus_raws]
+    copies = [_PreparedCopy(*(getattr(p, name) for name in p.__struct_fields__)) for p in prepared]
+    options = MappingOptions()
+    linkers = (pipeline.Linker(bounded=False), pipeline.PythonLinker(bounded=False))
+    for copy, p in zip(copies, prepared, strict=True):
+        linkers[0].observe(copy)
+        linkers[1].observe(p)
+    for copy, p in zip(copies, prepared, strict=True):
+        assert pipeline_twin.finish(copy, linkers[0], options, True) == pipeline.python_finish(
+            p, linkers[1], options, True)
+    assert _index_state(linkers[0].index) == _index_state(linkers[1].index)

@@ -44,17 +44,55 @@ cdef object _DEFAULT_LIMITS = None
 cdef object _UNSET = object()
 cdef object _new = tuple.__new__
 cdef str _HOP_HEADER = "nats-trace-hop"
+cdef object _Document = None, _Request = None, _ServerInfo = None, _RawTraceMessage = None
+
+cdef extern from "_fields.h":
+    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
+    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+
+# Where the fields read per message are in their objects (`_fields.h`: a read is a load, not
+# an attribute look-up), found at configure; each read after an exact type check (msgspec
+# builds exactly these types; anything else goes to the reference).
+cdef struct RawFields:
+    Py_ssize_t headers, payload
+cdef struct DocumentFields:
+    Py_ssize_t server, events, request, hops
+cdef struct RequestFields:
+    Py_ssize_t header, msgsize
+cdef struct IngressFields:
+    Py_ssize_t ts_ns, cid, kind, name
+cdef struct ServerFields:
+    Py_ssize_t id, name
+cdef RawFields RAW
+cdef DocumentFields DOC
+cdef RequestFields REQ
+cdef IngressFields IN
+cdef ServerFields SRV
+
+
+cdef dict _offsets(cls, str names):
+    # Cython makes the struct of the dict the caller assigns it to.
+    return {name: field_offset(cls, name) for name in names.split()}
 
 
 def configure(python_prepare, default_limits, decode_document, decompress, trace_context, ingress, trace_message,
               trace_context_type, prepared, arrival, parse_traceparent, context_fields, fields, forwarding_kinds,
-              bad_traceparent_issues):
+              bad_traceparent_issues, read_types):
     """The reference `prepare` and its default `DecodeLimits`, `decode._DOCUMENT.decode` and
     `decode.decompress`, `ids.trace_context`, the record types, the id helpers in use
-    (compiled when built), and the issues of a broken traceparent with an ad-hoc destination."""
+    (compiled when built), the issues of a broken traceparent with an ad-hoc destination, and
+    the types read (RawTraceMessage, decode's _Document and _Request, ServerInfo; raises
+    TypeError when a field read here is not a plain slot: then the reference is used)."""
     global _python_prepare, _DEFAULT_LIMITS, _decode_document, _decompress, _trace_context
     global _Ingress, _TraceMessage, _TraceContext, _Prepared, _Arrival
     global _parse_traceparent, _context_fields, _fields, _FORWARDING, _BAD_TRACEPARENT
+    global _RawTraceMessage, _Document, _Request, _ServerInfo, RAW, DOC, REQ, IN, SRV
+    _RawTraceMessage, _Document, _Request, _ServerInfo = read_types
+    RAW = _offsets(_RawTraceMessage, "headers payload")
+    DOC = _offsets(_Document, "server events request hops")
+    REQ = _offsets(_Request, "header msgsize")
+    IN = _offsets(ingress, "ts_ns cid kind name")
+    SRV = _offsets(_ServerInfo, "id name")
     _python_prepare, _DEFAULT_LIMITS = python_prepare, default_limits
     _decode_document, _decompress, _trace_context = decode_document, decompress, trace_context
     _Ingress, _TraceMessage, _TraceContext, _Prepared, _Arrival = (ingress, trace_message, trace_context_type,
@@ -67,8 +105,10 @@ def prepare(raw, limits=_UNSET):
     """As `pipeline.prepare`; the pure-Python code decides whatever is not the common case."""
     if limits is _UNSET:
         limits = _DEFAULT_LIMITS
-    headers = raw.headers
-    payload = raw.payload
+    if type(raw) is not _RawTraceMessage:
+        return _python_prepare(raw, limits)
+    headers = field(raw, RAW.headers)
+    payload = field(raw, RAW.payload)
     if type(headers) is not dict or type(payload) is not bytes:
         return _python_prepare(raw, limits)
     # decode.decode: RawTraceMessage.header("Content-Encoding"), then decompress. Without
@@ -89,16 +129,21 @@ def prepare(raw, limits=_UNSET):
         doc = _decode_document(data)
     except Exception:  # not for the fast path: the reference words the error, or decodes it its way
         return _python_prepare(raw, limits)
-    events = doc.events
+    if type(doc) is not _Document:
+        return _python_prepare(raw, limits)
+    events = field(doc, DOC.events)
     if not events or len(events) > limits.max_events or type(events[0]) is not _Ingress:
         return _python_prepare(raw, limits)
     cdef Py_ssize_t i
     for i in range(1, len(events)):
         if type(events[i]) is _Ingress:
             return _python_prepare(raw, limits)
-    request = doc.request
-    message_headers = request.header
-    msg_size = request.msgsize
+    request = field(doc, DOC.request)
+    server = field(doc, DOC.server)
+    if type(request) is not _Request or type(server) is not _ServerInfo:
+        return _python_prepare(raw, limits)
+    message_headers = field(request, REQ.header)
+    msg_size = field(request, REQ.msgsize)
     # model.first_values and linking.body_size, in one pass over the headers
     cdef dict index = {}
     size = msg_size
@@ -117,13 +162,13 @@ def prepare(raw, limits=_UNSET):
             for value in values:
                 size -= len(key) + len(value) + 4
     ingress = events[0]
-    server = doc.server
-    msg = _TraceMessage(server, message_headers, msg_size, doc.hops, ingress, _tail(events), (), index)
+    msg = _TraceMessage(server, message_headers, msg_size, field(doc, DOC.hops), ingress, _tail(events), (), index)
     # ids.trace_context, when the traceparent is valid; otherwise the reference decides
     # (an ad-hoc context, or the error), and prepare's issue follows
     cdef tuple issues = ()
     cdef PyObject* traceparent_p
     ctx = None
+    id_fields = None
     traceparent_p = PyDict_GetItem(index, "traceparent")
     if traceparent_p is not NULL:
         try:
@@ -132,19 +177,22 @@ def prepare(raw, limits=_UNSET):
             pass
         else:
             trace_state = index.get("tracestate") or ""
-            ctx = _TraceContext(trace_id, parent_id, trace_state, bool(flags & 1), None,
-                                _context_fields(trace_id, parent_id))
+            id_fields = _context_fields(trace_id, parent_id)
+            ctx = _TraceContext(trace_id, parent_id, trace_state, bool(flags & 1), None, id_fields)
     if ctx is None:
         ctx = _trace_context(msg, raw.subject)
+        id_fields = ctx.id_fields
         if ctx.adhoc_key is not None and traceparent_p is not NULL:
             issues = _BAD_TRACEPARENT
-    ident = _identity(server.id, ingress.ts_ns, ingress.cid)
+    ts_ns = field(ingress, IN.ts_ns)
+    ident = _identity(field(server, SRV.id), ts_ns, field(ingress, IN.cid))
     # pipeline._arrival: only a message that came in from another server has one
     arrival = None
-    if ingress.kind in _FORWARDING:
+    if field(ingress, IN.kind) in _FORWARDING:
         hop = index.get(_HOP_HEADER) or ""
         if hop:
-            arrival = ((ctx.id_fields, hop, ingress.name, server.name), _new(_Arrival, (ingress.ts_ns, size, ident)))
+            arrival = ((id_fields, hop, field(ingress, IN.name), field(server, SRV.name)),
+                       _new(_Arrival, (ts_ns, size, ident)))
     return _Prepared(raw, msg, ctx, ident, arrival, issues, size)
 
 

@@ -158,12 +158,18 @@ def configure_prepare(module: Any, reference: Any = None) -> None:
 
     module.configure(reference or python_prepare, DecodeLimits(), _decode._DOCUMENT.decode, _decode.decompress,
                      trace_context, Ingress, TraceMessage, TraceContext, Prepared, Arrival, _ids.parse_traceparent,
-                     _ids._context_fields, _ids._fields, FORWARDING_KINDS, _BAD_TRACEPARENT)
+                     _ids._context_fields, _ids._fields, FORWARDING_KINDS, _BAD_TRACEPARENT,
+                     (RawTraceMessage, _decode._Document, _decode._Request, ServerInfo))
 
 
 _compiled_prepare: Any = accel.compiled("_prepare")
 if _compiled_prepare is not None:
-    configure_prepare(_compiled_prepare)
+    try:
+        configure_prepare(_compiled_prepare)
+    except TypeError as exc:  # a field it reads is not a plain slot: the reference is used
+        accel.note_unavailable("_prepare", f"not used: {exc}")
+        _compiled_prepare = None
+if _compiled_prepare is not None:
     prepare = _compiled_prepare.prepare
 
 

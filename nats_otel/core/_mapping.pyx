@@ -72,7 +72,7 @@ cdef tuple _not_failures = ()
 cdef dict _kind_labels = {}
 cdef frozenset _forwarding = frozenset()
 cdef object _Egress = None, _SubjectMapping = None, _StreamExport = None, _ServiceImport = None, _JetStream = None
-cdef object _TraceMessage = None, _Ingress = None, _TraceContext = None, _Placement = None
+cdef object _TraceMessage = None, _Ingress = None, _TraceContext = None, _Placement = None, _ServerInfo = None
 cdef tuple _ON = ("1", "true", "on")
 
 
@@ -90,6 +90,9 @@ cdef MessageFields MSG
 cdef IngressFields IN
 cdef EgressFields EG
 cdef ContextFields CTX
+cdef struct ServerFields:
+    Py_ssize_t id, name, version, host, cluster, domain, tags, jetstream
+cdef ServerFields SRV
 cdef Py_ssize_t TS_NS  # every event's `ts_ns` (a field of their base class: one offset)
 
 
@@ -101,8 +104,9 @@ def configure(layouts, roles, py_map_encode, server_resource, server_span_id, ev
     global _keys, _consts, _caches, _py_map_encode, _server_resource, _server_span_id, _event_span_id
     global _header_prefix, _not_failures, _kind_labels, _forwarding
     global _Egress, _SubjectMapping, _StreamExport, _ServiceImport, _JetStream
-    global _TraceMessage, _Ingress, _TraceContext, _Placement, MSG, IN, EG, CTX, TS_NS
-    _TraceMessage, _Ingress, _TraceContext, _Placement = record_types
+    global _TraceMessage, _Ingress, _TraceContext, _Placement, _ServerInfo, MSG, IN, EG, CTX, TS_NS, SRV
+    _TraceMessage, _Ingress, _TraceContext, _Placement, _ServerInfo = record_types
+    SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream")
     if _Placement._fields != ("ident", "trace_id", "parent_span_id", "link", "candidates"):
         raise TypeError(f"Placement's fields changed: {_Placement._fields}")  # read by position below
     MSG = _offsets(_TraceMessage, "ingress header_index events unknown_events msg_size hops headers")
@@ -382,6 +386,30 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     return 1 + position
 
 
+cdef dict _resources = {}  # mapping.server_resource's key -> its resource
+
+
+cdef object _resource_of(object server, object service_name):
+    """`mapping.server_resource`, with its key made from the server's slots: the Python
+    function (a frame, nine attribute reads) runs only for a server not seen yet."""
+    if type(server) is not _ServerInfo:
+        return _server_resource(server, service_name)
+    tags = field(server, SRV.tags)
+    if type(tags) is not tuple:  # the reference's key copies it into one
+        return _server_resource(server, service_name)
+    key = (service_name, field(server, SRV.id), field(server, SRV.name), field(server, SRV.version),
+           field(server, SRV.host), field(server, SRV.cluster), field(server, SRV.domain), tags,
+           field(server, SRV.jetstream))
+    cdef PyObject* hit = PyDict_GetItem(_resources, key)
+    if hit != NULL:
+        return <object>hit
+    resource = _server_resource(server, service_name)
+    if PyDict_Size(_resources) >= 4096:  # as the reference's memo: bounded
+        _resources.clear()
+    _resources[key] = resource
+    return resource
+
+
 def map_encode(msg, ctx, placement, options):
     """(resource, encoded spans, span count, issues) of one trace message: the bytes
     `python_map_encode` gives, written in C (or by it, for unusual input)."""
@@ -394,7 +422,7 @@ def map_encode(msg, ctx, placement, options):
         count = map_encode_c(&blob, &s, msg, ctx, placement, options, issues)
         if not count:
             return _py_map_encode(msg, ctx, placement, options)
-        resource = _server_resource(msg.server, options.service_name)
+        resource = _resource_of(msg.server, options.service_name)
         return resource, PyBytes_FromStringAndSize(blob.data, blob.size), count, issues
     finally:
         buf_free(&blob)

@@ -30,6 +30,7 @@ from nats_otel.core.model import (
     Egress,
     Ingress,
     JetStreamEvent,
+    ServerInfo,
     ServiceImport,
     StreamExport,
     SubjectMapping,
@@ -85,7 +86,7 @@ def configure_map_encode(module: Any) -> None:
     module.configure(layouts(), ROLES, python_map_encode, server_resource, server_span_id, event_span_id,
                      HEADER_ATTRIBUTE_PREFIX, _NOT_FAILURES, _KIND_LABELS, FORWARDING_KINDS,
                      (Egress, SubjectMapping, StreamExport, ServiceImport, JetStreamEvent),
-                     (TraceMessage, Ingress, TraceContext, Placement))
+                     (TraceMessage, Ingress, TraceContext, Placement, ServerInfo))
 
 
 def _compiled_map_encode() -> Any:

@@ -420,3 +420,19 @@ def odd_messages(draw) -> RawTraceMessage:
 @given(st.lists(odd_messages(), min_size=1, max_size=3))
 def test_odd_messages_map_to_the_same_bytes(mapper, raws):
     _map_encode_alike(mapper, raws)
+
+
+def test_one_server_id_with_other_fields_gets_its_own_resource(mapper):
+    # The compiled mapper memoises resources by the server's fields: each must be in the key.
+    import json
+
+    from tests.core.factories import ingress, message, raw
+
+    variants = [{}, {"tags": ["a"]}, {"tags": ["b"]}, {"jetstream": True}, {"ver": "2.16.0"}, {"domain": "d"},
+                {"host": "h"}, {"cluster": "c2"}, {"name": "s9"}]
+    raws = []
+    for variant in variants:
+        doc = message(ingress())
+        doc["server"].update(variant)
+        raws.append(raw(json.dumps(doc).encode()))
+    assert _map_encode_alike(mapper, raws * 2) == 2 * len(variants)

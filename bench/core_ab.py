@@ -2,12 +2,13 @@
 against another one (a baseline), in alternating fresh processes.
 
     git worktree add /tmp/base <commit>
-    python bench/core_ab.py /tmp/base [--messages 20000] [--rounds 5]
+    python bench/core_ab.py /tmp/base [--messages 20000] [--rounds 5] [--path convert|bridge]
 
 Each round runs both checkouts once, each in a new process that imports only its own
-`nats_otel` and times `convert_throughput.ours` (`Converter.convert`, then
-`to_protobuf_bytes` per 512 spans) over the same replicated corpus, GC off, best of 3
-passes. The machine is shared and noisy:
+`nats_otel` and times one path over the same replicated corpus, GC off, best of 3 passes:
+`convert` (the default), `convert_throughput.ours` (`Converter.convert` one message at a
+time, then one request per 512 spans); `bridge`, the bridge's calls (`observe_many`, then
+`convert_many` encoded, per batch of 512; no request). The machine is shared and noisy:
 alternation spreads the noise over both, and the summary gives the best round of each and
 their ratio. For CPU per message, not throughput: nothing else runs.
 """
@@ -26,27 +27,39 @@ HERE = Path(__file__).resolve()
 OURS = HERE.parent.parent
 
 
-def measure(messages: int) -> None:
+def bridge_calls(raws) -> None:
+    """The bridge's calls to the core: observed on arrival, converted per batch."""
+    from nats_otel.core.pipeline import Converter
+
+    converter = Converter()
+    for start in range(0, len(raws), 512):
+        batch = raws[start : start + 512]
+        converter.observe_many(batch, 0.0)
+        converter.convert_many(batch, 0.0, True)
+
+
+def measure(messages: int, path: str) -> None:
     """In the child: print microseconds of CPU per message, best of 3 passes."""
     sys.path.insert(1, str(HERE.parent))
     # Both resolve `nats_otel` from PYTHONPATH: the checkout under test.
     from convert_throughput import ours
     from corpus_replay import replicate
 
+    run_path = bridge_calls if path == "bridge" else ours
     raws = replicate(messages)
     gc.disable()
     best = float("inf")
     for _ in range(3):
         started = time.process_time()
-        ours(raws)
+        run_path(raws)
         best = min(best, time.process_time() - started)
     print(best / messages * 1e6)
 
 
-def run(src: Path, messages: int) -> float:
+def run(src: Path, messages: int, path: str) -> float:
     # cwd and PYTHONPATH: the child imports that checkout's nats_otel, not the installed one.
     env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run([sys.executable, str(HERE), "--child", "--messages", str(messages)],
+    out = subprocess.run([sys.executable, str(HERE), "--child", "--messages", str(messages), "--path", path],
                          cwd=src, env=env, check=True, capture_output=True, text=True)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -56,17 +69,19 @@ def main() -> None:
     parser.add_argument("baseline", type=Path, nargs="?", help="the other checkout")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--path", choices=("convert", "bridge"), default="convert",
+                        help="convert: Converter.convert per message + requests; bridge: the bridge's batch calls")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        measure(args.messages)
+        measure(args.messages, args.path)
         return
     if args.baseline is None:
         parser.error("give the baseline checkout")
     print(f"load average {os.getloadavg()[0]:.2f}; {args.messages:,} messages, {args.rounds} rounds", flush=True)
     best = {"baseline": float("inf"), "ours": float("inf")}
     for round_number in range(1, args.rounds + 1):
-        base, ours = run(args.baseline.resolve(), args.messages), run(OURS, args.messages)
+        base, ours = run(args.baseline.resolve(), args.messages, args.path), run(OURS, args.messages, args.path)
         best["baseline"], best["ours"] = min(best["baseline"], base), min(best["ours"], ours)
         print(f"round {round_number}: baseline {base:6.1f} us/msg   ours {ours:6.1f} us/msg   "
               f"ratio {base / ours:.2f}x", flush=True)

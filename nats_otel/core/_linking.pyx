@@ -294,9 +294,7 @@ cdef int _max_depth = 0
 cdef frozenset _forwarding_kinds = frozenset()
 cdef object _Prepared = None, _TraceContext = None, _TraceMessage = None, _ServerInfo = None
 
-cdef extern from "_fields.h":
-    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
-    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+include "_fields.pxi"
 
 # Where the fields read per message are in their objects (`_fields.h`: a read is a load, not
 # an attribute look-up), found at configure; read at an offset only from an object of
@@ -320,11 +318,6 @@ cdef inline object _read(object obj, object cls, Py_ssize_t offset, str name):
     if type(obj) is cls:
         return field(obj, offset)
     return getattr(obj, name)
-
-
-cdef dict _offsets(cls, str names):
-    # Cython makes the struct of the dict the caller assigns it to.
-    return {name: field_offset(cls, name) for name in names.split()}
 
 
 def configure_linker(placement, egress, egress_event, adhoc_trace_id, event_span_id, body_size, max_depth,

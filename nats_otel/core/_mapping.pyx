@@ -14,9 +14,7 @@ include "_protobuf.pxi"
 
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_Size
 
-cdef extern from "_fields.h":
-    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
-    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+include "_fields.pxi"
 
 
 cdef enum:
@@ -145,11 +143,6 @@ cdef int put_pair(Buf* b, int role, int index, object value) except -1:
 
 cdef inline int put_const(Buf* b, int role, int index) except -1:
     return put_pair(b, role, index, (<list>_consts[role])[index])
-
-
-cdef dict _offsets(object cls, str names):
-    """The offset of each named field in `cls`'s objects (Cython makes the struct of it)."""
-    return {name: field_offset(cls, name) for name in names.split()}
 
 
 cdef inline bint _known_event(object event):

@@ -8,9 +8,7 @@ Only the records `decode` builds are read here, each after an exact type check; 
 else (a hand-built message with other types, an event type this file does not know, an
 error that is not a string) goes to the reference, so every sample is the reference's."""
 
-cdef extern from "_fields.h":
-    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
-    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+include "_fields.pxi"
 
 cdef object _python_network_sample = None
 cdef object _kind_label = None
@@ -61,11 +59,6 @@ def configure(python_network_sample, not_failures, kind_labels, kind_label, forw
         raise TypeError("the event types' ts_ns fields are not one slot")
     _python_network_sample, _kind_label = python_network_sample, kind_label
     _not_failures, _kind_labels, _forwarding = tuple(not_failures), dict(kind_labels), frozenset(forwarding_kinds)
-
-
-cdef dict _offsets(cls, str names):
-    # Cython makes the struct of the dict the caller assigns it to.
-    return {name: field_offset(cls, name) for name in names.split()}
 
 
 cdef inline object _label(object kind):

@@ -25,9 +25,7 @@ cdef str _MATCHED = "matched"
 cdef object _new = tuple.__new__
 cdef object _Prepared = None, _Placement = None, _Link = None
 
-cdef extern from "_fields.h":
-    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
-    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+include "_fields.pxi"
 
 # `Prepared`'s fields read per message, at their slot offsets (`_fields.h`), found at
 # configure; read so only from an object of exactly that type, by name from anything else.
@@ -51,7 +49,7 @@ def configure(prepare, decode_error, map_encode, map_message, network_sample, up
     if _Placement._fields[3:5] != ("link", "candidates") or _Link._fields != ("result", "egress", "candidates",
                                                                                 "first"):
         raise TypeError(f"Placement's or Link's fields changed: {_Placement._fields}, {_Link._fields}")
-    PREPARED = {name: field_offset(_Prepared, name) for name in ("msg", "ctx", "issues")}
+    PREPARED = _offsets(_Prepared, "msg ctx issues")
     _prepare, _DecodeError, _map_encode, _map_message = prepare, decode_error, map_encode, map_message
     _network_sample, _upstream_hop, _Linker, _MATCHED = network_sample, upstream_hop, linker, matched
     _Converted, _Rejected, _EncodedSpans = record_types

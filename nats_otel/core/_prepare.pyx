@@ -46,9 +46,7 @@ cdef object _new = tuple.__new__
 cdef str _HOP_HEADER = "nats-trace-hop"
 cdef object _Document = None, _Request = None, _ServerInfo = None, _RawTraceMessage = None
 
-cdef extern from "_fields.h":
-    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
-    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+include "_fields.pxi"
 
 # Where the fields read per message are in their objects (`_fields.h`: a read is a load, not
 # an attribute look-up), found at configure; each read after an exact type check (msgspec
@@ -68,11 +66,6 @@ cdef DocumentFields DOC
 cdef RequestFields REQ
 cdef IngressFields IN
 cdef ServerFields SRV
-
-
-cdef dict _offsets(cls, str names):
-    # Cython makes the struct of the dict the caller assigns it to.
-    return {name: field_offset(cls, name) for name in names.split()}
 
 
 def configure(python_prepare, default_limits, decode_document, decompress, trace_context, ingress, trace_message,

@@ -1,0 +1,12 @@
+# Direct reads of msgspec Struct fields (`_fields.h`), included by the compiled twins that
+# read decoded records: the offsets are found once, at configure, and each read is a load.
+
+cdef extern from "_fields.h":
+    Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
+    object field "nats_otel_field"(object obj, Py_ssize_t offset)
+
+
+cdef dict _offsets(object cls, str names):
+    """The offset of each named field in `cls`'s objects (Cython makes the struct of the
+    dict the caller assigns it to)."""
+    return {name: field_offset(cls, name) for name in names.split()}

@@ -10,3 +10,11 @@ cdef dict _offsets(object cls, str names):
     """The offset of each named field in `cls`'s objects (Cython makes the struct of the
     dict the caller assigns it to)."""
     return {name: field_offset(cls, name) for name in names.split()}
+
+
+cdef inline object _read(object obj, object cls, Py_ssize_t offset, str name):
+    """`obj.<name>`: at its offset when `obj` is exactly `cls` (whose offsets were taken), by
+    name from anything else (a subclass or a stand-in is read as Python reads it)."""
+    if type(obj) is cls:
+        return field(obj, offset)
+    return getattr(obj, name)

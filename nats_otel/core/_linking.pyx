@@ -314,12 +314,6 @@ cdef EgressFields EG
 cdef Py_ssize_t SERVER_NAME
 
 
-cdef inline object _read(object obj, object cls, Py_ssize_t offset, str name):
-    if type(obj) is cls:
-        return field(obj, offset)
-    return getattr(obj, name)
-
-
 def configure_linker(placement, egress, egress_event, adhoc_trace_id, event_span_id, body_size, max_depth,
                      forwarding_kinds, record_types):
     """What `pipeline.Linker` uses: `Placement`, `Egress`, the model's egress event, the id

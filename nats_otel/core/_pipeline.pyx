@@ -27,8 +27,8 @@ cdef object _Prepared = None, _Placement = None, _Link = None
 
 include "_fields.pxi"
 
-# `Prepared`'s fields read per message, at their slot offsets (`_fields.h`), found at
-# configure; read so only from an object of exactly that type, by name from anything else.
+# `Prepared`'s fields read per message, at their slot offsets (`_fields.h`, `_read`), found at
+# configure.
 cdef struct PreparedFields:
     Py_ssize_t msg, ctx, issues
 cdef PreparedFields PREPARED
@@ -63,9 +63,8 @@ def finish(prepared, linker, options, encoded=False):
 
 cdef object _finish(object prepared, object linker, object options, bint encoded):
     placement, link = linker.locate(prepared)
-    cdef bint exact = type(prepared) is _Prepared
-    msg = field(prepared, PREPARED.msg) if exact else prepared.msg
-    ctx = field(prepared, PREPARED.ctx) if exact else prepared.ctx
+    msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
+    ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
     cdef list spans = []
     encoding = None
     if encoded:
@@ -82,7 +81,7 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
             egress, first = link.egress, link.first
         if egress is not None and first:
             egress_ns = egress.ts_ns
-    prepared_issues = field(prepared, PREPARED.issues) if exact else prepared.issues
+    prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
     issues = [*prepared_issues, *map_issues] if prepared_issues else map_issues
     if type(placement) is _Placement:
         placement_link, candidates = (<tuple>placement)[3], (<tuple>placement)[4]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from types import ModuleType
 
-__all__ = ["NO_EXTENSIONS", "compiled", "implementation", "note_unavailable", "unavailable"]
+__all__ = ["NO_EXTENSIONS", "compiled", "configured", "implementation", "note_unavailable", "unavailable"]
 
 #: Read once, at import: the choice holds for the life of the process (and its workers,
 #: which inherit the environment).
@@ -40,6 +41,23 @@ def compiled(name: str) -> ModuleType | None:
 def note_unavailable(name: str, reason: str) -> None:
     """A compiled twin that was built but is not used (its module says why)."""
     _unavailable[name] = reason
+
+
+def configured(name: str, configure: Callable[[ModuleType], None],
+               refusals: tuple[type[Exception], ...] = ()) -> ModuleType | None:
+    """`compiled(name)`, handed what it uses by `configure`; None when it is not built, or
+    when `configure` refuses it with a TypeError (a record not laid out as the twin reads
+    it) or one of `refusals`: then the reference is used, and `unavailable()` says why."""
+    module = compiled(name)
+    if module is None:
+        return None
+    refused: tuple[type[Exception], ...] = (TypeError, *refusals)
+    try:
+        configure(module)
+    except refused as exc:
+        note_unavailable(name, f"not used: {exc}")
+        return None
+    return module
 
 
 def _load_all() -> None:

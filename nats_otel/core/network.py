@@ -91,18 +91,6 @@ def configure_network(module: Any) -> None:
                      (SubjectMapping, StreamExport, ServiceImport), (HopSample, NetworkSample))
 
 
-def _compiled_network_sample() -> Any:
-    compiled = accel.compiled("_network")
-    if compiled is None:
-        return None
-    try:
-        configure_network(compiled)
-    except TypeError as exc:
-        accel.note_unavailable("_network", f"not used: {exc}")
-        return None
-    return compiled.network_sample
-
-
-_compiled = _compiled_network_sample()
+_compiled = accel.configured("_network", configure_network)
 if _compiled is not None:
-    network_sample = _compiled  # the compiled twin replaces the reference
+    network_sample = _compiled.network_sample  # the compiled twin replaces the reference

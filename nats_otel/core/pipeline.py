@@ -162,13 +162,7 @@ def configure_prepare(module: Any, reference: Any = None) -> None:
                      (RawTraceMessage, _decode._Document, _decode._Request, ServerInfo))
 
 
-_compiled_prepare: Any = accel.compiled("_prepare")
-if _compiled_prepare is not None:
-    try:
-        configure_prepare(_compiled_prepare)
-    except TypeError as exc:  # a field it reads is not a plain slot: the reference is used
-        accel.note_unavailable("_prepare", f"not used: {exc}")
-        _compiled_prepare = None
+_compiled_prepare: Any = accel.configured("_prepare", configure_prepare)
 if _compiled_prepare is not None:
     prepare = _compiled_prepare.prepare
 
@@ -240,13 +234,7 @@ def configure_linker(module: Any) -> None:
 
 
 # The compiled twin (with the compiled `LinkIndex`), chosen here when built (`accel`).
-_compiled_linker: Any = accel.compiled("_linking")
-if _compiled_linker is not None:
-    try:
-        configure_linker(_compiled_linker)
-    except TypeError as exc:  # a field it reads is not a plain slot: the reference is used
-        accel.note_unavailable("_linking", f"not used: {exc}")
-        _compiled_linker = None
+_compiled_linker: Any = accel.configured("_linking", configure_linker)
 if TYPE_CHECKING:  # one interface: type checkers see the reference
     Linker = PythonLinker
 else:
@@ -362,13 +350,7 @@ def configure_pipeline(module: Any) -> None:
                      (MappingOptions(), DecodeLimits(), LinkSettings()))
 
 
-_compiled_pipeline: Any = accel.compiled("_pipeline")
-if _compiled_pipeline is not None:
-    try:
-        configure_pipeline(_compiled_pipeline)
-    except TypeError as exc:  # a record is not laid out as it reads it: the references are used
-        accel.note_unavailable("_pipeline", f"not used: {exc}")
-        _compiled_pipeline = None
+_compiled_pipeline: Any = accel.configured("_pipeline", configure_pipeline)
 if _compiled_pipeline is not None:
     finish = _compiled_pipeline.finish
 if TYPE_CHECKING:  # one interface: type checkers see the reference

@@ -90,17 +90,10 @@ def configure_map_encode(module: Any) -> None:
 
 
 def _compiled_map_encode() -> Any:
-    compiled = accel.compiled("_mapping")
-    if compiled is None:
-        return None
     from nats_otel.core.span_layout import LayoutChanged
 
-    try:
-        configure_map_encode(compiled)
-    except (LayoutChanged, TypeError) as exc:
-        accel.note_unavailable("_mapping", f"not used: {exc}")
-        return None
-    return compiled.map_encode
+    compiled = accel.configured("_mapping", configure_map_encode, (LayoutChanged,))
+    return None if compiled is None else compiled.map_encode
 
 
 _compiled = _compiled_map_encode()

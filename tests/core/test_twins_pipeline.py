@@ -152,3 +152,24 @@ def test_records_of_other_types_are_read_by_name_alike(pipeline_twin, corpus_raw
         assert pipeline_twin.finish(copy, linkers[0], options, True) == pipeline.python_finish(
             p, linkers[1], options, True)
     assert _index_state(linkers[0].index) == _index_state(linkers[1].index)
+
+
+def test_a_twin_whose_configure_refuses_it_is_not_used_and_says_why(monkeypatch):
+    from nats_otel.core.span_layout import LayoutChanged
+
+    monkeypatch.setattr(accel, "_unavailable", {})
+
+    def refuse(error: Exception):
+        def configure(module: ModuleType) -> None:
+            raise error
+        return configure
+
+    assert accel.configured("_pipeline", refuse(TypeError("a field moved"))) is None
+    assert accel.configured("_network", refuse(LayoutChanged("a slot moved")), (LayoutChanged,)) is None
+    if accel.NO_EXTENSIONS:  # not imported at all: nothing to refuse
+        assert accel.unavailable() == {}
+        return
+    assert accel.unavailable() == {"_pipeline": "not used: a field moved", "_network": "not used: a slot moved"}
+    with pytest.raises(ValueError):  # anything else is a bug, not a refusal
+        accel.configured("_pipeline", refuse(ValueError("bug")))
+    assert accel.configured("_pipeline", lambda module: None) is not None

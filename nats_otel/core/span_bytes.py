@@ -5,7 +5,8 @@ span records (the bridge's OTLP path, where nothing else looks at the spans).
 `otlp_wire` writes it. `_mapping.pyx` is its compiled twin (chosen when built, and when
 `span_layout` finds mapping.py's layout to be the one it writes). `encode_request` puts
 the messages' encoded spans into one `ExportTraceServiceRequest`: the same bytes as
-`encode.to_protobuf_bytes` of all their span records.
+`encode.to_protobuf_bytes` of all their span records (`python_encode_request` is its
+reference, `_otlp_wire.encode_encoded_request` its compiled twin).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from nats_otel.core.model import (
 from nats_otel.core.otlp_wire import _field_bytes, _resource, _span, encode_scope
 from nats_otel.core.records import Resource
 
-__all__ = ["IMPLEMENTATION", "EncodedSpans", "encode_request", "map_encode", "python_map_encode"]
+__all__ = ["IMPLEMENTATION", "EncodedSpans", "encode_request", "map_encode", "python_encode_request",
+           "python_map_encode"]
 
 
 class EncodedSpans(NamedTuple):
@@ -58,13 +60,14 @@ def python_map_encode(msg: TraceMessage, ctx: Any, placement: Placement,
     return result.spans[0].resource, data, len(result.spans), result.issues
 
 
-_SCOPE_FIELD = _field_bytes(1, encode_scope(SCOPE_NAME, SCOPE_VERSION))
+_SCOPE = encode_scope(SCOPE_NAME, SCOPE_VERSION)
+_SCOPE_FIELD = _field_bytes(1, _SCOPE)
 
 
-def encode_request(items: Sequence[EncodedSpans]) -> bytes:
+def python_encode_request(items: Sequence[EncodedSpans]) -> bytes:
     """One serialized `ExportTraceServiceRequest` of the messages' spans, grouped by
     resource in order of first appearance: the bytes `encode.to_protobuf_bytes` gives for
-    all their span records."""
+    all their span records. The reference of `_otlp_wire.encode_encoded_request`."""
     groups: dict[Resource, list[bytes]] = {}
     for item in items:
         groups.setdefault(item.resource, []).append(item.data)
@@ -96,7 +99,18 @@ def _compiled_map_encode() -> Any:
     return None if compiled is None else compiled.map_encode
 
 
+def _compiled_encode_request() -> Any:
+    def configure(module: Any) -> None:
+        module.configure_encoded(python_encode_request, _SCOPE, EncodedSpans)
+
+    compiled = accel.configured("_otlp_wire", configure)
+    return None if compiled is None else compiled.encode_encoded_request
+
+
 _compiled = _compiled_map_encode()
 #: `python_map_encode`, compiled when built: what the bridge's OTLP path calls.
 map_encode = python_map_encode if _compiled is None else _compiled
 IMPLEMENTATION = "python" if _compiled is None else "compiled"
+_compiled_request = _compiled_encode_request()
+#: `python_encode_request`, compiled when built (`_otlp_wire`): one request per batch.
+encode_request = python_encode_request if _compiled_request is None else _compiled_request

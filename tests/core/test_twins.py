@@ -43,6 +43,8 @@ def wire() -> ModuleType:
     module = _twin("_otlp_wire")
     # As otlp_wire does when it chooses the twin (not done when NATS_OTEL_NO_EXTENSIONS is set).
     module.configure(otlp_wire._span, otlp_wire._key_value, otlp_wire._resource, otlp_wire._UNCACHED_PREFIX)
+    # As span_bytes does for its request of already encoded spans.
+    module.configure_encoded(span_bytes.python_encode_request, span_bytes._SCOPE, span_bytes.EncodedSpans)
     return module
 
 
@@ -83,6 +85,62 @@ def test_the_corpus_encodes_to_the_same_bytes(wire, corpus_raws):
     for result in results:
         if isinstance(result, Converted):
             assert wire.encode_request(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
+
+
+def test_the_corpus_encoded_spans_make_the_same_request(wire, corpus_raws):
+    """The bridge's request of spans mapped straight into protobuf: the same bytes on both
+    twins, and the bytes the span records of the same messages encode to (the contract)."""
+    converter = Converter()
+    converter.observe_many(corpus_raws, 0.0)
+    encoded = converter.convert_many(corpus_raws, 0.0, True)
+    records = convert_batch(corpus_raws)
+    pairs = [(e.encoded, r.spans) for e, r in zip(encoded, records, strict=True)
+             if isinstance(e, Converted) and e.encoded is not None and isinstance(r, Converted)]
+    assert len(pairs) > 20 and len({item.resource for item, _ in pairs}) > 3
+    for size in (1, 5, 64, len(pairs)):
+        for start in range(0, len(pairs), size):
+            items = [item for item, _ in pairs[start : start + size]]
+            request = wire.encode_encoded_request(items)
+            assert request == span_bytes.python_encode_request(items)
+            assert request == encode.to_protobuf_bytes([s for _, spans in pairs[start : start + size] for s in spans])
+
+
+_resources = [Resource((("service.name", "nats"), ("nats.server.name", f"n{i}"))) for i in range(20)]
+
+
+@st.composite
+def encoded_items(draw) -> list:
+    """EncodedSpans of up to 20 resources (past the compiled twin's identity scan), some as
+    equal but distinct objects (grouped together by equality), with any data."""
+    items = []
+    for _ in range(draw(st.integers(0, 40))):
+        resource = draw(st.sampled_from(_resources))
+        if draw(st.booleans()):
+            resource = Resource(resource.attributes)  # equal, not the same object
+        items.append(span_bytes.EncodedSpans(resource, draw(st.binary(max_size=300)), 1))
+    return items
+
+
+@settings(max_examples=300, deadline=None)
+@given(encoded_items())
+def test_generated_encoded_spans_make_the_same_request(wire, items):
+    assert wire.encode_encoded_request(items) == span_bytes.python_encode_request(items)
+
+
+def test_odd_encoded_items_go_to_the_reference(wire):
+    """Not a list, an item of another type, data that is not bytes: the reference's bytes,
+    or its error, on both twins."""
+    item = span_bytes.EncodedSpans(_resources[0], b"\x12\x00", 1)
+    cases = [
+        (item, item),  # a tuple of items, not a list
+        [item, (_resources[1], b"\x12\x00", 1)],  # a plain tuple: no .resource in the reference
+        [item, span_bytes.EncodedSpans(_resources[1], bytearray(b"\x12\x00"), 1)],
+        [item, span_bytes.EncodedSpans(_resources[1], "text", 1)],
+        [span_bytes.EncodedSpans(["unhashable"], b"", 0)],
+        [],
+    ]
+    for items in cases:
+        assert outcome(wire.encode_encoded_request, items) == outcome(span_bytes.python_encode_request, items), items
 
 
 # Each key carries values of one type: the pair caches of both twins key on (key, value),

@@ -1,5 +1,5 @@
 """The optional compiled twins of the hot path (`nats_otel/core/_*.pyx` and the bridge's
-`nats_otel/bridge/sources/_frames.pyx`, Cython).
+`nats_otel/bridge/sources/_frames.pyx` and `nats_otel/bridge/_network_metrics.pyx`, Cython).
 
 Everything else is configured in pyproject.toml. The build is optional, as in aiohttp and
 multidict: without Cython or a C compiler, or with NATS_OTEL_NO_EXTENSIONS=1, the install
@@ -17,8 +17,8 @@ from setuptools.command.build_ext import build_ext
 
 TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping", "_linking", "_prepare", "_network",
          "_pipeline")
-# Compiled twins outside the core: the bridge's NATS frame scanner.
-BRIDGE_TWINS = ("nats_otel.bridge.sources._frames",)
+# Compiled twins outside the core: the bridge's NATS frame scanner and network-view counting.
+BRIDGE_TWINS = ("nats_otel.bridge.sources._frames", "nats_otel.bridge._network_metrics")
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
 
 

@@ -14,15 +14,17 @@ from __future__ import annotations
 import logging
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from nats_otel.core.network import NetworkSample
+from nats_otel.core import accel
+from nats_otel.core.network import HopSample, NetworkSample
 
-__all__ = ["HOP_LATENCY_BUCKETS", "SERVER_LATENCY_BUCKETS", "NetworkMetrics"]
+__all__ = ["HOP_LATENCY_BUCKETS", "SERVER_LATENCY_BUCKETS", "NetworkMetrics", "PythonNetworkMetrics"]
 
 # Seconds. Hops: loopback and LAN links (100 us - 5 ms) to WAN gateways (up to the linking
 # window, `link.max_hop_latency`, 0.5 s by default: no hop is matched above it).
@@ -104,12 +106,34 @@ class _Counter(_Family):
         return metric
 
 
+def _no_compiled(samples: list[NetworkSample], *rows: object) -> list[NetworkSample]:
+    """No compiled counting: every sample goes to the Python loop."""
+    return samples
+
+
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
+def _compiled_record_known() -> Callable[..., list[NetworkSample]] | None:
+    def configure(module: Any) -> None:
+        module.configure(NetworkSample, HopSample)
+
+    compiled = accel.configured("nats_otel.bridge._network_metrics", configure)
+    return None if compiled is None else compiled.record_known
+
+
 class NetworkMetrics(Collector):
-    """Hop latency, server latency and failures, registered on the bridge's registry."""
+    """Hop latency, server latency and failures, registered on the bridge's registry.
+
+    `record` counts each batch's samples. The per-sample loop is Python (the reference); when
+    built, `_network_metrics.record_known` counts the samples whose rows were found before
+    (the common case) in C first, and leaves the others to it. `PythonNetworkMetrics` runs
+    the loop alone.
+    """
+
+    #: The compiled counting of known rows (`_network_metrics.record_known`), or None.
+    _record_known = staticmethod(_compiled_record_known() or _no_compiled)
 
     def __init__(self, registry: CollectorRegistry, extra_labels: Sequence[str] = (),
                  max_series: int = 1000) -> None:
@@ -138,6 +162,9 @@ class NetworkMetrics(Collector):
         server_bounds, hop_bounds = self.server_latency.bounds_ns, self.hop_latency.bounds_ns
         extra_labels = self.extra_labels
         with self._lock:
+            if not extra_labels:
+                samples = self._record_known(
+                    samples if type(samples) is list else list(samples), server_rows, hop_rows, server_bounds, hop_bounds)
             extra: tuple[str, ...] = ()
             for sample in samples:
                 server, _, _, in_server_ns, failed, hop, failed_hops = sample
@@ -227,3 +254,9 @@ class NetworkMetrics(Collector):
                 "matched, or a downstream arrival whose upstream egress was not seen (link.retention)"),
             overflow,
         ]
+
+
+class PythonNetworkMetrics(NetworkMetrics):
+    """`NetworkMetrics` with its Python loop alone: the reference (tests compare the two)."""
+
+    _record_known = staticmethod(_no_compiled)

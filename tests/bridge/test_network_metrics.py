@@ -1,16 +1,18 @@
 """The network metrics' bounds: label sets capped per metric, the rest counted under `_other`
-and said once in the log; extra labels only when asked."""
+and said once in the log; extra labels only when asked; the compiled counting of known rows
+against the Python loop."""
 
 from __future__ import annotations
 
 import logging
 import random
 from collections import Counter
+from typing import NamedTuple
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from nats_otel.bridge.network_metrics import NetworkMetrics
+from nats_otel.bridge.network_metrics import NetworkMetrics, PythonNetworkMetrics
 from nats_otel.core.network import HopSample, NetworkSample
 
 
@@ -93,3 +95,60 @@ def test_repeated_label_sets_count_every_sample_in_every_batch():
             "from_server": from_server, "to_server": to_server, "kind": kind, "account": account}) == count
     assert value("nats_otel_network_series_overflow_total", {"metric": "server_latency"}) == \
         expected_count["_other", "_other"]
+
+
+def _random_batches(rng: random.Random, batches: int) -> list[list[NetworkSample]]:
+    """Batches of samples as the core makes them, and odd ones: repeated servers and edges
+    (rows found before), failures, failed hops, clock skew, sums past 64 bits, ints that
+    are not plain ints."""
+    servers = [f"n{i}" for i in range(8)]
+    out = []
+    for _ in range(batches):
+        batch = []
+        for _ in range(rng.randrange(0, 60)):
+            server = rng.choice(servers)
+            in_server = rng.choice([rng.randrange(0, 2_000_000_000), 0, 10_000, 2**70, -5])
+            hop = None
+            if rng.random() < 0.7:
+                latency = rng.choice([rng.randrange(-1_000_000, 600_000_000), 100_000, 2**64])
+                hop = HopSample(rng.choice(servers), server, rng.choice(["router", "gateway", "leaf"]), latency)
+            failed = rng.random() < 0.1
+            failed_hops = (("n1", "router"),) if rng.random() < 0.05 else ()
+            if rng.random() < 0.03:
+                failed = 1  # truthy, not a bool
+            batch.append(NetworkSample(server, rng.choice("AB"), rng.choice(["s1", "s2"]), in_server, failed, hop,
+                                       failed_hops))
+        out.append(batch)
+    return out
+
+
+@pytest.mark.parametrize(("extra", "max_series"), [((), 1000), ((), 5), (("account",), 6)])
+def test_the_compiled_counting_counts_as_the_python_loop(extra, max_series):
+    """`NetworkMetrics` (its known rows counted by `_network_metrics` when built) and
+    `PythonNetworkMetrics` (the loop alone) expose the same metrics after the same batches,
+    with the label-set bound reached or not."""
+    compiled_registry, python_registry = CollectorRegistry(), CollectorRegistry()
+    compiled = NetworkMetrics(compiled_registry, extra, max_series)
+    python = PythonNetworkMetrics(python_registry, extra, max_series)
+    for batch in _random_batches(random.Random(11), 80):
+        compiled.record(batch, {"upstream": 1})
+        python.record(iter(batch), {"upstream": 1})  # any iterable, not only a list
+        assert generate_latest(compiled_registry) == generate_latest(python_registry)
+    assert compiled.server_latency.series and compiled.hop_latency.series
+
+
+def test_the_compiled_counting_is_used_when_built():
+    from nats_otel.core import accel
+
+    compiled = accel.compiled("nats_otel.bridge._network_metrics")
+    assert (NetworkMetrics._record_known is not PythonNetworkMetrics._record_known) == (compiled is not None)
+    if accel.NO_EXTENSIONS:
+        assert compiled is None
+    elif compiled is not None:
+        class Other(NamedTuple):
+            server: str
+            subject: str
+
+        with pytest.raises(TypeError, match="NetworkSample's fields"):
+            compiled.configure(Other, HopSample)
+        compiled.configure(NetworkSample, HopSample)  # as network_metrics does

@@ -1,0 +1,128 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The compiled twin of the per-sample loop of `NetworkMetrics.record` (network_metrics.py),
+for the common case: a sample whose server's rows (and hop's rows) were found before, with
+no failed hop, its numbers plain ints. It counts those, and hands every other sample back,
+in order, to the Python loop, which stays the reference (new label sets, the bound on
+them, failures of hops, account and subject labels)."""
+
+from cpython.long cimport PyLong_AsLongLong
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+
+DEF MAX_BOUNDS = 64  # more buckets than this: every sample goes to the reference
+
+cdef type _Sample = None
+cdef type _Hop = None
+
+
+def configure(sample_type, hop_type):
+    """The sample and hop types (`core.network`'s NamedTuples) whose fields this reads by position."""
+    global _Sample, _Hop
+    if tuple(sample_type._fields[:7]) != ("server", "account", "subject", "in_server_ns", "failed", "hop",
+                                          "failed_hops"):
+        raise TypeError(f"NetworkSample's fields are {sample_type._fields}: the compiled counting reads others")
+    if tuple(hop_type._fields[:4]) != ("from_server", "to_server", "kind", "latency_ns"):
+        raise TypeError(f"HopSample's fields are {hop_type._fields}: the compiled counting reads others")
+    _Sample, _Hop = sample_type, hop_type
+
+
+cdef Py_ssize_t _fill(list bounds, long long* out) except -2:
+    """The bucket bounds as C integers; -1 if they do not fit."""
+    cdef Py_ssize_t i, n = len(bounds)
+    if n > MAX_BOUNDS:
+        return -1
+    for i in range(n):
+        if type(bounds[i]) is not int:
+            return -1
+        try:
+            out[i] = PyLong_AsLongLong(bounds[i])
+        except OverflowError:
+            return -1
+    return n
+
+
+cdef inline bint _small(object value, long long* out):
+    """An exact int that fits a C long long (else the reference counts the sample)."""
+    if type(value) is not int:
+        return False
+    try:
+        out[0] = PyLong_AsLongLong(value)
+    except OverflowError:
+        return False
+    return True
+
+
+cdef inline Py_ssize_t _bucket(const long long* bounds, Py_ssize_t n, long long value):
+    """`bisect_left(bounds, value)`: the first bucket whose `le` holds the value."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bounds[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline int _count(list row, const long long* bounds, Py_ssize_t n, object value_ns, long long value) except -1:
+    """`network_metrics._count`: the bucket, then the sum (Python ints: exact)."""
+    cdef Py_ssize_t at = _bucket(bounds, n, value)
+    row[at] = row[at] + 1
+    row[n + 1] = row[n + 1] + value_ns
+    return 0
+
+
+cdef inline tuple _rows_of(dict cache, object key):
+    """The (latency row, error row) pair of lists cached under `key`, or None."""
+    rows = cache.get(key)
+    if (type(rows) is not tuple or PyTuple_GET_SIZE(rows) != 2 or type(<object>PyTuple_GET_ITEM(rows, 0)) is not list
+            or type(<object>PyTuple_GET_ITEM(rows, 1)) is not list):
+        return None
+    return rows
+
+
+def record_known(list samples, dict server_rows, dict hop_rows, list server_bounds, list hop_bounds):
+    """Count the samples whose rows are in `server_rows`/`hop_rows` (NetworkMetrics' caches,
+    keyed by server name and by edge: no account or subject labels) into those rows; return
+    the others, in order, for the reference loop."""
+    cdef long long sb[MAX_BOUNDS]
+    cdef long long hb[MAX_BOUNDS]
+    cdef Py_ssize_t ns = _fill(server_bounds, sb), nh = _fill(hop_bounds, hb)
+    cdef long long in_server = 0, hop_ns = 0
+    cdef list rest = [], latency, errors, hop_latency = None
+    cdef tuple rows, hop_rows_of = None
+    cdef object sample, hop, failed, failed_hops
+    if ns < 0 or nh < 0 or _Sample is None:
+        return samples
+    for sample in samples:
+        if type(sample) is not _Sample or PyTuple_GET_SIZE(sample) != 7:
+            rest.append(sample)
+            continue
+        failed = <object>PyTuple_GET_ITEM(sample, 4)
+        hop = <object>PyTuple_GET_ITEM(sample, 5)
+        failed_hops = <object>PyTuple_GET_ITEM(sample, 6)
+        if type(failed) is not bool or type(failed_hops) is not tuple or PyTuple_GET_SIZE(failed_hops):
+            rest.append(sample)  # a failed hop (rare), or odd values: the reference counts it
+            continue
+        rows = _rows_of(server_rows, <object>PyTuple_GET_ITEM(sample, 0))
+        if rows is None or not _small(<object>PyTuple_GET_ITEM(sample, 3), &in_server):
+            rest.append(sample)
+            continue
+        latency, errors = <list>PyTuple_GET_ITEM(rows, 0), <list>PyTuple_GET_ITEM(rows, 1)
+        if hop is not None:
+            if type(hop) is not _Hop or PyTuple_GET_SIZE(hop) != 4 or not _small(<object>PyTuple_GET_ITEM(hop, 3), &hop_ns):
+                rest.append(sample)
+                continue
+            hop_rows_of = _rows_of(hop_rows, (<object>PyTuple_GET_ITEM(hop, 0), <object>PyTuple_GET_ITEM(hop, 1),
+                                              <object>PyTuple_GET_ITEM(hop, 2)))
+            if hop_rows_of is None:
+                rest.append(sample)
+                continue
+            hop_latency = <list>PyTuple_GET_ITEM(hop_rows_of, 0)
+        if len(latency) != ns + 2 or len(errors) < 1 or (hop is not None and len(hop_latency) != nh + 2):
+            rest.append(sample)
+            continue
+        _count(latency, sb, ns, <object>PyTuple_GET_ITEM(sample, 3), in_server)
+        errors[0] = errors[0] + failed
+        if hop is not None:
+            _count(hop_latency, hb, nh, <object>PyTuple_GET_ITEM(hop, 3), hop_ns)
+    return rest

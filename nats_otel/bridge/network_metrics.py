@@ -162,9 +162,9 @@ class NetworkMetrics(Collector):
         server_bounds, hop_bounds = self.server_latency.bounds_ns, self.hop_latency.bounds_ns
         extra_labels = self.extra_labels
         with self._lock:
-            if not extra_labels:
-                samples = self._record_known(
-                    samples if type(samples) is list else list(samples), server_rows, hop_rows, server_bounds, hop_bounds)
+            if not extra_labels:  # rows keyed by server and edge alone: the compiled counting's case
+                batch = samples if type(samples) is list else list(samples)
+                samples = self._record_known(batch, server_rows, hop_rows, server_bounds, hop_bounds)
             extra: tuple[str, ...] = ()
             for sample in samples:
                 server, _, _, in_server_ns, failed, hop, failed_hops = sample

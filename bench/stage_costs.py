@@ -133,8 +133,9 @@ def receive_stages(messages: int) -> dict[str, float]:
     from nats_otel.bridge.intake import Intake
     from nats_otel.bridge.settings import BatchSettings, NatsSource
     from nats_otel.bridge.sources.connection import raw_from_msg
+    from nats_otel.bridge.sources.delivery import delivery
     from nats_otel.bridge.sources.direct import DirectClient
-    from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
+    from nats_otel.bridge.sources.nats_core import CoreSource
     from nats_otel.bridge.telemetry import Metrics
     from nats_otel.devkit.processes import start_topology
     from nats_otel.devkit.topology import single_server
@@ -210,7 +211,7 @@ def receive_stages(messages: int) -> dict[str, float]:
                     intake = Intake(1 << 34)
                     raw = await run("raw", lambda msg: None)
                     callback = await run("intake", lambda msg, intake=intake: (
-                        received.inc(), intake.offer(Delivery(raw_from_msg(msg), "a"))))
+                        received.inc(), intake.offer(delivery(raw_from_msg(msg), "a"))))
                     whole = await run_direct()
                     for key, value in (("receive", raw), ("direct receive+intake", whole), ("callback", callback)):
                         out[key] = min(out.get(key, float("inf")), value)

@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.settings import BatchSettings, NatsSource
 from nats_otel.bridge.sources import direct
+from nats_otel.bridge.sources.delivery import size_of
 from nats_otel.bridge.sources.headers import parse_headers
 from nats_otel.bridge.sources.nats_core import CoreSource
 from nats_otel.bridge.telemetry import Metrics
@@ -136,7 +137,7 @@ async def test_direct_path_delivers_what_nats_py_delivers(url: str) -> None:
             assert delivery.raw.headers == expected, what
             # nats-py keeps the last value of a name: the direct path keeps that one too, and the others.
             assert {k: v[-1] for k, v in delivery.raw.headers.items()} == (msg.headers or {}), what
-            assert delivery.size == len(payload) + len(delivery.raw.subject) + 512
+            assert delivery.size == size_of(delivery.raw) == len(payload) + len(delivery.raw.subject) + 512
             assert delivery.raw.received_at and delivery.raw.received_at.endswith("Z")
         assert metrics.value(RECEIVED, {"source": "default"}) == count
         assert source.nc.stats["in_msgs"] >= count  # nats-py's stats still count what came in

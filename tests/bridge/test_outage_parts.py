@@ -15,8 +15,8 @@ import pytest
 
 from nats_otel.bridge.intake import MESSAGE_OVERHEAD, Intake
 from nats_otel.bridge.settings import NatsSettings
+from nats_otel.bridge.sources.delivery import Delivery, delivery
 from nats_otel.bridge.sources.link import Link, backoff, classify, next_wait, redact_url
-from nats_otel.bridge.sources.nats_core import Delivery
 from nats_otel.bridge.telemetry import JsonFormatter, TextFormatter
 from nats_otel.core.decode import RawTraceMessage
 
@@ -89,7 +89,7 @@ def test_text_logs_carry_the_json_fields() -> None:
 
 
 def _delivery(payload_size: int) -> Delivery:
-    return Delivery(RawTraceMessage("trace.a", {}, b"x" * payload_size), "default")
+    return delivery(RawTraceMessage("trace.a", {}, b"x" * payload_size), "default")
 
 
 async def test_intake_is_bounded_in_bytes_and_gives_them_back() -> None:

@@ -27,8 +27,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, S
 from nats_otel.bridge.intake import charge
 from nats_otel.bridge.settings import BridgeSettings, JetStreamSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
+from nats_otel.bridge.sources.delivery import Delivery, delivery
 from nats_otel.bridge.sources.link import Link
-from nats_otel.bridge.sources.nats_core import Delivery
 from nats_otel.bridge.telemetry import Metrics
 
 __all__ = ["Held", "JetStreamSetupError", "JetStreamSource"]
@@ -238,7 +238,7 @@ class JetStreamSource:
         self._received.inc(len(msgs))
         if msgs:
             self._pending.set(msgs[-1].metadata.num_pending)
-        deliveries = [Delivery(raw_from_msg(m), self.source.name, m) for m in msgs]
+        deliveries = [delivery(raw_from_msg(m), self.source.name, m) for m in msgs]
         self.held.take(deliveries)
         return deliveries
 

@@ -30,7 +30,7 @@ from nats.aio.subscription import Subscription
 from nats_otel.bridge.settings import BatchSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources import direct, frames
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg, received_at
-from nats_otel.bridge.sources.delivery import Delivery
+from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery, delivery
 from nats_otel.bridge.sources.headers import parse_headers
 from nats_otel.bridge.sources.link import Link
 from nats_otel.bridge.telemetry import Metrics
@@ -129,7 +129,8 @@ class CoreSource:
             subject_text = subject.decode(errors="replace")
             raw = RawTraceMessage(subject_text, headers_of(header_block) if header_block else {}, payload,
                                   received_at())
-            if not offer(Delivery(raw, name)):
+            # `delivery(raw, name)`, inline (a call less per message): sized as `size_of` sizes it.
+            if not offer(Delivery(raw, name, len(payload) + len(subject_text) + MESSAGE_OVERHEAD)):
                 queue_full.inc()
 
         return on_raw
@@ -151,7 +152,7 @@ class CoreSource:
     async def _on_msg(self, msg: Any) -> None:
         # The fallback path. Never blocks, never awaits: the NATS read path must keep up.
         self._received.inc()
-        if not self.intake.offer(Delivery(raw_from_msg(msg), self.source.name)):
+        if not self.intake.offer(delivery(raw_from_msg(msg), self.source.name)):
             self._queue_full.inc()
 
     async def stop_intake(self) -> None:

@@ -94,7 +94,7 @@ def record_known(list samples, dict server_rows, dict hop_rows, list server_boun
     if ns < 0 or nh < 0 or _Sample is None:
         return samples
     for sample in samples:
-        if type(sample) is not _Sample or PyTuple_GET_SIZE(sample) != 7:
+        if type(sample) is not _Sample:  # its first fields are those `configure` checked
             rest.append(sample)
             continue
         failed = <object>PyTuple_GET_ITEM(sample, 4)
@@ -109,7 +109,7 @@ def record_known(list samples, dict server_rows, dict hop_rows, list server_boun
             continue
         latency, errors = <list>PyTuple_GET_ITEM(rows, 0), <list>PyTuple_GET_ITEM(rows, 1)
         if hop is not None:
-            if type(hop) is not _Hop or PyTuple_GET_SIZE(hop) != 4 or not _small(<object>PyTuple_GET_ITEM(hop, 3), &hop_ns):
+            if type(hop) is not _Hop or not _small(<object>PyTuple_GET_ITEM(hop, 3), &hop_ns):
                 rest.append(sample)
                 continue
             hop_rows_of = _rows_of(hop_rows, (<object>PyTuple_GET_ITEM(hop, 0), <object>PyTuple_GET_ITEM(hop, 1),

@@ -179,16 +179,10 @@ cdef Py_ssize_t group_of(list resources, dict index, object resource) except -1:
 
 
 cdef inline char* put_head(char* p, unsigned char number, Py_ssize_t size):
-    """A length-delimited field's tag and length at `p`; returns where its payload goes."""
-    cdef uint64_t value = <uint64_t>size
+    """A length-delimited field's tag and length at `p` (in the sized request: no `Buf` to
+    grow); returns where its payload goes."""
     p[0] = <char>(number << 3 | 2)
-    p += 1
-    while value >= 0x80:
-        p[0] = <char>((value & 0x7F) | 0x80)
-        p += 1
-        value >>= 7
-    p[0] = <char>value
-    return p + 1
+    return write_varint(p + 1, <uint64_t>size)
 
 
 cdef inline char* put_raw(char* p, bytes data):
@@ -319,7 +313,7 @@ def encode_encoded_request(items):
     try:
         for i in range(n):
             item = items[i]
-            if type(item) is not _EncodedSpans or PyTuple_GET_SIZE(item) != 3:
+            if type(item) is not _EncodedSpans:
                 return _py_encode_encoded(items)
             data = <object>PyTuple_GET_ITEM(item, 1)
             if not PyBytes_CheckExact(data):

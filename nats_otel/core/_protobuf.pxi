@@ -83,15 +83,20 @@ cdef inline int put_byte(Buf* b, unsigned char c) except -1:
     return 0
 
 
+cdef inline char* write_varint(char* p, uint64_t value):
+    """A varint at `p`, which has room for it (at most 10 bytes); returns the byte after it."""
+    while value >= 0x80:
+        p[0] = <char>((value & 0x7F) | 0x80)
+        p += 1
+        value >>= 7
+    p[0] = <char>value
+    return p + 1
+
+
 cdef inline int put_varint(Buf* b, uint64_t value) except -1:
     if b.size + 10 > b.cap:
         buf_reserve(b, 10)
-    while value >= 0x80:
-        b.data[b.size] = <char>((value & 0x7F) | 0x80)
-        b.size += 1
-        value >>= 7
-    b.data[b.size] = <char>value
-    b.size += 1
+    b.size = write_varint(b.data + b.size, value) - b.data
     return 0
 
 

@@ -165,6 +165,23 @@ def archived(path: Path) -> list[tuple[str | None, str | None]]:
     return out
 
 
+async def wait_jetstream_answers(nc, timeout: float = 20) -> None:
+    """Until the JetStream API answers on `nc`'s server and account. A topology is ready once
+    its meta group has a leader; on a server without JetStream of its own, the API's interest
+    can reach it a moment later (a bridge started then stops: JetStream does not answer)."""
+    import nats.errors
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await nc.jetstream().account_info()
+            return
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def start_bridge(settings, timeout: float = 20) -> tuple[Bridge, asyncio.Task]:
     """Run a Bridge in this event loop; returns once it is ready (or fails the test)."""
     bridge = Bridge(settings)

@@ -23,7 +23,15 @@ from nats_otel.devkit.processes import start_topology, wait_for_interest
 from nats_otel.devkit.prometheus import PrometheusNotFound, PrometheusServer, find_prometheus
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.topology import demo_topology
-from tests.bridge.bridge_helpers import metric, scrape, start_bridge, stop_bridge, traceparent, wait_until
+from tests.bridge.bridge_helpers import (
+    metric,
+    scrape,
+    start_bridge,
+    stop_bridge,
+    traceparent,
+    wait_jetstream_answers,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -147,6 +155,7 @@ async def test_hop_histogram_counts_every_crossing_and_the_dashboard_has_data(to
             topo, rx.endpoint, mode="jetstream",
             jetstream={"stream": "NETVIEW", "durable": "netview", "create_stream": True}), env={})
         core, core_task = await start_bridge(core_settings)
+        await wait_jetstream_answers(recorder)  # east-1 has no JetStream: the API is reached through east-2/3
         js, js_task = await start_bridge(js_settings)
         try:
             await wait_for_interest(recorder, core.sources[0].nc)

@@ -22,15 +22,18 @@ cdef str _MATCHED = "matched"
 cdef str _AMBIGUOUS = "ambiguous"
 cdef object _UNMATCHED_LINK = None
 cdef object _default_settings = None
+cdef object _HopSequences = None
 
 # Timestamps and window bounds within +-2**62 are added and compared in int64 without overflow.
 cdef long long _SMALL = 1 << 62
 
 
-def configure(link, matched, unmatched, ambiguous, default_settings):
-    """`linking`'s `Link` NamedTuple, its three results and the default settings."""
-    global _Link, _MATCHED, _AMBIGUOUS, _UNMATCHED_LINK, _default_settings
+def configure(link, matched, unmatched, ambiguous, default_settings, hop_sequences):
+    """`linking`'s `Link` NamedTuple, its three results, the default settings and
+    `sequences.HopSequences` (the crowded keys' decisions, shared with the reference)."""
+    global _Link, _MATCHED, _AMBIGUOUS, _UNMATCHED_LINK, _default_settings, _HopSequences
     _Link, _MATCHED, _AMBIGUOUS, _default_settings = link, matched, ambiguous, default_settings
+    _HopSequences = hop_sequences
     _UNMATCHED_LINK = link(unmatched)  # immutable: one for every unmatched arrival
 
 
@@ -169,6 +172,7 @@ cdef class LinkIndex:
     `expire`d. The compiled twin of `linking.PythonLinkIndex`."""
 
     cdef readonly object settings
+    cdef readonly object sequences  # `sequences.HopSequences`: the crowded keys
     cdef public object evicted
     cdef public dict expired_unmatched
     cdef dict _buckets  # link key -> _Bucket
@@ -192,10 +196,21 @@ cdef class LinkIndex:
         self._count = 0
         self.evicted = 0
         self.expired_unmatched = {"upstream": 0, "downstream": 0}
+        self.sequences = _HopSequences(self._latency_ns, self._skew_ns, self.settings.capacity,
+                                       self.settings.retention_s, bounded, self.held)
 
     def __len__(self):
         """Entries held (egresses and arrivals)."""
         return self._count
+
+    def held(self):
+        """Every key held, with its time-sorted egresses and arrivals."""
+        return [((<_Bucket>bucket).key, (<_Bucket>bucket).egresses.entries or [],
+                 (<_Bucket>bucket).arrivals.entries or []) for bucket in self._buckets.values()]
+
+    def observe_report(self, ident, server_id, seq, ts_ns, now=0.0):
+        """Any report seen, with or without hop evidence (see `linking.LinkIndex`)."""
+        self.sequences.ledger.observe(ident, server_id, seq, ts_ns, now)
 
     def add_egress(self, key, egress, now=0.0):
         """Record a forwarding egress (a redelivered trace message is recorded once)."""
@@ -228,15 +243,23 @@ cdef class LinkIndex:
             return _UNMATCHED_LINK
         egress = bucket.egresses.candidate(probe[0], self._latency_ns, self._skew_ns, self._latency_c,
                                            self._skew_c, self._small_window, probe[1], &count)
-        if egress is None:
-            return _new(_Link, (_AMBIGUOUS, None, count, True)) if count else _UNMATCHED_LINK
-        # The other way round: this arrival must be the egress's only candidate too, else a
-        # lost report could make two arrivals claim one egress.
-        back = bucket.arrivals.candidate((<tuple>egress)[0], self._skew_ns, self._latency_ns, self._skew_c,
-                                         self._latency_c, self._small_window, (<tuple>egress)[1], &count)
-        if back is None or (<tuple>back)[2] != probe[2]:
-            return _new(_Link, (_AMBIGUOUS, None, max(count, 2), True))
+        if egress is None and count == 0:
+            return _UNMATCHED_LINK
+        if egress is not None:
+            # The other way round: this arrival must be the egress's only candidate too, else a
+            # lost report could make two arrivals claim one egress.
+            back = bucket.arrivals.candidate((<tuple>egress)[0], self._skew_ns, self._latency_ns, self._skew_c,
+                                             self._latency_c, self._small_window, (<tuple>egress)[1], &count)
+            if back is None or (<tuple>back)[2] != probe[2]:
+                egress = None
         claimed = bucket.arrivals.claimed
+        if egress is None:  # several candidates: order and latency decide, if they can
+            result, egress, candidates = self.sequences.resolve(key, bucket.egresses.entries,
+                                                                bucket.arrivals.entries or [], probe)
+            if egress is None:
+                return _new(_Link, (result, None, candidates, True))
+        elif claimed is None or probe not in claimed:
+            self.sequences.learn(key, probe, egress)
         first = claimed is None or probe not in claimed
         if first:
             if claimed is None:
@@ -257,6 +280,8 @@ cdef class LinkIndex:
         fifo = self._fifo
         while fifo and ((<tuple>fifo[0])[0] < horizon or len(fifo) > capacity):
             observed, is_egress, bucket, entry = fifo.popleft()
+            if not is_egress:
+                self.sequences.forget(bucket.key, entry)
             if observed >= horizon:
                 self.evicted += 1
             side = bucket.side(is_egress)
@@ -268,6 +293,7 @@ cdef class LinkIndex:
             self._count -= 1
             if bucket.empty():
                 del self._buckets[bucket.key]
+        self.sequences.expire(now)
 
     @property
     def _claimed(self):
@@ -352,11 +378,14 @@ cdef class Linker:
         cdef LinkIndex index = self.index
         cdef Py_ssize_t position = 0
         arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
+        msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
+        server = _read(msg, _TraceMessage, MSG.server, "server")
+        index.sequences.ledger.observe(_read(prepared, _Prepared, PREPARED.ident, "ident"), server.id, server.seq,
+                                       msg.ingress.ts_ns, now)
         if arrival is not None:
             key, entry = arrival
             index._add(False, key, _entry(entry), now)
         # `Prepared.egresses`, one egress at a time.
-        msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
         ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
         ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
         for event in _read(msg, _TraceMessage, MSG.events, "events"):

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nats_otel.core import accel
+from nats_otel.core.sequences import HopSequences
 
 __all__ = [
     "AMBIGUOUS",
@@ -131,7 +132,7 @@ class PythonLinkIndex:
     bounded when `expire`d. The reference; `LinkIndex` is its compiled twin when built."""
 
     __slots__ = ("_bounded", "_claimed", "_fifo", "_latency_ns", "_skew_ns", "_tables", "evicted",
-                 "expired_unmatched", "settings")
+                 "expired_unmatched", "sequences", "settings")
 
     def __init__(self, settings: LinkSettings = LinkSettings(), bounded: bool = True) -> None:
         self.settings = settings
@@ -150,10 +151,23 @@ class PythonLinkIndex:
         # what was never matched is counted when it goes, by side.
         self._claimed: set[tuple[bool, LinkKey, Egress | Arrival]] = set()
         self.expired_unmatched = {"upstream": 0, "downstream": 0}
+        # Where a key's window holds several candidates: order and latency (`sequences`).
+        self.sequences = HopSequences(self._latency_ns, self._skew_ns, settings.capacity, settings.retention_s,
+                                      bounded, self.held)
 
     def __len__(self) -> int:
         """Entries held (egresses and arrivals)."""
         return sum(len(entries) for table in self._tables.values() for entries in table[0].values())
+
+    def held(self) -> list[tuple[LinkKey, list[Egress], list[Arrival]]]:
+        """Every key held, with its time-sorted egresses and arrivals."""
+        egresses, arrivals = self._tables[True][0], self._tables[False][0]
+        return [(key, egresses.get(key, []), arrivals.get(key, [])) for key in {**egresses, **arrivals}]
+
+    def observe_report(self, ident: bytes, server_id: str, seq: int, ts_ns: int, now: float = 0.0) -> None:
+        """Any report seen, with or without hop evidence: its server's event number says,
+        later, whether a stretch of that server's reports is complete (`sequences`)."""
+        self.sequences.ledger.observe(ident, server_id, seq, ts_ns, now)
 
     def add_egress(self, key: LinkKey, egress: Egress, now: float = 0.0) -> None:
         """Record a forwarding egress (a redelivered trace message is recorded once)."""
@@ -207,15 +221,23 @@ class PythonLinkIndex:
         latency_ns, skew_ns = self._latency_ns, self._skew_ns
         found, count = self._candidates(True, key, arrival.ts_ns - latency_ns, arrival.ts_ns + skew_ns,
                                         arrival.size)
-        if not found:
-            return Link(AMBIGUOUS, None, count) if count else Link(UNMATCHED)
-        egress = found[0]
-        # The other way round: this arrival must be the egress's only candidate too, else a
-        # lost report could make two arrivals claim one egress.
-        back, count = self._candidates(False, key, egress.ts_ns - skew_ns, egress.ts_ns + latency_ns,
-                                       egress.size)
-        if not back or back[0].ident != arrival.ident:
-            return Link(AMBIGUOUS, None, max(count, 2))
+        if not found and not count:
+            return Link(UNMATCHED)
+        egress = found[0] if found else None
+        if egress is not None:
+            # The other way round: this arrival must be the egress's only candidate too, else a
+            # lost report could make two arrivals claim one egress.
+            back, count = self._candidates(False, key, egress.ts_ns - skew_ns, egress.ts_ns + latency_ns,
+                                           egress.size)
+            if not back or back[0].ident != arrival.ident:
+                egress = None
+        if egress is None:  # several candidates: order and latency decide, if they can
+            result, egress, count = self.sequences.resolve(key, self._tables[True][0][key],
+                                                           self._tables[False][0].get(key, ()), arrival)
+            if egress is None:
+                return Link(result, None, count)
+        elif (False, key, arrival) not in self._claimed:
+            self.sequences.learn(key, arrival, egress)
         claimed = self._claimed
         first = (False, key, arrival) not in claimed
         if first:
@@ -230,6 +252,8 @@ class PythonLinkIndex:
         fifo = self._fifo
         while fifo and (fifo[0][0] < horizon or len(fifo) > self.settings.capacity):
             observed, is_egress, key, entry = fifo.popleft()
+            if not is_egress:
+                self.sequences.forget(key, entry)
             if observed >= horizon:
                 self.evicted += 1
             side = (is_egress, key, entry)
@@ -243,13 +267,14 @@ class PythonLinkIndex:
                 del entries[bisect_left(entries, entry)]
                 if not entries:
                     del table[index]
+        self.sequences.expire(now)
 
 
 # The compiled twin (`_linking.pyx`: the same decisions with another layout), chosen here
 # when built (`accel`); the pure class stays the reference the tests compare it with.
 _compiled: Any = accel.compiled("_linking")
 if _compiled is not None:
-    _compiled.configure(Link, MATCHED, UNMATCHED, AMBIGUOUS, LinkSettings())
+    _compiled.configure(Link, MATCHED, UNMATCHED, AMBIGUOUS, LinkSettings(), HopSequences)
 if TYPE_CHECKING:  # one interface: type checkers see the reference
     LinkIndex = PythonLinkIndex
 else:

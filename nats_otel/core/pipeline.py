@@ -183,6 +183,8 @@ class PythonLinker:
     def observe(self, prepared: Prepared, now: float = 0.0) -> None:
         """Record a message's hop evidence (idempotent: a redelivery changes nothing)."""
         arrival = prepared.arrival
+        msg = prepared.msg
+        self.index.observe_report(prepared.ident, msg.server.id, msg.server.seq, msg.ingress.ts_ns, now)
         if arrival is not None:
             self.index.add_arrival(*arrival, now)
         for key, egress in prepared.egresses():

@@ -29,7 +29,8 @@ def linking_twin() -> ModuleType:
 
     module = _twin("_linking")
     # As linking and pipeline do when they choose the twin.
-    module.configure(linking.Link, linking.MATCHED, linking.UNMATCHED, linking.AMBIGUOUS, linking.LinkSettings())
+    module.configure(linking.Link, linking.MATCHED, linking.UNMATCHED, linking.AMBIGUOUS, linking.LinkSettings(),
+                     linking.HopSequences)
     pipeline.configure_linker(module)
     return module
 

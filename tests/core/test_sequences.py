@@ -1,0 +1,179 @@
+"""Crowded hops (`sequences`): many messages under one context, hop and pair of servers.
+
+Generated like the servers make them: one upstream egress and one downstream arrival per
+message, in order on the connection (an arrival never overtakes the one before), each
+report numbered by its server (`server.seq`). Reports are lost at random, both sides. The
+truth is known by construction; the index must link what the evidence decides and never a
+wrong pair. Both index twins, the live (bounded) and the whole-input mode.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from nats_otel.core import linking
+from nats_otel.core.linking import MATCHED, Arrival, Egress, LinkSettings
+from nats_otel.core.sequences import ReportLedger, latency_from_times
+
+KEY = (b"ctx", "1", "up", "down")
+_T0 = 1_800_000_000_000_000_000
+
+
+@dataclass
+class Hops:
+    reports: list[tuple[str, bytes, str, int, int, object]]  # side, ident, server id, seq, time, entry
+    truth: dict[Arrival, Egress]
+
+
+def batch(n: int, spacing_ns: int, drop: float, seed: int, latency_ns: int = 300_000, jitter_ns: int = 60_000,
+          publisher_jitter_ns: int = 150_000, before: bool = True) -> Hops:
+    """`n` same-size messages `spacing_ns` apart under one context; `drop` of the reports
+    lost. `before`: each server reported something else a second earlier (a busy server)."""
+    rnd = random.Random(seed)
+    reports: list = []
+    seqs = {"U": 100, "D": 500}
+
+    def report(side: str, ident: bytes, server: str, ts: int, entry: object) -> None:
+        reports.append((side, ident, server, seqs[server], ts, entry))
+        seqs[server] += 1
+
+    if before:
+        report("other", b"u-before", "U", _T0 - 10**9, None)
+        report("other", b"d-before", "D", _T0 - 10**9, None)
+    truth, sent, arrived = {}, _T0, 0
+    for i in range(n):
+        sent += max(spacing_ns + rnd.randint(-publisher_jitter_ns, publisher_jitter_ns), 1_000)  # in order too
+        arrived = max(sent + latency_ns + rnd.randint(0, jitter_ns), arrived + 2_000)  # in order
+        egress = Egress(sent, 100, b"u%d" % i, b"span%d" % i)
+        arrival = Arrival(arrived, 100, b"d%d" % i)
+        truth[arrival] = egress
+        report("egress", egress.ident, "U", sent, egress)
+        report("arrival", arrival.ident, "D", arrived, arrival)
+    report("other", b"u-after", "U", sent + 10**9, None)
+    report("other", b"d-after", "D", arrived + 10**9, None)
+    kept = [r for r in reports if r[0] == "other" or rnd.random() >= drop]
+    return Hops(kept, truth)
+
+
+def link_all(index_class, hops: Hops, bounded: bool, shuffle: int | None = None) -> dict[Arrival, Egress | None]:
+    index = index_class(LinkSettings(), bounded=bounded)
+    reports = list(hops.reports)
+    if shuffle is not None:
+        random.Random(shuffle).shuffle(reports)
+    for side, ident, server, seq, ts, entry in reports:
+        index.observe_report(ident, server, seq, ts)
+        if side == "egress":
+            index.add_egress(KEY, entry)
+        elif side == "arrival":
+            index.add_arrival(KEY, entry)
+    links = {}
+    for side, *_, entry in reports:
+        if side == "arrival":
+            link = index.resolve(KEY, entry)
+            links[entry] = link.egress if link.result == MATCHED else None
+    return links
+
+
+def score(hops: Hops, links: dict) -> tuple[int, int, int]:
+    """(linkable: both reports kept, linked right, linked wrong)."""
+    egresses = {entry for side, *_, entry in hops.reports if side == "egress"}
+    linkable = sum(1 for arrival in links if hops.truth[arrival] in egresses)
+    right = sum(1 for arrival, egress in links.items() if egress is not None and egress == hops.truth[arrival])
+    wrong = sum(1 for egress in links.values() if egress is not None) - right
+    return linkable, right, wrong
+
+
+INDEXES = pytest.mark.parametrize("index_class", [linking.PythonLinkIndex, linking.LinkIndex],
+                                  ids=["python", "chosen"])
+MODES = pytest.mark.parametrize("bounded", [True, False], ids=["live", "whole"])
+
+
+@INDEXES
+@MODES
+@pytest.mark.parametrize("spacing_ns", [2_000_000, 15_000], ids=["2ms", "back-to-back"])
+def test_a_whole_batch_links_in_order(index_class, bounded, spacing_ns):
+    for seed in range(3):
+        hops = batch(200, spacing_ns, drop=0.0, seed=seed)
+        linkable, right, wrong = score(hops, link_all(index_class, hops, bounded))
+        assert (linkable, right, wrong) == (200, 200, 0)
+
+
+@INDEXES
+@MODES
+def test_lost_reports_in_a_spaced_batch_leave_time_to_decide(index_class, bounded):
+    totals = [0, 0, 0]
+    for seed in range(5):
+        hops = batch(200, 2_000_000, drop=0.1, seed=seed)
+        totals = [a + b for a, b in zip(totals, score(hops, link_all(index_class, hops, bounded)), strict=True)]
+    linkable, right, wrong = totals
+    assert wrong == 0
+    assert right >= 0.95 * linkable
+
+
+@INDEXES
+@MODES
+@pytest.mark.parametrize("case", [
+    {"spacing_ns": 15_000},  # closer than the jitter: lost reports make it undecidable
+    {"spacing_ns": 2_000_000, "publisher_jitter_ns": 0, "jitter_ns": 20_000},  # strictly periodic: every shift alike
+    {"spacing_ns": 2_000_000, "before": False},  # nothing seen before the batch
+    {"spacing_ns": 300_000, "latency_ns": 1_000_000},  # latency longer than the spacing
+], ids=["back-to-back", "periodic", "cold", "slow-link"])
+def test_lost_reports_never_make_a_wrong_link(index_class, bounded, case):
+    for drop in (0.1, 0.3):
+        for seed in range(3):
+            hops = batch(120, drop=drop, seed=seed, **case)
+            assert score(hops, link_all(index_class, hops, bounded))[2] == 0
+
+
+@INDEXES
+def test_the_whole_input_mode_ignores_the_input_order(index_class):
+    for spacing_ns in (2_000_000, 15_000):
+        hops = batch(150, spacing_ns, drop=0.1, seed=7)
+        first = link_all(index_class, hops, bounded=False)
+        assert all(link_all(index_class, hops, bounded=False, shuffle=seed) == first for seed in range(3))
+
+
+def test_the_twins_decide_alike():
+    for spacing_ns, drop in ((2_000_000, 0.1), (15_000, 0.1), (15_000, 0.0)):
+        hops = batch(150, spacing_ns, drop=drop, seed=3)
+        for bounded in (True, False):
+            assert link_all(linking.LinkIndex, hops, bounded) == link_all(linking.PythonLinkIndex, hops, bounded)
+
+
+def test_the_ledger_says_where_reports_are_missing():
+    ledger = ReportLedger(capacity=100, retention_s=10)
+    for seq, ts in ((5, 50), (6, 60), (8, 80), (9, 90)):
+        ledger.observe(b"r%d" % seq, "S", seq, ts, now=0.0)
+    assert ledger.complete(b"r5", b"r6") and ledger.complete(b"r8", b"r9")
+    assert not ledger.complete(b"r6", b"r8")  # 7 is missing
+    assert ledger.complete(b"r5", b"r6", since_ns=50) and not ledger.complete(b"r5", b"r6", since_ns=49)
+    ledger.observe(b"r7", "S", 7, 70, now=0.0)  # fills the gap: one run
+    assert ledger.complete(b"r5", b"r9")
+    assert not ledger.complete(b"r5", b"other")
+    ledger.observe(b"x1", "T", 1, 10, now=0.0)
+    assert not ledger.complete(b"r5", b"x1")  # another server
+    ledger.expire(now=20.0)  # everything older than the retention goes
+    assert len(ledger) == 0 and not ledger.complete(b"r5", b"r6")
+
+
+def test_the_ledger_is_bounded():
+    ledger = ReportLedger(capacity=10, retention_s=1000)
+    for seq in range(1, 100):
+        ledger.observe(b"r%d" % seq, "S", seq * 2, seq, now=0.0)  # every other number: a run each
+        ledger.expire(now=0.0)
+    assert len(ledger) == 10
+
+
+def test_a_latency_is_learned_only_when_one_stands_out():
+    hops = batch(100, 2_000_000, drop=0.1, seed=1)
+    egresses = sorted(e for side, *_, e in hops.reports if side == "egress")
+    arrivals = sorted(a for side, *_, a in hops.reports if side == "arrival")
+    found = latency_from_times(egresses, arrivals, 500_000_000, 100_000_000)
+    assert found is not None and 300_000 <= sorted(found)[len(found) // 2] <= 360_000
+    periodic = batch(100, 2_000_000, drop=0.1, seed=1, publisher_jitter_ns=0, jitter_ns=20_000)
+    egresses = sorted(e for side, *_, e in periodic.reports if side == "egress")
+    arrivals = sorted(a for side, *_, a in periodic.reports if side == "arrival")
+    assert latency_from_times(egresses, arrivals, 500_000_000, 100_000_000) is None

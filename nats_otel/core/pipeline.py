@@ -18,7 +18,7 @@ The live `Converter` observes each message on arrival and finishes it `link_wait
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
@@ -366,13 +366,18 @@ def convert_batch(
     options: MappingOptions = MappingOptions(),
     limits: DecodeLimits = DecodeLimits(),
     link: LinkSettings = LinkSettings(),
+    report_runs: dict[str, Sequence[tuple[int, int, int]]] | None = None,
 ) -> list[Converted | Rejected]:
     """Whole-input conversion (`convert`, backfill): the result ignores the input order.
 
     Rejected items passed in (e.g. archive lines that did not parse) are passed through.
+    `report_runs` (`sequences.report_runs`): which reports of each server the whole input
+    holds, when `raws` is only part of it (the backfill converts one context at a time).
     """
     # The whole input is the window here: nothing is forgotten, nothing expires.
     linker = Linker(link, bounded=False)
+    if report_runs is not None:
+        linker.index.sequences.ledger.use_runs(report_runs)
     prepared: list[Prepared | Rejected] = []
     for raw in raws:
         if isinstance(raw, Rejected):

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from statistics import median
 from typing import Any
 
-__all__ = ["MAX_WALK", "HopSequences", "LinkLatency", "ReportLedger"]
+__all__ = ["MAX_WALK", "HopSequences", "LinkLatency", "ReportLedger", "latency_from_times", "report_runs"]
 
 # An arrival is matched by order from an anchor at most this many arrivals back; further
 # (a key resolved far out of order) time decides. Bounds the work of one decision.
@@ -107,7 +107,7 @@ class ReportLedger:
     """Which reports of each server were observed (`server.seq`), and which report an
     identity is: says whether a stretch of one server's reports is complete."""
 
-    __slots__ = ("_bounded", "_fifo", "_reports", "_servers", "capacity", "retention_s")
+    __slots__ = ("_bounded", "_fifo", "_fixed", "_reports", "_servers", "capacity", "retention_s")
 
     def __init__(self, capacity: int, retention_s: float, bounded: bool = True) -> None:
         self.capacity, self.retention_s, self._bounded = capacity, retention_s, bounded
@@ -115,6 +115,26 @@ class ReportLedger:
         # identity -> (server id, seq): what an Egress's or Arrival's `ident` refers to.
         self._reports: dict[bytes, tuple[str, int]] = {}
         self._fifo: deque[tuple[float, bytes]] = deque()
+        self._fixed = False
+
+    def use_runs(self, runs: dict[str, Sequence[tuple[int, int, int]]]) -> None:
+        """Take every server's runs as given (`report_runs` of a whole input), for a part of
+        that input (the backfill converts one trace context at a time): then only the
+        identities of the reports observed here are recorded."""
+        self._fixed = True
+        self._servers = {}
+        for server_id, server_runs in runs.items():
+            into = self._servers[server_id] = _ServerRuns()
+            for first, last, since_ns in sorted(server_runs):
+                into.firsts.append(first)
+                into.lasts.append(last)
+                into.since_ns.append(since_ns)
+                into.touched.append(0.0)
+
+    def runs(self) -> dict[str, tuple[tuple[int, int, int], ...]]:
+        """Every server's runs: (first seq, last seq, earliest report time)."""
+        return {server_id: tuple(zip(runs.firsts, runs.lasts, runs.since_ns, strict=True))
+                for server_id, runs in sorted(self._servers.items())}
 
     def __len__(self) -> int:
         return len(self._reports)
@@ -124,6 +144,8 @@ class ReportLedger:
         if seq <= 0 or ident in self._reports:
             return
         self._reports[ident] = (server_id, seq)
+        if self._fixed:
+            return
         runs = self._servers.get(server_id)
         if runs is None:
             runs = self._servers[server_id] = _ServerRuns()
@@ -160,6 +182,15 @@ class ReportLedger:
         return since_ns is None or runs.since_ns[at] <= since_ns
 
 
+def report_runs(reports: Iterable[tuple[str, int, int]]) -> dict[str, tuple[tuple[int, int, int], ...]]:
+    """The runs of a whole input's reports, given as (server id, seq, report time): what
+    `ReportLedger.use_runs` takes (the backfill works them out over all contexts at once)."""
+    ledger = ReportLedger(capacity=0, retention_s=0.0, bounded=False)
+    for number, (server_id, seq, ts_ns) in enumerate(reports):
+        ledger.observe(number.to_bytes(8, "big"), server_id, seq, ts_ns)
+    return ledger.runs()
+
+
 class LinkLatency:
     """The latency of each link (upstream server name, downstream server name), learned from
     the hops matched on it: its recent median, and a tolerance from their spread."""
@@ -183,24 +214,23 @@ class LinkLatency:
         for latency_ns in latencies:
             self.learn(link, latency_ns)
 
-    def fix(self, link: tuple[str, str], latencies: Sequence[int]) -> None:
-        """The whole-input mode: the link's latency from all it saw, learned once."""
-        self._samples[link] = deque(sorted(latencies), maxlen=None)
-        self._estimates.pop(link, None)
-
     def estimate(self, link: tuple[str, str]) -> tuple[int, int] | None:
         """(latency, tolerance) in ns, or None before enough was learned."""
         if link in self._estimates:
             return self._estimates[link]
         samples = self._samples.get(link)
-        found = None
-        if samples is not None and len(samples) >= _LATENCY_MIN_SAMPLES:
-            center = int(median(samples))
-            spread = median(abs(sample - center) for sample in samples)
-            # 1.4826 MAD is one standard deviation of a normal spread; 4 of them, bounded.
-            found = center, int(min(max(4 * 1.4826 * spread, _TOLERANCE_FLOOR_NS), _TOLERANCE_CAP_NS))
+        found = _estimate(samples) if samples is not None and len(samples) >= _LATENCY_MIN_SAMPLES else None
         self._estimates[link] = found
         return found
+
+
+def _estimate(samples: Iterable[int]) -> tuple[int, int]:
+    """(latency, tolerance) of some latencies: their median, and 4 standard deviations
+    (1.4826 times the median absolute deviation, robust to outliers), bounded."""
+    samples = list(samples)
+    center = int(median(samples))
+    spread = median(abs(sample - center) for sample in samples)
+    return center, int(min(max(4 * 1.4826 * spread, _TOLERANCE_FLOOR_NS), _TOLERANCE_CAP_NS))
 
 
 def _in_window(entries: Sequence[Any], lo_ns: int, hi_ns: int) -> tuple[int, int]:
@@ -256,7 +286,8 @@ class HopSequences:
     `keys` lists every key held with its egresses and arrivals: the whole-input mode
     (`bounded` False) learns from all of them before its first decision."""
 
-    __slots__ = ("_aligned", "_bounded", "_decided", "_keys", "latency", "latency_ns", "ledger", "skew_ns")
+    __slots__ = ("_aligned", "_bounded", "_decided", "_key_latency", "_keys", "latency", "latency_ns", "ledger",
+                 "skew_ns")
 
     def __init__(self, latency_ns: int, skew_ns: int, capacity: int, retention_s: float,
                  bounded: bool = True, keys: Callable[[], Iterable[tuple[Any, Sequence[Any], Sequence[Any]]]]
@@ -266,8 +297,11 @@ class HopSequences:
         self.latency = LinkLatency()
         # key -> {arrival: egress} decided here (the anchors of later decisions).
         self._decided: dict[Any, dict[Any, Any]] = {}
-        # Whole-input mode: True once every crowded key was aligned.
+        # Whole-input mode: True once every crowded key was aligned; each crowded key's
+        # latency from its own times (a key is all one context: the backfill, which converts
+        # one context at a time, learns the same).
         self._aligned = False
+        self._key_latency: dict[Any, tuple[int, int] | None] = {}
 
     def forget(self, key: Any, arrival: Any) -> None:
         """An arrival expired from the index: its decision goes with it."""
@@ -315,28 +349,21 @@ class HopSequences:
         if self._keys is None:
             return
         held = sorted(((key, list(egresses), list(arrivals)) for key, egresses, arrivals in self._keys()
-                       if egresses and arrivals), key=lambda item: (item[2][0], item[0]))
-        unique: dict[tuple[str, str], list[int]] = {}
-        from_times: dict[tuple[str, str], list[int]] = {}
+                       if egresses and arrivals and (len(egresses) > 1 or len(arrivals) > 1)),
+                      key=lambda item: (item[2][0], item[0]))
         for key, egresses, arrivals in held:
-            link = (key[2], key[3])
-            for arrival in arrivals:
-                lo, hi = _in_window(egresses, arrival[0] - self.latency_ns, arrival[0] + self.skew_ns)
-                if hi - lo == 1:
-                    back_lo, back_hi = _in_window(arrivals, egresses[lo][0] - self.skew_ns,
-                                                  egresses[lo][0] + self.latency_ns)
-                    if back_hi - back_lo == 1:
-                        unique.setdefault(link, []).append(arrival[0] - egresses[lo][0])
-            if len(egresses) > 1 or len(arrivals) > 1:
-                found = latency_from_times(egresses, arrivals, self.latency_ns, self.skew_ns)
-                if found:
-                    from_times.setdefault(link, []).extend(found)
-        for link in {*unique, *from_times}:
-            self.latency.fix(link, unique.get(link) or from_times[link])
+            found = latency_from_times(egresses, arrivals, self.latency_ns, self.skew_ns)
+            self._key_latency[key] = None if found is None else _estimate(found)
         for key, egresses, arrivals in held:
-            if len(egresses) > 1 or len(arrivals) > 1:
-                for position in range(len(arrivals)):
-                    self._decide(key, egresses, arrivals, position)
+            for position in range(len(arrivals)):
+                self._decide(key, egresses, arrivals, position)
+
+    def _estimate(self, key: Any) -> tuple[int, int] | None:
+        """(latency, tolerance) of the key's link: learned on the link as it goes (live), or
+        from the key's own times (whole input)."""
+        if self._bounded:
+            return self.latency.estimate((key[2], key[3]))
+        return self._key_latency.get(key)
 
     def _decide(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int) -> Any:
         """The egress of `arrivals[position]` by order, else by time, else None; recorded."""
@@ -390,7 +417,7 @@ class HopSequences:
             anchor_egress = egresses[lo]
             # A lost egress whose arrival is here left at most the latency before the first
             # arrival; a lost arrival of an egress here came at least the latency after it.
-            estimate = self.latency.estimate((key[2], key[3]))
+            estimate = self._estimate(key)
             if estimate is None:
                 since_up, since_down = anchor[0] - self.latency_ns, anchor_egress[0] - self.skew_ns
             else:
@@ -409,7 +436,7 @@ class HopSequences:
 
     def _by_time(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], arrival: Any) -> Any:
         link = (key[2], key[3])
-        estimate = self.latency.estimate(link)
+        estimate = self._estimate(key)
         if estimate is None and self._bounded:
             # Nothing learned on this link yet: what the key's recent times agree on, if any.
             position = bisect_left(arrivals, arrival)

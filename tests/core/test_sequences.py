@@ -16,7 +16,7 @@ import pytest
 
 from nats_otel.core import linking
 from nats_otel.core.linking import MATCHED, Arrival, Egress, LinkSettings
-from nats_otel.core.sequences import ReportLedger, latency_from_times
+from nats_otel.core.sequences import ReportLedger, latency_from_times, report_runs
 
 KEY = (b"ctx", "1", "up", "down")
 _T0 = 1_800_000_000_000_000_000
@@ -177,3 +177,44 @@ def test_a_latency_is_learned_only_when_one_stands_out():
     egresses = sorted(e for side, *_, e in periodic.reports if side == "egress")
     arrivals = sorted(a for side, *_, a in periodic.reports if side == "arrival")
     assert latency_from_times(egresses, arrivals, 500_000_000, 100_000_000) is None
+
+
+@INDEXES
+def test_one_context_at_a_time_with_the_whole_inputs_runs_links_as_the_whole(index_class):
+    """The backfill converts each trace context apart: given the runs of every server's
+    reports over the whole input (`report_runs`), each context links as in the whole."""
+    one, two = batch(80, 15_000, drop=0.0, seed=1), batch(80, 2_000_000, drop=0.1, seed=2)
+    other_key = (b"ctx2", "1", "up", "down")
+    # The second context's reports interleave with the first's on the same two servers.
+    reports = sorted([(r, KEY) for r in one.reports] + [(r, other_key) for r in two.reports], key=lambda x: x[0][4])
+    seqs: dict[str, int] = {"U": 1, "D": 1}
+    numbered = []
+    for (side, ident, server, _seq, ts, entry), key in reports:
+        renamed = entry._replace(ident=entry.ident + key[0]) if entry is not None else None
+        numbered.append(((side, ident + key[0], server, seqs[server], ts, renamed), key))
+        seqs[server] += 1
+
+    def links_of(index, items):
+        for (side, ident, server, seq, ts, entry), key in items:
+            index.observe_report(ident, server, seq, ts)
+            if side == "egress":
+                index.add_egress(key, entry)
+            elif side == "arrival":
+                index.add_arrival(key, entry)
+        return {(key, entry): index.resolve(key, entry) for (side, *_, entry), key in items if side == "arrival"}
+
+    whole = links_of(index_class(LinkSettings(), bounded=False), numbered)
+    runs = report_runs((server, seq, ts) for (_side, _ident, server, seq, ts, _entry), _key in numbered)
+    apart = {}
+    for key in (KEY, other_key):
+        index = index_class(LinkSettings(), bounded=False)
+        index.sequences.ledger.use_runs(runs)
+        apart.update(links_of(index, [item for item in numbered if item[1] == key]))
+    assert apart == whole
+    # Without the runs, each context alone sees gaps where the other's reports were: the
+    # back-to-back batch is then left ambiguous.
+    blind = {}
+    for key in (KEY, other_key):
+        blind.update(links_of(index_class(LinkSettings(), bounded=False), [item for item in numbered if item[1] == key]))
+    matched = [sum(link.result == MATCHED for link in links.values()) for links in (whole, blind)]
+    assert matched[0] > matched[1] + 40

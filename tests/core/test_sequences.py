@@ -215,6 +215,7 @@ def test_one_context_at_a_time_with_the_whole_inputs_runs_links_as_the_whole(ind
     # back-to-back batch is then left ambiguous.
     blind = {}
     for key in (KEY, other_key):
-        blind.update(links_of(index_class(LinkSettings(), bounded=False), [item for item in numbered if item[1] == key]))
+        alone = [item for item in numbered if item[1] == key]
+        blind.update(links_of(index_class(LinkSettings(), bounded=False), alone))
     matched = [sum(link.result == MATCHED for link in links.values()) for links in (whole, blind)]
     assert matched[0] > matched[1] + 40

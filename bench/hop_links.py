@@ -269,6 +269,9 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
 
     truth = compute_truth(read_raws(archiver.path))
     describe_truth(truth)
+    disagreements = Counter(what for what, _ in truth.label_mismatches if what != "size")
+    if disagreements:
+        notes.append(f"order and the reports' labels disagree: {dict(disagreements)} (the truth is in doubt)")
     outputs = [line for b in bridges if b.output.exists() for line in b.output.read_bytes().splitlines()]
     result = score(truth, read_otlp_json_lines(outputs))
     layout = "one bridge" if args.bridges == 1 else f"{args.bridges} bridges, one queue group (sidecars)"

@@ -13,7 +13,10 @@ What differs between the modes is what makes linking hard:
 * `adhoc`: no traceparent, a `Nats-Trace-Dest` header naming one fixed destination (a
   shared debug subject: every message shares the ad-hoc context), `gap_ms` apart.
 
-Every message has the same payload size, so size never tells two messages apart. The plan
+Every message has the same payload size, so size never tells two messages apart, and
+carries its number in `hop_truth.SEQUENCE_HEADER` (fixed width: sizes stay alike), which
+the servers copy into their reports: a check of the order-based truth that no linker reads.
+The plan
 (headers, payloads, pauses) is a pure function of the options and the seed
 (`plan_messages`); `run_traffic` sends it with nats-py and counts what the subscribers got.
 """
@@ -27,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nats_otel.devkit.hop_truth import SEQUENCE_HEADER
 from nats_otel.devkit.processes import wait_for_interest
 
 __all__ = ["MODES", "PlannedMessage", "TrafficOptions", "TrafficReport", "plan_messages", "run_traffic"]
@@ -98,6 +102,7 @@ def plan_messages(options: TrafficOptions) -> list[PlannedMessage]:
                 pause = batch_gap_s if first_of_batch else gap_s
             else:
                 pause = batch_gap_s if first_of_batch else 0.0
+        headers[SEQUENCE_HEADER] = f"{number:08d}"
         plan.append(PlannedMessage(headers, payload, 0.0 if number == 0 else pause))
     return plan
 

@@ -21,7 +21,12 @@ has a near-constant latency; a wrong pairing does not). Connections that cannot 
 cleanly (no partner, or several partners fitting about as well) are reported, not guessed.
 
 The hop id, trace context and size are then compared along the pairing as a check only
-(`Truth.label_mismatches`): if order and labels ever disagree, the instrument says so.
+(`Truth.label_mismatches`): if order and labels ever disagree, the instrument says so. Within
+a batch under one context those labels are all alike, so traffic made to be checked
+(`devkit.hop_traffic`) numbers its messages in a header of their own, `SEQUENCE_HEADER`,
+which every report copies: where both reports carry it, it must agree too. The linker
+under test never reads it (it is not allow-listed, and all numbers have the same width,
+so it leaves sizes alike).
 
 Pure: no I/O, no clock. `score` classifies a bridge's or `convert`'s output (OTLP/JSON lines
 as the file exporter writes them, or `SpanRecord`s) against the truth.
@@ -48,6 +53,7 @@ __all__ = [
     "AMBIGUOUS",
     "MISSING",
     "RIGHT",
+    "SEQUENCE_HEADER",
     "UNMATCHED",
     "WRONG",
     "ConnectionProblem",
@@ -72,6 +78,8 @@ MISSING = "missing"
 
 _LINK_ATTRIBUTE = "messaging.nats.trace.link"
 _HOP_HEADER = "nats-trace-hop"
+#: A header numbering each message of checkable traffic (fixed width): a check of the truth.
+SEQUENCE_HEADER = "Hop-Check-Seq"
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +291,9 @@ def _label_disagreements(up: _Report, position: int, down: _Report) -> list[str]
         found.append("hop")
     if down.ctx.id_fields != up.ctx.id_fields:
         found.append("context")
+    up_seq, down_seq = up.msg.header(SEQUENCE_HEADER), down.msg.header(SEQUENCE_HEADER)
+    if up_seq is not None and down_seq is not None and up_seq != down_seq:
+        found.append("sequence")
     if _size_without_hop(down.msg) != _size_without_hop(up.msg):
         found.append("size")  # legitimate across service imports, which add headers
     return found

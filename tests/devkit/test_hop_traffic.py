@@ -6,6 +6,7 @@ import pytest
 
 from nats_otel.core.ids import parse_traceparent
 from nats_otel.devkit.hop_traffic import TrafficOptions, plan_messages, run_traffic
+from nats_otel.devkit.hop_truth import SEQUENCE_HEADER
 from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.topology import LEAF_ACCOUNTS, LeafRemote, ServerSpec, Topology, cluster
 
@@ -38,7 +39,13 @@ def test_batches_share_one_context_and_one_size(mode, inner_pause):
 
 def test_adhoc_names_one_destination_and_no_traceparent():
     plan = plan_messages(TrafficOptions(mode="adhoc", messages=10, adhoc_dest="trace.adhoc.x"))
-    assert all(m.headers == {"Nats-Trace-Dest": "trace.adhoc.x"} for m in plan)
+    assert all(m.headers["Nats-Trace-Dest"] == "trace.adhoc.x" and "traceparent" not in m.headers for m in plan)
+
+
+def test_every_message_is_numbered_in_a_header_of_one_width():
+    plan = plan_messages(TrafficOptions(mode="back_to_back", messages=120))
+    numbers = [m.headers[SEQUENCE_HEADER] for m in plan]
+    assert numbers == [f"{n:08d}" for n in range(120)]
 
 
 def test_bad_options_are_refused():

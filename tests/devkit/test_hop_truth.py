@@ -17,6 +17,7 @@ from nats_otel.devkit.hop_truth import (
     AMBIGUOUS,
     MISSING,
     RIGHT,
+    SEQUENCE_HEADER,
     UNMATCHED,
     WRONG,
     compute_truth,
@@ -214,3 +215,20 @@ def test_link_statistics_of_the_sampling_scenario():
     assert 0 < low <= median <= high < 10_000_000
     # Messages left microseconds apart: several were in flight at once on this route.
     assert stats.spacing[0] < stats.latency[0] and stats.in_flight[-1] > 1
+
+
+def test_a_sequence_header_checks_the_order_where_other_labels_are_alike():
+    """Two messages under one context: the truth pairs by order; the numbering header checks it."""
+    headers = {"traceparent": ["00-" + "a" * 32 + "-" + "b" * 16 + "-01"]}
+
+    def pair(t_out: int, sent: str, arrived: str) -> list:
+        origin = message(ingress(t_out - 50), egress(t_out, kind=1, name="s2", hop="1", cid=9),
+                         server="s1", headers={**headers, SEQUENCE_HEADER: [sent]})
+        down = message(ingress(t_out + 300_000, kind=1, name="s1", cid=12), egress(t_out + 300_010),
+                       server="s2", headers={**headers, SEQUENCE_HEADER: [arrived], "Nats-Trace-Hop": ["1"]})
+        down["request"]["msgsize"] += len("Nats-Trace-Hop: 1\r\n")
+        return [raw(origin), raw(down)]
+
+    assert compute_truth([*pair(1_000_000, "01", "01"), *pair(1_010_000, "02", "02")]).label_mismatches == []
+    crossed = compute_truth([*pair(1_000_000, "01", "02"), *pair(1_010_000, "02", "01")])
+    assert [what for what, _ in crossed.label_mismatches] == ["sequence", "sequence"]

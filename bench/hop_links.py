@@ -302,13 +302,15 @@ def describe_truth(truth: Truth) -> None:
           f"label disagreements {dict(Counter(w for w, _ in truth.label_mismatches))}", flush=True)
     for problem in truth.problems:
         print(f"  PROBLEM {problem.describe()}")
-    print("  per connection, µs (p0 / p1 / p50 / p99 / max):")
+    print("  per connection, µs (p0 / p1 / p10 / p50 / p90 / p99 / max):")
     for stats in link_statistics(truth):
         def us(values: tuple[int, ...]) -> str:
             return " / ".join(f"{v / 1000:.0f}" if abs(v) >= 10_000 else f"{v / 1000:.1f}" for v in values)
         print(f"  {stats.link.label():34} {stats.messages:5} msgs  latency {us(stats.latency)}")
         print(f"  {'':34} {'':10} latency step {us(stats.latency_step)}")
         print(f"  {'':34} {'':10} egress spacing {us(stats.spacing)}")
+        if stats.same_context_spacing:
+            print(f"  {'':34} {'':10} ... within one context {us(stats.same_context_spacing)}")
         print(f"  {'':34} {'':10} in flight {' / '.join(map(str, stats.in_flight))} messages")
 
 

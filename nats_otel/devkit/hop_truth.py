@@ -52,6 +52,7 @@ from nats_otel.core.records import SpanKind, SpanRecord
 __all__ = [
     "AMBIGUOUS",
     "MISSING",
+    "QUANTILES",
     "RIGHT",
     "SEQUENCE_HEADER",
     "UNMATCHED",
@@ -149,6 +150,9 @@ class Hop:
     index: int  # 0-based position of this message in its connection's sequence
     egress_ts_ns: int
     arrival_ts_ns: int
+    #: The upstream report's trace context (`TraceContext.id_fields`): for the statistics of
+    #: messages sharing one, which only order tells apart.
+    context: bytes = b""
 
     @property
     def latency_ns(self) -> int:
@@ -191,8 +195,6 @@ class Truth:
     failed_egresses: int = 0
     #: Pairs (by order) whose hop id, trace context or size disagree: (what, hop); a check.
     label_mismatches: list[tuple[str, Hop]] = field(default_factory=list)
-    #: The egress sequences by connection (egress times), for the spacing statistics.
-    egress_times: dict[LinkId, list[int]] = field(default_factory=dict)
 
     def links(self) -> dict[LinkId, list[Hop]]:
         """The hops of each paired connection, in order."""
@@ -264,7 +266,6 @@ def compute_truth(raws: Iterable[RawTraceMessage], settings: TruthSettings = Tru
 def _record_hops(truth: Truth, reports: list[_Report], group: tuple[str, str, int], up_side: _Side,
                  egresses: list[_Egress], down_side: _Side, arrivals: list[_Arrival]) -> None:
     link = LinkId(group[0], up_side[1], group[1], down_side[1], group[2])
-    truth.egress_times[link] = [e.ts_ns for e in egresses]
     for index, (egress, arrival) in enumerate(zip(egresses, arrivals, strict=True)):
         up, down = reports[egress.report], reports[arrival.report]
         hop = Hop(
@@ -276,6 +277,7 @@ def _record_hops(truth: Truth, reports: list[_Report], group: tuple[str, str, in
             index=index,
             egress_ts_ns=egress.ts_ns,
             arrival_ts_ns=arrival.ts_ns,
+            context=up.ctx.id_fields,
         )
         truth.hops[down.ident] = hop
         for what in _label_disagreements(up, egress.position, down):
@@ -484,7 +486,7 @@ def score(truth: Truth, spans: Iterable[SpanView], only: Collection[bytes] | Non
 
 @dataclass(frozen=True, slots=True)
 class LinkStatistics:
-    """One connection's latency and spacing, in nanoseconds (quantiles: p0, p1, p50, p99, p100)."""
+    """One connection's latency and spacing, in nanoseconds, as quantiles (`QUANTILES`)."""
 
     link: LinkId
     messages: int
@@ -493,11 +495,15 @@ class LinkStatistics:
     latency_step: tuple[int, ...]
     #: egress(k+1) - egress(k): how close together the messages left.
     spacing: tuple[int, ...]
+    #: The same, only between consecutive messages of one trace context (a batch): the
+    #: spacing that order alone must resolve. Empty when no two consecutive ones share one.
+    same_context_spacing: tuple[int, ...]
     #: How many later egresses had left before the k-th message arrived (messages in flight).
     in_flight: tuple[int, ...]
 
 
-QUANTILES = (0.0, 0.01, 0.5, 0.99, 1.0)
+#: p0, p1, p10, p50, p90, p99, p100.
+QUANTILES = (0.0, 0.01, 0.1, 0.5, 0.9, 0.99, 1.0)
 
 
 def _quantiles(values: list[int]) -> tuple[int, ...]:
@@ -515,6 +521,7 @@ def link_statistics(truth: Truth) -> list[LinkStatistics]:
         egresses = [h.egress_ts_ns for h in hops]
         steps = [abs(b - a) for a, b in itertools.pairwise(latencies)]
         spacing = [b - a for a, b in itertools.pairwise(egresses)]
+        same_context = [b.egress_ts_ns - a.egress_ts_ns for a, b in itertools.pairwise(hops) if a.context == b.context]
         in_flight = []
         ahead = 0
         for k, hop in enumerate(hops):
@@ -523,5 +530,5 @@ def link_statistics(truth: Truth) -> list[LinkStatistics]:
                 ahead += 1
             in_flight.append(ahead - k)
         out.append(LinkStatistics(link, len(hops), _quantiles(latencies), _quantiles(steps), _quantiles(spacing),
-                                  _quantiles(in_flight)))
+                                  _quantiles(same_context), _quantiles(in_flight)))
     return out

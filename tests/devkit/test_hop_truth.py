@@ -16,6 +16,7 @@ from nats_otel.core.records import SpanRecord
 from nats_otel.devkit.hop_truth import (
     AMBIGUOUS,
     MISSING,
+    QUANTILES,
     RIGHT,
     SEQUENCE_HEADER,
     UNMATCHED,
@@ -211,10 +212,17 @@ def test_link_statistics_of_the_sampling_scenario():
     truth = compute_truth(read_raws(CORPUS / "21_sampling_50pct_account_c.jsonl"))
     (stats,) = link_statistics(truth)
     assert stats.messages == 110
-    low, _, median, _, high = stats.latency
+    low, median, high = stats.latency[0], stats.latency[QUANTILES.index(0.5)], stats.latency[-1]
     assert 0 < low <= median <= high < 10_000_000
     # Messages left microseconds apart: several were in flight at once on this route.
     assert stats.spacing[0] < stats.latency[0] and stats.in_flight[-1] > 1
+    assert stats.same_context_spacing == ()  # every sampled message had its own traceparent
+
+
+def test_link_statistics_of_messages_sharing_a_context():
+    (stats,) = link_statistics(compute_truth(read_raws(CORPUS / "22_traceparent_reused_3x.jsonl")))
+    assert stats.messages == 3 and len(stats.same_context_spacing) == len(QUANTILES)
+    assert stats.same_context_spacing == stats.spacing
 
 
 def test_a_sequence_header_checks_the_order_where_other_labels_are_alike():

@@ -299,6 +299,7 @@ def describe_truth(truth: Truth) -> None:
     """What the truth rests on, and the numbers a matcher is tuned to (µs)."""
     print(f"truth: {len(truth.reports)} reports, {len(truth.hops)} hops over {len(truth.links())} connections; "
           f"{len(truth.unplaced)} unplaced, {truth.duplicates} duplicates, {truth.rejected} undecodable, "
+          f"{truth.time_ties} same-nanosecond ties, "
           f"label disagreements {dict(Counter(w for w, _ in truth.label_mismatches))}", flush=True)
     for problem in truth.problems:
         print(f"  PROBLEM {problem.describe()}")
@@ -311,6 +312,7 @@ def describe_truth(truth: Truth) -> None:
         print(f"  {'':34} {'':10} egress spacing {us(stats.spacing)}")
         if stats.same_context_spacing:
             print(f"  {'':34} {'':10} ... within one context {us(stats.same_context_spacing)}")
+        print(f"  {'':34} {'':10} arrival spacing {us(stats.arrival_spacing)}")
         print(f"  {'':34} {'':10} in flight {' / '.join(map(str, stats.in_flight))} messages")
 
 

@@ -93,7 +93,7 @@ def test_whole_corpus_every_downstream_report_has_a_truth(corpus_raws):
     truth = compute_truth(corpus_raws)
     downstream = {identity(m) for m in map(decode, corpus_raws) if m.ingress.kind in (1, 2, 4)}
     assert set(truth.hops) == downstream
-    assert not truth.problems and not truth.unplaced and truth.duplicates == 0
+    assert not truth.problems and not truth.unplaced and truth.duplicates == 0 and truth.time_ties == 0
     # Order and the servers' labels agree everywhere; only the service import (08) adds headers.
     assert Counter(what for what, _ in truth.label_mismatches) == Counter({"size": 1})
 

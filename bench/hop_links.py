@@ -355,6 +355,10 @@ def print_table(rows: list[Row]) -> None:
                   f"{dict(sorted(row.result.wrong_offsets.items()))}")
 
 
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bridges", type=int, choices=(1, 2, 3), default=1,
@@ -369,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=29)
     parser.add_argument("--workdir", type=Path, help="keep archive, spans and logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
+    # SIGTERM (and SIGINT, even where a shell started us with it ignored) unwinds through
+    # the `finally` blocks, which stop every server and bridge; dying at once would leave
+    # them running (they have sessions of their own).
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     if not 0 <= args.drop < 1:
         parser.error("--drop: a fraction in [0, 1)")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hop-links-"))
@@ -381,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         truth = compute_truth(read_raws(args.convert_archive))
         describe_truth(truth)
         print(f"  truth in {time.monotonic() - started:.1f} s")
+        complete = not truth.problems
         archive = args.convert_archive
     else:
         row, truth, archive = asyncio.run(live_run(args, workdir))
@@ -393,4 +403,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stopped:
+        print(f"interrupted ({stopped}); servers and bridges stopped", file=sys.stderr)
+        sys.exit(130)

@@ -12,6 +12,9 @@ OTLP/JSON lines, and every downstream server span in them is scored against the 
     python bench/hop_links.py --bridges 1 --mode per_message
     python bench/hop_links.py --bridges 3 --mode batch --drop 0.1   # + the `convert` row
     python bench/hop_links.py --convert-archive archive.jsonl --drop 0.1  # the convert row alone
+    python bench/hop_links.py --bridges 3 --mode batch --batch-size 2   # wrong links on main 4f0672d
+
+Results and what the per-connection numbers mean: docs/hop-links.md.
 
 `--drop F` also runs `nats-otel convert` on the archive with a fraction F of its trace
 messages removed at random (seeded), scoring only the hops whose two reports remain.

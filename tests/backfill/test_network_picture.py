@@ -18,8 +18,8 @@ import pytest
 from nats_otel.archive import read_archive
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.core.records import SpanKind
+from spark_backfill.edges import Edge
 from spark_backfill.network import Layout, edge_id, render, roles
-from spark_backfill.report import Edge
 from tests.backfill.conftest import corpus_files
 
 pytestmark = pytest.mark.skipif(shutil.which("dot") is None,

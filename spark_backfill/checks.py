@@ -5,6 +5,10 @@ its partner) must answer in a second with one line, not after the JVM's 10-30 s 
 Java traceback, and must leave nothing behind. So the checks here touch only this machine's
 file system and PATH: no pyspark import, no SparkSession. What only the cluster can tell
 (remote URIs) is checked by `outputs` once the session exists, still before any job runs.
+
+What the user typed (flags, inputs, outputs) is checked before what the machine lacks
+(Graphviz, Java, pyspark): told first that a tool is missing, a user installs it, runs
+again, and only then learns that the input was wrong.
 """
 
 from __future__ import annotations
@@ -138,6 +142,14 @@ def _check_spark_runtime(args: argparse.Namespace, starting_spark: bool) -> None
         raise UsageError("Spark needs Java 17 or newer: install it, or set JAVA_HOME")
 
 
+def _check_machine(args: argparse.Namespace, starting_spark: bool, picture: bool = False) -> None:
+    """What this machine lacks: checked last, once what the user typed is known to be right."""
+    if picture and shutil.which("dot") is None:
+        raise UsageError("the network picture needs Graphviz's `dot` on PATH (apt-get install graphviz); "
+                         "or pass --no-picture")
+    _check_spark_runtime(args, starting_spark)
+
+
 def _check_common(args: argparse.Namespace) -> None:
     if args.remote:
         if args.master:
@@ -183,7 +195,7 @@ def check_convert(args: argparse.Namespace, starting_spark: bool = True, local_p
         if args.jetstream_creds and "PYSPARK_GATEWAY_PORT" not in os.environ and not Path(
                 args.jetstream_creds).is_file():
             raise UsageError(f"--jetstream-creds {args.jetstream_creds} does not exist")
-    _check_spark_runtime(args, starting_spark)
+    _check_machine(args, starting_spark)
 
 
 def check_report(args: argparse.Namespace, starting_spark: bool = True, local_paths: bool = True) -> None:
@@ -191,9 +203,6 @@ def check_report(args: argparse.Namespace, starting_spark: bool = True, local_pa
     _check_common(args)
     if not is_local(args.out):
         raise UsageError(f"--out {args.out}: the report is written by this process: give a local folder")
-    if not args.no_picture and shutil.which("dot") is None:
-        raise UsageError("the network picture needs Graphviz's `dot` on PATH (apt-get install graphviz); "
-                         "or pass --no-picture")
     if local_paths and is_local(args.spans):
         spans = _local(args.spans)
         if not spans.exists():
@@ -203,4 +212,4 @@ def check_report(args: argparse.Namespace, starting_spark: bool = True, local_pa
                              "(convert --parquet-out writes one)")
     # The report is written here, by this process, whatever Spark reads from.
     _check_outputs({"--out": args.out}, [args.spans] if local_paths else [], args.overwrite)
-    _check_spark_runtime(args, starting_spark)
+    _check_machine(args, starting_spark, picture=not args.no_picture)

@@ -17,10 +17,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # report imports this module: the name is for the type checker only
-    from spark_backfill.report import Edge
+from spark_backfill.edges import Edge
 
 __all__ = ["KIND_COLOURS", "Box", "Layout", "edge_id", "render", "roles", "to_dot"]
 

@@ -13,23 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spark_backfill.edges import Edge
 from spark_backfill.network import render
 
-__all__ = ["Edge", "ErrorRow", "compute", "run_report", "write_tables"]
-
-
-@dataclass(frozen=True, slots=True)
-class Edge:
-    """Forwardings from one server to another over one connection kind."""
-
-    source: str
-    target: str
-    kind: str
-    count: int
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    max_ms: float
+__all__ = ["ErrorRow", "compute", "run_report", "write_tables"]
 
 
 @dataclass(frozen=True, slots=True)

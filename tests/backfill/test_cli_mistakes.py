@@ -3,7 +3,9 @@
 Each mistake runs `python -m spark_backfill` as a user would, in a subprocess whose
 SPARK_HOME is a stand-in: its `bin/spark-submit` (what pyspark runs to start the JVM) only
 records that it was called. So "Spark never started" is seen, not inferred from timing;
-the control case shows the stand-in is called when the command line is right.
+the control case shows the stand-in is called when the command line is right. Each mistake
+is made twice: on this machine, and on one without Graphviz's `dot` or Java (an empty PATH,
+a JAVA_HOME without a JDK), where it must still be the first thing said.
 """
 
 from __future__ import annotations
@@ -93,15 +95,26 @@ MISTAKES = [
 ]
 
 
+def _bare_machine(tmp_path: Path) -> dict[str, str]:
+    """The environment of a machine without `dot` or Java (neither path is created)."""
+    return {"PATH": str(tmp_path / "empty-path"), "JAVA_HOME": str(tmp_path / "no-jdk")}
+
+
+# What the user typed is checked before what the machine lacks.
+MACHINES = {"this machine": lambda tmp_path: {}, "no dot, no java": _bare_machine}
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
 @pytest.mark.parametrize(("argv", "says"), [m[1:] for m in MISTAKES], ids=[m[0] for m in MISTAKES])
-def test_mistake_is_one_line_before_spark_starts(tmp_path, fake_spark_home, argv, says):
+def test_mistake_is_one_line_before_spark_starts(tmp_path, fake_spark_home, argv, says, machine):
     _folder_with(tmp_path, "notes", {"readme.txt": b"not an archive\n"})
     _folder_with(tmp_path, "archive", {"a.jsonl": Path(CORPUS_FILE).read_bytes()})
     _folder_with(tmp_path, "table", {"part-0.parquet": b"PAR1"})
     old = _folder_with(tmp_path, "old", {"part-00000.jsonl": b"earlier output\n"})
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
 
-    done, seconds = _backfill([a.format(tmp=tmp_path) for a in argv], tmp_path, fake_spark_home)
+    done, seconds = _backfill([a.format(tmp=tmp_path) for a in argv], tmp_path, fake_spark_home,
+                              env=MACHINES[machine](tmp_path))
 
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
@@ -128,10 +141,24 @@ def test_no_java_is_one_line_before_spark_starts(tmp_path, fake_spark_home):
 def test_report_without_graphviz_says_so(tmp_path, fake_spark_home):
     table = _folder_with(tmp_path, "table", {"part-0.parquet": b"PAR1"})
     done, _ = _backfill(["report", "--spans", str(table), "--out", str(tmp_path / "r")], tmp_path, fake_spark_home,
-                        env={"PATH": str(tmp_path / "empty-path")})
+                        env=_bare_machine(tmp_path))
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1
-    assert "needs Graphviz's `dot` on PATH" in done.stderr and "--no-picture" in done.stderr
+    # Graphviz before Java: the picture is what this command line asked the machine for.
+    assert "needs Graphviz's `dot` on PATH (apt-get install graphviz)" in done.stderr
+    assert "--no-picture" in done.stderr
+    assert not (tmp_path / "spark-started").exists()
+
+
+def test_report_without_picture_needs_no_graphviz(tmp_path, fake_spark_home):
+    """With --no-picture the same bare machine is asked only for Java."""
+    table = _folder_with(tmp_path, "table", {"part-0.parquet": b"PAR1"})
+    done, _ = _backfill(["report", "--spans", str(table), "--out", str(tmp_path / "r"), "--no-picture"], tmp_path,
+                        fake_spark_home, env=_bare_machine(tmp_path))
+    assert done.returncode == 2
+    wanted = (f"python -m spark_backfill report: error: JAVA_HOME={tmp_path / 'no-jdk'} has no bin/java; "
+              "Spark needs Java 17 or newer")
+    assert done.stderr.splitlines() == [wanted]
     assert not (tmp_path / "spark-started").exists()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nats_otel.core.decode import parse_archive_line
-from tests.backfill.conftest import corpus_files, nats_otel_convert, read_parts
+from tests.backfill.conftest import corpus_files, nats_otel_convert, needs_dot, read_parts
 from tests.backfill.spark_servers import REPO, connect_server
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(400)]
@@ -31,21 +31,21 @@ def _backfill(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           cwd=cwd, timeout=300)
 
 
-def test_convert_and_report_through_spark_connect(remote, tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def converted(remote, tmp_path_factory) -> tuple[Path, str]:
+    """The corpus converted through the Connect server: (its outputs' folder, stderr)."""
+    folder = tmp_path_factory.mktemp("connect-convert")
+    out = folder / "out"
     done = _backfill("convert", "--remote", remote, "--input", str(corpus_files()[0].rsplit("/", 1)[0]),
-                     "--otlp-json-out", str(out / "otlp"), "--parquet-out", str(out / "spans"), cwd=tmp_path)
+                     "--otlp-json-out", str(out / "otlp"), "--parquet-out", str(out / "spans"), cwd=folder)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "spark connect" in done.stderr and "0 rejected" in done.stderr
-    assert read_parts(out / "otlp") == nats_otel_convert(corpus_files(), tmp_path / "reference.jsonl")
+    return out, done.stderr
 
-    done = _backfill("report", "--remote", remote, "--spans", str(out / "spans"), "--out", str(out / "report"),
-                     cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    with open(out / "report" / "edges.csv", newline="") as f:
-        kinds = {row["kind"] for row in csv.DictReader(f)}
-    assert kinds >= {"router", "gateway", "leaf"}
-    assert (out / "report" / "network.png").exists()
+
+def test_convert_through_spark_connect(remote, converted, tmp_path):
+    out, stderr = converted
+    assert "spark connect" in stderr and "0 rejected" in stderr
+    assert read_parts(out / "otlp") == nats_otel_convert(corpus_files(), tmp_path / "reference.jsonl")
 
     # The server's paths are checked by the server, still before the job writes anything.
     done = _backfill("convert", "--remote", remote, "--input", corpus_files()[0], "--otlp-json-out",
@@ -53,6 +53,31 @@ def test_convert_and_report_through_spark_connect(remote, tmp_path):
     assert done.returncode == 2
     assert f"error: output {out / 'otlp'} exists; pass --overwrite to replace it" in done.stderr
     assert "Traceback" not in done.stderr and "converted" not in done.stderr
+
+
+def _edge_kinds(report: Path) -> set[str]:
+    with open(report / "edges.csv", newline="") as f:
+        return {row["kind"] for row in csv.DictReader(f)}
+
+
+def test_report_through_spark_connect(remote, converted, tmp_path):
+    """The tables (`--no-picture`: no Graphviz needed); the picture is the next test's."""
+    out, _ = converted
+    done = _backfill("report", "--remote", remote, "--spans", str(out / "spans"), "--out", str(tmp_path / "report"),
+                     "--no-picture", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _edge_kinds(tmp_path / "report") >= {"router", "gateway", "leaf"}
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["edges.csv", "errors.csv", "report.md"]
+
+
+@needs_dot
+def test_report_picture_through_spark_connect(remote, converted, tmp_path):
+    out, _ = converted
+    done = _backfill("report", "--remote", remote, "--spans", str(out / "spans"), "--out", str(tmp_path / "report"),
+                     cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _edge_kinds(tmp_path / "report") >= {"router", "gateway", "leaf"}
+    assert (tmp_path / "report" / "network.png").exists()
 
 
 STREAM = "TRACES"

@@ -7,7 +7,6 @@ checks the Spark path gives the same edges), and from a denser made-up network.
 from __future__ import annotations
 
 import itertools
-import shutil
 import statistics
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -18,12 +17,11 @@ import pytest
 from nats_otel.archive import read_archive
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.core.records import SpanKind
+from spark_backfill.edges import Edge
 from spark_backfill.network import Layout, edge_id, render, roles
-from spark_backfill.report import Edge
-from tests.backfill.conftest import corpus_files
+from tests.backfill.conftest import corpus_files, needs_dot
 
-pytestmark = pytest.mark.skipif(shutil.which("dot") is None,
-                                reason="Graphviz's dot is not installed (.ci/run installs it)")
+pytestmark = needs_dot
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -16,7 +16,7 @@ from nats_otel.archive import read_archive
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.core.records import SpanKind
 from spark_backfill.network import edge_id
-from tests.backfill.conftest import CORPUS, corpus_files
+from tests.backfill.conftest import CORPUS, corpus_files, needs_dot
 
 pytestmark = pytest.mark.spark
 
@@ -34,11 +34,13 @@ def _expected_edges() -> Counter:
     return edges
 
 
-def test_report_edges_errors_and_picture(spark, corpus_run, workdir):
+def test_report_edges_and_errors(spark, corpus_run, workdir):
+    """The tables: no Graphviz needed (`--no-picture`); the picture is the next test's."""
     from spark_backfill.__main__ import run
 
-    out = workdir / "report"
-    assert run(spark, ["report", "--spans", str(corpus_run["out"] / "spans"), "--out", str(out)]) == 0
+    out = workdir / "report-tables"
+    assert run(spark, ["report", "--spans", str(corpus_run["out"] / "spans"), "--out", str(out),
+                       "--no-picture"]) == 0
     with open(out / "edges.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     got = Counter({(r["source"], r["target"], r["kind"]): int(r["count"]) for r in rows})
@@ -49,6 +51,18 @@ def test_report_edges_errors_and_picture(spark, corpus_run, workdir):
     with open(out / "errors.csv", newline="") as f:
         errors = list(csv.DictReader(f))
     assert errors and all(int(e["count"]) > 0 and e["account"] for e in errors)
+    text = (out / "report.md").read_text()
+    assert "| source | target | kind |" in text and "network.svg" not in text
+    assert sorted(p.name for p in out.iterdir()) == ["edges.csv", "errors.csv", "report.md"]
+
+
+@needs_dot
+def test_report_draws_every_edge(spark, corpus_run, workdir):
+    from spark_backfill.__main__ import run
+
+    out = workdir / "report"
+    assert run(spark, ["report", "--spans", str(corpus_run["out"] / "spans"), "--out", str(out)]) == 0
+    expected = _expected_edges()
     # Every edge drawn once, as its own SVG element, labelled with its kind and count.
     svg = ET.parse(out / "network.svg").getroot()
     drawn = {g.get("id"): "".join(t.text or "" for t in g.iter("{http://www.w3.org/2000/svg}text"))

@@ -84,14 +84,10 @@ def new_nkey_user(directory: Path, name: str) -> tuple[str, Path]:
 
 @contextmanager
 def nats_server(directory: Path, users: str, *, tls: str = "", jetstream: bool = False) -> Iterator[str]:
-    """One nats-server with account A (msg_trace to `trace.a`) holding `users`; yields host:port.
-
-    Stopped by its pid when the block ends.
-    """
+    """One nats-server with account A (msg_trace to `trace.a`) holding `users`; yields host:port."""
     client, http = free_ports(2)
     store = directory / "js"
-    conf = directory / "server.conf"
-    conf.write_text(f"""
+    with server_from_config(directory, client, f"""
 listen: "127.0.0.1:{client}"
 http: "127.0.0.1:{http}"
 {tls}
@@ -108,7 +104,18 @@ accounts {{
 }}
 system_account: SYS
 {f'jetstream {{ store_dir: "{store}" }}' if jetstream else ""}
-""")
+""") as hostport:
+        if jetstream:
+            time.sleep(0.5)
+        yield hostport
+
+
+@contextmanager
+def server_from_config(directory: Path, client: int, text: str) -> Iterator[str]:
+    """nats-server on the config `text`, listening for clients on `client`; yields host:port
+    once it accepts connections. Stopped by its pid when the block ends."""
+    conf = directory / "server.conf"
+    conf.write_text(text)
     log = open(directory / "server.log", "ab")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([find_nats_server(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -122,8 +129,6 @@ system_account: SYS
             except OSError:
                 assert time.monotonic() < deadline, "nats-server did not start"
                 time.sleep(0.05)
-        if jetstream:
-            time.sleep(0.5)
         yield f"127.0.0.1:{client}"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -133,7 +138,6 @@ system_account: SYS
             proc.kill()
             proc.wait(5)
         log.close()
-
 
 
 async def publish_traced(url: str, count: int, headers: dict[str, str] | None = None, **connect) -> list[str]:

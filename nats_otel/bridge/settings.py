@@ -130,6 +130,11 @@ class JetStreamSettings(_Model):
     fetch_batch: int = Field(256, ge=1)
     nak_delay_initial: float = Field(0.5, gt=0)
     nak_delay_max: float = Field(15.0, gt=0)
+    # A bridge started with its cluster (a pod, `docker compose up`) is connected before
+    # JetStream answers: its meta group elects a leader seconds after the servers start.
+    startup_wait: float = Field(30.0, ge=0, description="seconds to wait at start-up, once connected, for "
+                                "JetStream to answer (no responders, no answer, 503), retrying; then exit "
+                                "(code 2); 0: exit at the first such answer")
 
     @field_validator("stream", "durable")
     @classmethod

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--durable", metavar="NAME", help="durable consumer name")
     mode.add_argument("--create-stream", action="store_true", default=None,
                       help="create the stream on the trace subjects if it does not exist")
+    mode.add_argument("--jetstream-startup-wait", type=float, metavar="SECONDS",
+                      help="wait this long at start-up, once connected, for JetStream to answer (a cluster "
+                           "starting too), then exit with code 2 (default 30; 0: exit at once)")
     mode.add_argument("--workers", type=int, metavar="N", help="convert and export in N worker processes "
                       "(default 1: one thread); use about one per spare core")
     out = parser.add_argument_group("export")
@@ -76,6 +79,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         # Flags describe one source; with a config file listing several, they apply to all.
         out["_source_flags"] = source
     js = {k: getattr(args, k) for k in ("stream", "durable", "create_stream") if getattr(args, k) is not None}
+    if args.jetstream_startup_wait is not None:
+        js["startup_wait"] = args.jetstream_startup_wait
     if js:
         out["jetstream"] = js
     otlp = {}

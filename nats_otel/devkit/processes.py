@@ -39,6 +39,7 @@ __all__ = [
     "TopologyError",
     "astart_topology",
     "find_nats_server",
+    "prepare_topology",
     "start_topology",
     "wait_for_interest",
 ]
@@ -321,6 +322,14 @@ class RunningTopology:
         s._signal(sig)
         s._reap(time.monotonic() + 10.0)
 
+    def launch(self, name: str) -> None:
+        """Start server ``name`` on its ports and config and return at once, without waiting
+        for it to listen or for the topology to form: for tests of clients that start before
+        their servers (see :func:`prepare_topology`). :meth:`wait_ready` waits for the rest."""
+        s = self.servers[name]
+        s.wanted = True
+        self._launch([name])
+
     def restart(self, name: str, timeout: float | None = None) -> None:
         """Stop server ``name`` if running, start it again on the same ports and config,
         and wait until the whole topology has formed again."""
@@ -362,6 +371,21 @@ def _prepare(spec: Topology, workdir: Path, binary: str) -> RunningTopology:
             config_path=conf, log_path=workdir / f"{s.name}.log",
         )
     return RunningTopology(spec, workdir, servers, binary, own_workdir=False)
+
+
+def prepare_topology(spec: Topology, workdir: str | os.PathLike[str], *, binary: str | None = None) -> RunningTopology:
+    """Write the configs of ``spec`` into ``workdir`` and choose its ports, start nothing:
+    the test starts each server with :meth:`RunningTopology.launch` when it wants (a client
+    before its servers, a cluster member late) and stops them as usual (a context manager).
+    Unlike :func:`start_topology` nothing retries when another process takes a chosen port
+    first: the server exits, and its log says so."""
+    spec.validate()
+    root = Path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    topo = _prepare(spec, root, binary or find_nats_server())
+    for s in topo.servers.values():
+        s.wanted = False  # not started yet: readiness checks leave it out until launched
+    return topo
 
 
 def start_topology(

@@ -134,6 +134,18 @@ def test_nats_give_up_flag_and_burst_defaults() -> None:
         load_settings(overrides=flags("--subject", "t"), env={"NATS_OTEL_BATCH__QUEUE_BYTES": "10"})
 
 
+def test_jetstream_startup_wait_default_file_env_flag(tmp_path: Path) -> None:
+    assert load_settings(overrides=flags("--subject", "t"), env={}).jetstream.startup_wait == 30
+    config = tmp_path / "b.yaml"
+    config.write_text("mode: jetstream\nsources: [{subjects: [t]}]\njetstream: {startup_wait: 5}\n")
+    assert load_settings(config, env={}).jetstream.startup_wait == 5
+    env = {"NATS_OTEL_JETSTREAM__STARTUP_WAIT": "7.5"}
+    assert load_settings(config, env=env).jetstream.startup_wait == 7.5
+    assert load_settings(config, flags("--jetstream-startup-wait", "0"), env).jetstream.startup_wait == 0
+    with pytest.raises(SettingsError, match=r"command line: field 'jetstream.startup_wait': .*greater than or equal"):
+        load_settings(config, flags("--jetstream-startup-wait", "-1"), env)
+
+
 def test_service_name_flag_with_an_unknown_field_is_a_usage_error() -> None:
     import subprocess
     import sys

@@ -4,6 +4,9 @@
   certificate; clients without a certificate are refused by both;
 * nkey authentication, with the least-privilege users of docs/security.md (core and
   JetStream mode): the bridge works with exactly those permissions, anything else is denied;
+* who can write to the trace destination (config/nats-server/trace-permissions.conf): a
+  traced user can forge spans into any trace; a user denied the destination cannot, and its
+  own traced messages are refused; an account without msg_trace is out of reach;
 * an application `Authorization` header never reaches an exported span unless allow-listed;
 * no secret (password, token, OTLP header, nkey seed) in the bridge's logs or `/metrics`.
 """
@@ -84,14 +87,10 @@ def new_nkey_user(directory: Path, name: str) -> tuple[str, Path]:
 
 @contextmanager
 def nats_server(directory: Path, users: str, *, tls: str = "", jetstream: bool = False) -> Iterator[str]:
-    """One nats-server with account A (msg_trace to `trace.a`) holding `users`; yields host:port.
-
-    Stopped by its pid when the block ends.
-    """
+    """One nats-server with account A (msg_trace to `trace.a`) holding `users`; yields host:port."""
     client, http = free_ports(2)
     store = directory / "js"
-    conf = directory / "server.conf"
-    conf.write_text(f"""
+    with server_from_config(directory, client, f"""
 listen: "127.0.0.1:{client}"
 http: "127.0.0.1:{http}"
 {tls}
@@ -108,7 +107,18 @@ accounts {{
 }}
 system_account: SYS
 {f'jetstream {{ store_dir: "{store}" }}' if jetstream else ""}
-""")
+""") as hostport:
+        if jetstream:
+            time.sleep(0.5)
+        yield hostport
+
+
+@contextmanager
+def server_from_config(directory: Path, client: int, text: str) -> Iterator[str]:
+    """nats-server on the config `text`, listening for clients on `client`; yields host:port
+    once it accepts connections. Stopped by its pid when the block ends."""
+    conf = directory / "server.conf"
+    conf.write_text(text)
     log = open(directory / "server.log", "ab")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([find_nats_server(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -122,8 +132,6 @@ system_account: SYS
             except OSError:
                 assert time.monotonic() < deadline, "nats-server did not start"
                 time.sleep(0.05)
-        if jetstream:
-            time.sleep(0.5)
         yield f"127.0.0.1:{client}"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -133,7 +141,6 @@ system_account: SYS
             proc.kill()
             proc.wait(5)
         log.close()
-
 
 
 async def publish_traced(url: str, count: int, headers: dict[str, str] | None = None, **connect) -> list[str]:
@@ -296,6 +303,137 @@ async def test_nkey_least_privilege_jetstream_mode(tmp_path: Path) -> None:
         info = await admin.jetstream().consumer_info("NATS_TRACES", "nats-otel")
         await admin.close()
         assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+# --------------------------------------------------------------------------- who can forge trace messages
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE_PERMISSIONS = ROOT / "config" / "nats-server" / "trace-permissions.conf"
+
+
+async def publish_as(url: str, user: str, subject: str, data: bytes = b"work",
+                     headers: dict[str, str] | None = None) -> tuple[bool, str]:
+    """`user` (password `pwd`) publishes on `subject`, which it subscribes itself: whether its
+    own subscription got the message, and the errors the server sent it (lower case)."""
+    errors: list[str] = []
+
+    async def error_cb(exc: Exception) -> None:
+        errors.append(str(exc).lower())
+
+    nc = await nats.connect(url, user=user, password="pwd", error_cb=error_cb)
+    try:
+        sub = await nc.subscribe(subject)
+        await nc.flush()
+        await nc.publish(subject, data, headers=headers)
+        await nc.flush()
+        try:
+            await sub.next_msg(timeout=0.5)
+            delivered = True
+        except TimeoutError:
+            delivered = False
+        return delivered, " ".join(errors)
+    finally:
+        await nc.close()
+
+
+async def test_who_can_write_the_trace_destination(tmp_path: Path) -> None:
+    """config/nats-server/trace-permissions.conf as shipped, with the bridge as its `bridge`
+    user and a plain subscriber beside it (the same user) recording the trace destination:
+
+    * `orders` (traced): its traced message gives the server's trace message; a copy of it
+      with another trace id, published by `orders` on trace.a, becomes spans in that trace:
+      the forgery docs/security.md describes;
+    * `sensor` (denied trace.>): its forged copy is refused (permissions violation), and so is
+      its own traced message: not traced and not delivered (the server checks the same
+      permission before tracing); its untraced message flows;
+    * `partner` (account without msg_trace): its trace.a is its own account's, the bridge
+      sees nothing of it; its traced message is delivered, untraced; its traced request into
+      A's service is traced in A (genuine events, under the trace id it sent).
+    """
+    client, http = free_ports(2)
+    text = TRACE_PERMISSIONS.read_text()
+    text = text.replace('listen: "127.0.0.1:4222"', f'listen: "127.0.0.1:{client}"')
+    text = text.replace('http: "127.0.0.1:8222"', f'http: "127.0.0.1:{http}"')
+    assert f":{client}\"" in text and f":{http}\"" in text
+    with server_from_config(tmp_path, client, text) as hostport, OTLPGrpcReceiver() as rx:
+        url = f"nats://{hostport}"
+        recorder = await nats.connect(url, user="bridge", password="pwd")
+        recorded: list[bytes] = []
+
+        async def record(msg) -> None:
+            recorded.append(msg.data)
+
+        await recorder.subscribe("trace.a", cb=record)
+        await recorder.flush()
+        settings = load_settings(env={}, overrides={
+            "sources": [{"urls": [url], "subjects": ["trace.a"], "user": "bridge", "password": "pwd"}],
+            "otlp": {"endpoint": rx.endpoint}, "batch": {"max_delay": 0.05},
+        })
+        bridge, task = await start_bridge(settings)
+        responder = await nats.connect(url, user="orders", password="pwd")
+        try:
+            async def serve(msg) -> None:
+                await msg.respond(b"ok")
+
+            await responder.subscribe("orders.new", cb=serve)
+            await responder.flush()
+            ids = {name: traceparent() for name in (
+                "orders", "victim", "sensor_forged", "sensor", "partner_forged", "partner", "partner_request")}
+
+            def tid(name: str) -> str:
+                return ids[name][1]
+
+            def recorded_ids() -> set[str]:
+                return {name for name in ids for data in recorded if tid(name).encode() in data}
+
+            assert await publish_as(url, "orders", "orders.work", headers={"traceparent": ids["orders"][0]}) \
+                == (True, "")
+            await wait_until(lambda: "orders" in recorded_ids(), 10, "the trace message of orders' message")
+            genuine = next(data for data in recorded if tid("orders").encode() in data)
+
+            def forged(name: str) -> bytes:
+                return genuine.replace(tid("orders").encode(), tid(name).encode())
+
+            violation = 'permissions violation for publish to "trace.a"'
+            # sensor may not publish on trace.a: neither a forgery nor a traced message of its own.
+            delivered, errors = await publish_as(url, "sensor", "trace.a", forged("sensor_forged"))
+            assert (delivered, violation in errors) == (False, True), errors
+            sensor_traced = {"traceparent": ids["sensor"][0]}
+            delivered, errors = await publish_as(url, "sensor", "orders.work", headers=sensor_traced)
+            assert (delivered, violation in errors) == (False, True), errors
+            assert await publish_as(url, "sensor", "orders.work") == (True, "")
+            # partner's account has no msg_trace: its trace.a is its own; nothing is traced there.
+            assert await publish_as(url, "partner", "trace.a", forged("partner_forged")) == (True, "")
+            assert await publish_as(url, "partner", "partner.work", headers={"traceparent": ids["partner"][0]}) \
+                == (True, "")
+            nc = await nats.connect(url, user="partner", password="pwd")
+            reply = await nc.request("orders.new", b"order", headers={"traceparent": ids["partner_request"][0]},
+                                     timeout=5)
+            await nc.close()
+            assert reply.data == b"ok"
+            # orders may publish on trace.a: its forged copy is taken as the servers' own.
+            assert await publish_as(url, "orders", "trace.a", forged("victim")) == (True, "")
+
+            arriving = {"orders", "victim", "partner_request"}
+            await wait_until(lambda: {tid(n) for n in arriving} <= trace_ids(rx), 15, "spans",
+                             detail=lambda: f"recorded {sorted(recorded_ids())}; bridge: {bridge_counts(bridge)}")
+        finally:
+            await responder.close()
+            await recorder.close()
+            assert await stop_bridge(bridge, task) == 0
+    assert recorded_ids() == arriving
+    assert {tid(name) for name in ids} & trace_ids(rx) == {tid(n) for n in arriving}
+    # The forged spans are the genuine ones' twins in the victim's trace.
+    by_trace: dict[str, set[str]] = {}
+    for _, span in rx.spans():
+        by_trace.setdefault(span.trace_id.hex(), set()).add(span.name)
+    assert by_trace[tid("victim")] == by_trace[tid("orders")] and by_trace[tid("victim")]
+
+
+def test_security_doc_shows_the_shipped_trace_permissions() -> None:
+    text = TRACE_PERMISSIONS.read_text()
+    accounts = text[text.index("accounts {"):text.index("system_account")].strip()
+    assert accounts in (ROOT / "docs" / "security.md").read_text()
 
 
 # --------------------------------------------------------------------------- header allow-list

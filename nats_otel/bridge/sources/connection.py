@@ -18,9 +18,9 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -31,9 +31,10 @@ from nats_otel.bridge.sources.link import Link, classify, next_wait
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.core.decode import RawTraceMessage
 
-__all__ = ["connect_source", "raw_from_msg", "received_at"]
+__all__ = ["connect_source", "raw_from_msg", "received_at", "unless_stopped"]
 
 log = logging.getLogger("nats_otel.nats")
+T = TypeVar("T")
 
 
 def raw_from_msg(msg: Any) -> RawTraceMessage:
@@ -196,6 +197,21 @@ async def _discard(client: Client) -> None:
         log.debug("closing a failed connection attempt failed", extra={"fields": {"error": str(exc)}})
 
 
+async def unless_stopped(work: Awaitable[T], stopping: asyncio.Event) -> asyncio.Future[T] | None:
+    """Run `work` until it is done (its future, to read its result or exception) or until
+    `stopping` is set (then it is cancelled: None), so that a SIGTERM never waits for a
+    connection attempt or a request to time out."""
+    attempt = asyncio.ensure_future(work)
+    stop_wait = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait({attempt, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    stop_wait.cancel()
+    if attempt.done():
+        return attempt
+    attempt.cancel()
+    await asyncio.gather(attempt, return_exceptions=True)
+    return None
+
+
 async def connect_source(
     source: NatsSource,
     settings: NatsSettings,
@@ -239,13 +255,8 @@ async def connect_source(
             options["reconnect_time_wait"] = 0  # the handler's wait is the only one
         else:
             options["reconnect_time_wait"] = settings.reconnect_wait_initial
-        attempt = asyncio.ensure_future(client.connect(**options))
-        stop_wait = asyncio.ensure_future(stopping.wait())
-        await asyncio.wait({attempt, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        if not attempt.done():
-            attempt.cancel()
-            await asyncio.gather(attempt, return_exceptions=True)
+        attempt = await unless_stopped(client.connect(**options), stopping)
+        if attempt is None:
             callbacks.discarded = True
             await _discard(client)
             return None

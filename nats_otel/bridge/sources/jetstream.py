@@ -18,26 +18,24 @@ from collections.abc import Sequence
 from typing import Any
 
 import nats.errors
-import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 
 from nats_otel.bridge.intake import charge
 from nats_otel.bridge.settings import BridgeSettings, JetStreamSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
 from nats_otel.bridge.sources.delivery import Delivery, delivery
+from nats_otel.bridge.sources.jetstream_setup import (
+    JetStreamSetupError,
+    ensure_stream_and_durable,
+    set_up_when_answering,
+)
 from nats_otel.bridge.sources.link import Link
 from nats_otel.bridge.telemetry import Metrics
 
 __all__ = ["Held", "JetStreamSetupError", "JetStreamSource"]
 
 log = logging.getLogger("nats_otel.jetstream")
-
-
-class JetStreamSetupError(RuntimeError):
-    """The stream or consumer cannot be used as configured: fatal."""
 
 
 class Held:
@@ -169,53 +167,21 @@ class JetStreamSource:
         return self.nc is not None and self.nc.is_connected and self._sub is not None
 
     async def start(self, stopping: asyncio.Event) -> bool:
-        """Connect, ensure stream (if asked) and durable consumer, bind. Raises
-        `JetStreamSetupError` when the stream is missing and may not be created."""
+        """Connect, then ensure the stream (if asked) and the durable consumer once JetStream
+        answers (`jetstream_setup`), bind. False if stopped meanwhile. Raises
+        `JetStreamSetupError` when the stream is missing and may not be created, or when
+        JetStream did not answer within `jetstream.startup_wait`."""
         self.nc = await connect_source(self.source, self.nats_settings, self.link, self.metrics, stopping)
         if self.nc is None:
             return False
-        try:
-            await self._ensure(self.nc.jetstream())
-        except nats.js.errors.APIError as exc:
-            raise JetStreamSetupError(
-                f"source {self.source.name!r}: cannot set up stream {self.settings.stream!r} / durable "
-                f"{self.settings.durable!r}: {exc.description or exc}") from None
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-            raise JetStreamSetupError(
-                f"source {self.source.name!r}: JetStream does not answer in this account "
-                "(not enabled for it?)") from None
+        if not await set_up_when_answering(self.nc, self.source, self.settings, self.link, stopping):
+            return False
         s = self.settings
         puller = _Puller(self.nc, s.stream, s.durable)
         await puller.start(pending_limit=4 * max(s.max_ack_pending, s.fetch_batch) + 1024)
         self._sub = puller
         log.info("consuming", extra={"fields": {"source": self.source.name, "stream": s.stream, "durable": s.durable}})
         return True
-
-    async def _ensure(self, js: JetStreamContext) -> None:
-        """The stream (created if allowed) and the durable consumer."""
-        s = self.settings
-        try:
-            await js.stream_info(s.stream)
-        except nats.js.errors.NotFoundError:
-            if not s.create_stream:
-                raise JetStreamSetupError(
-                    f"stream {s.stream!r} not found in source {self.source.name!r}'s account; "
-                    "create it or pass --create-stream") from None
-            await js.add_stream(StreamConfig(
-                name=s.stream, subjects=list(self.source.subjects), storage=StorageType.FILE,
-                max_age=s.stream_max_age,
-            ))
-            log.info("stream created", extra={"fields": {"stream": s.stream, "subjects": self.source.subjects}})
-        config = ConsumerConfig(
-            durable_name=s.durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-            ack_wait=s.ack_wait, max_ack_pending=s.max_ack_pending, max_deliver=-1,
-        )
-        try:
-            await js.add_consumer(s.stream, config)
-        except nats.js.errors.BadRequestError as exc:
-            # An existing durable with another config: use it as it is, but say so.
-            log.warning("durable consumer exists with a different config; using it",
-                        extra={"fields": {"durable": s.durable, "error": str(exc)}})
 
     async def fetch(self, timeout: float) -> list[Delivery]:
         """Up to `fetch_batch` messages; [] when none came within `timeout` or not connected."""
@@ -252,7 +218,7 @@ class JetStreamSource:
         log.warning("durable consumer gone; setting it up again", extra={"fields": {
             "source": self.source.name, "durable": self.settings.durable, "reply": why}})
         try:
-            await self._ensure(self.nc.jetstream())
+            await ensure_stream_and_durable(self.nc.jetstream(), self.source, self.settings)
         except (nats.errors.Error, JetStreamSetupError) as exc:
             log.warning("could not set up the durable consumer; retrying", extra={"fields": {
                 "source": self.source.name, "error": str(exc)}})

@@ -18,7 +18,7 @@ import nats.errors
 
 from nats_otel.bridge.settings import NatsSettings
 
-__all__ = ["Link", "backoff", "classify", "next_wait", "redact_url"]
+__all__ = ["Link", "backoff", "classify", "doubling_wait", "next_wait", "redact_url"]
 
 
 def redact_url(url: str) -> str:
@@ -71,9 +71,15 @@ def backoff(failures: int, settings: NatsSettings, rng: random.Random) -> float:
     """Seconds to wait after `failures` failed attempts in a row: 0 before the first retry of
     a connection just lost, then `reconnect_wait_initial` doubling to `reconnect_wait_max`,
     each drawn from [half, all] of that: bridges cut off together do not come back together."""
+    return doubling_wait(failures, settings.reconnect_wait_initial, settings.reconnect_wait_max, rng)
+
+
+def doubling_wait(failures: int, initial: float, cap: float, rng: random.Random) -> float:
+    """0 before any failure, then `initial` doubling with each failure in a row up to `cap`,
+    drawn from [half, all] of that."""
     if failures <= 0:
         return 0.0
-    ceiling = min(settings.reconnect_wait_initial * 2 ** min(failures - 1, 30), settings.reconnect_wait_max)
+    ceiling = min(initial * 2 ** min(failures - 1, 30), cap)
     return rng.uniform(ceiling / 2, ceiling)
 
 
@@ -99,6 +105,8 @@ class Link:
         self.retry_in: float | None = None
         self.down_since = time.monotonic()
         self.ever_connected = False
+        # Connected, yet the source is not ready: what it waits for (JetStream to answer).
+        self.waiting: str | None = None
 
     def attempting(self, url: str) -> None:
         self.url = redact_url(url)
@@ -126,8 +134,10 @@ class Link:
         return 0.0 if self.connected else time.monotonic() - self.down_since
 
     def describe(self) -> str:
-        """Why the source is not connected, for `/readyz` (no credentials)."""
+        """Why the source is not connected (or not ready), for `/readyz` (no credentials)."""
         where = self.url or ", ".join(self.urls)
+        if self.connected and self.waiting:
+            return f"NATS source {self.name!r}: connected to {where}, {self.waiting}"
         state = "reconnecting to" if self.ever_connected else "connecting to"
         if self.reason is None:
             return f"NATS source {self.name!r}: {state} {where}"

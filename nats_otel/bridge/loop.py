@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from nats_otel import gc_tuning
 from nats_otel.bridge.accounting import BatchAccounting
+from nats_otel.bridge.exchange import LinkExchange
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
@@ -97,6 +98,16 @@ class Bridge:
         self._js_failures = 0
         self._js_pause_until = 0.0
         self._fatal: str | None = None
+        # Hop evidence shared with the other bridges of a queue group or durable (`exchange`);
+        # with worker processes the link windows live in the workers: not exchanged there.
+        self.exchange: LinkExchange | None = None
+        subject = settings.exchange_subject
+        if subject is not None and self.workers is None:
+            self.exchange = LinkExchange(subject, settings.exchange_key(), self.metrics,
+                                         self.processor.observe_evidence, self._pool)
+        elif subject is not None:
+            log.warning("link.exchange %s is off with batch.workers > 1: hops whose reports reach other "
+                        "bridges stay unlinked", subject)
 
     # -- health ----------------------------------------------------------------------------
 
@@ -204,6 +215,7 @@ class Bridge:
             return 2
         if not all(started):
             return 0  # stopped while connecting
+        await self._start_exchange()
         self._started = True
         log.info("bridge running", extra={"fields": {"mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
@@ -244,6 +256,17 @@ class Bridge:
             return 1
         log.info("drained", extra={"fields": {"seconds": round(time.monotonic() - started, 3)}})
         return 0
+
+    async def _start_exchange(self) -> None:
+        """Subscribe the evidence subject on the first source's connection (once connected)."""
+        if self.exchange is None:
+            return
+        nc = getattr(self.sources[0], "nc", None)
+        if nc is None:
+            log.warning("link exchange not started: the first source has no connection")
+            self.exchange = None
+            return
+        await self.exchange.start(nc)
 
     def _deadline(self) -> float | None:
         return getattr(self, "_drain_deadline", None) if self._intake_done else None
@@ -343,7 +366,10 @@ class Bridge:
         hop are known when the downstream span's parent is decided (core/linking.py)."""
         raws = [d.raw for d in deliveries]
         if self.workers is None:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self.processor.observe, raws)
+            shared = await asyncio.get_running_loop().run_in_executor(self._pool, self.processor.observe, raws,
+                                                                      self.exchange)
+            if shared and self.exchange is not None:
+                await self.exchange.publish(shared)
         else:
             self.workers.observe(raws)
         return time.monotonic() + self.settings.link.wait

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from nats_otel.archive import archive_record
 from nats_otel.bridge.export.file import FileExporter
@@ -21,10 +21,14 @@ from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core import accel
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
+from nats_otel.core.evidence import HopEvidence, observe_evidence
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from nats_otel.core.pipeline import Converted, Converter, Rejected
+from nats_otel.core.pipeline import Converted, Converter, Rejected, observed
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import encode_request
+
+if TYPE_CHECKING:
+    from nats_otel.bridge.exchange import LinkExchange
 
 __all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]
 
@@ -101,9 +105,15 @@ class Processor:
         self._expired_seen: dict[str, int] = {}
         self.implementation = log_core()
 
-    def observe(self, raws: Sequence[RawTraceMessage]) -> None:
-        """Record the hop evidence of messages that just arrived (mapped `link.wait` later)."""
+    def observe(self, raws: Sequence[RawTraceMessage], exchange: LinkExchange | None = None) -> bytes:
+        """Record the hop evidence of messages that just arrived (mapped `link.wait` later);
+        with an `exchange`, also the batch of it to publish for the other bridges."""
         self.converter.observe_many(raws, time.monotonic())
+        return b"" if exchange is None else exchange.outgoing(observed(self.converter, raws))
+
+    def observe_evidence(self, reports: Sequence[HopEvidence]) -> None:
+        """Record other bridges' hop evidence (the link exchange), in this thread."""
+        observe_evidence(self.converter.linker, reports, time.monotonic())
 
     def process(self, raws: Sequence[RawTraceMessage], deadline: float | None) -> BatchOutcome:
         """Convert and export one batch (`convert`, then `export`, in this thread)."""

@@ -235,6 +235,12 @@ class LinkSettingsModel(_Model):
     capacity: int = Field(1_000_000, ge=100, description="egresses and arrivals remembered (oldest dropped first, "
                           "counted)")
     retention: float = Field(30.0, gt=0, description="seconds an egress or arrival is remembered")
+    exchange: str = Field("auto", min_length=1, max_length=200, description="subject on which bridges that share "
+                          "a cluster's traces exchange hop evidence (bridge/exchange.py): 'auto' (on with a queue "
+                          "group, nats-otel.links.<queue>, and in JetStream mode, nats-otel.links.<durable>), "
+                          "'off', or a subject")
+    exchange_key_file: Path | None = Field(None, description="file holding a shared key: evidence batches are "
+                                           "signed with it, and unsigned or badly signed ones are dropped")
 
     @model_validator(mode="after")
     def _check(self) -> LinkSettingsModel:
@@ -300,6 +306,26 @@ class BridgeSettings(_Model):
         check_service_name(value)
         return value
 
+    @property
+    def exchange_subject(self) -> str | None:
+        """Where this bridge exchanges hop evidence (`link.exchange`), or None: off. 'auto' is
+        on wherever bridges share the traces: a queue group, or JetStream mode (several
+        bridges may share the durable; one alone only publishes what nobody reads)."""
+        chosen = self.link.exchange
+        if chosen == "off":
+            return None
+        if chosen != "auto":
+            return chosen
+        if self.mode == "jetstream":
+            return f"nats-otel.links.{self.jetstream.durable}"
+        queue = next((source.queue for source in self.sources if source.queue), None)
+        return f"nats-otel.links.{queue}" if queue else None
+
+    def exchange_key(self) -> bytes | None:
+        """The shared key of `link.exchange_key_file` (read once at start), or None."""
+        path = self.link.exchange_key_file
+        return None if path is None else path.read_bytes().strip()
+
     @model_validator(mode="after")
     def _check(self) -> BridgeSettings:
         names = [s.name for s in self.sources]
@@ -316,6 +342,13 @@ class BridgeSettings(_Model):
                              "or batches are redelivered while still being exported")
         if not self.export_otlp and self.output is None:
             raise ValueError("export_otlp: nothing to export to (no output file either)")
+        subject = self.exchange_subject
+        if subject is not None and (any(c.isspace() for c in subject) or ">" in subject or "*" in subject):
+            raise ValueError(f"link.exchange: {subject!r} is not a plain subject (no wildcards or spaces)")
+        key = self.link.exchange_key_file
+        if key is not None and (not key.is_file() or len(key.read_bytes().strip()) < 16):
+            raise ValueError(f"link.exchange_key_file: {key} must be a readable file holding a key of 16 bytes "
+                             "or more")
         return self
 
 

@@ -93,6 +93,13 @@ class Metrics:
             "Downstream server spans by how their upstream egress was found: matched, unmatched (not seen "
             "within the window), ambiguous (several candidates; hung under the producer span instead)",
             ["result"], registry=r)
+        self.link_evidence = Counter(
+            "nats_otel_link_evidence",
+            "Link-evidence batches exchanged with other bridges, by result: published, received, unpublished, "
+            "dropped (this bridge behind), and rejected as malformed, invalid, format (another version) or forged "
+            "(bad or missing signature, or naming this bridge as sender)", ["result"], registry=r)
+        self.link_evidence_reports = Counter(
+            "nats_otel_link_evidence_reports", "Reports' hop evidence recorded from other bridges", registry=r)
         self.link_evicted = Counter(
             "nats_otel_link_window_evicted",
             "Hop evidence forgotten before its time because the link window was full (link.capacity)",

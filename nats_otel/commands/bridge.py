@@ -40,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--jetstream-startup-wait", type=float, metavar="SECONDS",
                       help="wait this long at start-up, once connected, for JetStream to answer (a cluster "
                            "starting too), then exit with code 2 (default 30; 0: exit at once)")
+    mode.add_argument("--link-exchange", metavar="SUBJECT", help="subject on which bridges sharing a "
+                      "cluster's traces exchange hop evidence: auto (default: on with --queue or in JetStream "
+                      "mode), off, or a subject")
+    mode.add_argument("--link-exchange-key", metavar="FILE", help="shared key file: sign the evidence, drop "
+                      "what is not signed with it")
     mode.add_argument("--workers", type=int, metavar="N", help="convert and export in N worker processes "
                       "(default 1: one thread); use about one per spare core")
     out = parser.add_argument_group("export")
@@ -99,6 +104,10 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
             out[flag] = getattr(args, flag)
     if args.workers is not None:
         out["batch"] = {"workers": args.workers}
+    link = {k: v for k, v in (("exchange", args.link_exchange), ("exchange_key_file", args.link_exchange_key))
+            if v is not None}
+    if link:
+        out["link"] = link
     if args.metrics_port is not None:
         out["telemetry"] = {"metrics_port": args.metrics_port}
     log = {k: v for k, v in (("format", args.log_format), ("level", args.log_level)) if v is not None}

@@ -407,6 +407,13 @@ cdef class Linker:
             if self._bounded and len(adhoc) > index.settings.capacity:
                 del adhoc[next(iter(adhoc))]
 
+    def note_adhoc(self, ident, arrival):
+        """An ad-hoc report's arrival (None at its origin): the walk to its origin's identity."""
+        adhoc = self._adhoc_arrivals
+        adhoc[ident] = arrival
+        if self._bounded and len(adhoc) > self.index.settings.capacity:
+            del adhoc[next(iter(adhoc))]
+
     def place(self, prepared):
         """Trace id and parent of a message's spans, from what was observed."""
         return self.locate(prepared)[0]

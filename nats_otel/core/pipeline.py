@@ -45,7 +45,7 @@ from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
 __all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonConverter", "PythonLinker", "Rejected",
-           "convert_batch", "finish", "prepare"]
+           "convert_batch", "finish", "observed", "prepare"]
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.
@@ -190,10 +190,14 @@ class PythonLinker:
         for key, egress in prepared.egresses():
             self.index.add_egress(key, egress, now)
         if prepared.ctx.adhoc_key is not None:
-            adhoc = self._adhoc_arrivals
-            adhoc[prepared.ident] = arrival
-            if self._bounded and len(adhoc) > self.index.settings.capacity:
-                del adhoc[next(iter(adhoc))]
+            self.note_adhoc(prepared.ident, arrival)
+
+    def note_adhoc(self, ident: bytes, arrival: tuple[LinkKey, Arrival] | None) -> None:
+        """An ad-hoc report's arrival (None at its origin): the walk to its origin's identity."""
+        adhoc = self._adhoc_arrivals
+        adhoc[ident] = arrival
+        if self._bounded and len(adhoc) > self.index.settings.capacity:
+            del adhoc[next(iter(adhoc))]
 
     def place(self, prepared: Prepared) -> Placement:
         """Trace id and parent of a message's spans, from what was observed."""
@@ -359,6 +363,19 @@ if TYPE_CHECKING:  # one interface: type checkers see the reference
     Converter = PythonConverter
 else:
     Converter = PythonConverter if _compiled_pipeline is None else _compiled_pipeline.Converter
+
+
+def observed(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[Prepared]:
+    """The decoded form of each of `raws` that `converter` observed and has not converted
+    yet (either twin keeps them in `_pending`, by the raw's id): what the bridge shares with
+    other bridges (`evidence`)."""
+    pending = converter._pending
+    found = []
+    for raw in raws:
+        entry = pending.get(id(raw))
+        if entry is not None and entry[0] is raw and type(entry[1]) is Prepared:
+            found.append(entry[1])
+    return found
 
 
 def convert_batch(

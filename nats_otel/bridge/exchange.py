@@ -1,0 +1,120 @@
+"""The link-evidence exchange: bridges that share a cluster's traces share their hop evidence.
+
+In the sidecar layout (a bridge per server, one queue group) or with several JetStream
+bridges on one durable, each bridge receives a random share of the trace messages, so the
+upstream report of a hop is usually at another bridge. Each bridge publishes the evidence of
+every report it observes (`core.evidence`: identity, event number, arrival, forwarding
+egresses; ~260 bytes a report), batched one message per intake batch, on one subject that
+every bridge subscribes to without a queue group; it records what the others publish into
+its own link window before deciding, `link.wait` later. Queue groups and durables stay as
+they are and there is no membership: a bridge that joins starts publishing, one that leaves
+stops, and only the hops whose evidence it alone held (its batches in flight) lose a link.
+
+Received batches are checked (`evidence.decode_batch`): a malformed, oversized, badly signed
+(with `link.exchange_key_file`) or foreign-format one is dropped whole, counted by reason in
+`nats_otel_link_evidence{result}` and logged (rate-limited); it never stops the bridge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nats_otel.core.evidence import EvidenceError, HopEvidence, decode_batch, encode_batch, evidence_of, sign
+from nats_otel.core.pipeline import Prepared
+
+__all__ = ["SENDER_HEADER", "SIGNATURE_HEADER", "LinkExchange"]
+
+log = logging.getLogger("nats_otel.bridge.exchange")
+
+SENDER_HEADER = "Nats-Otel-Sender"
+SIGNATURE_HEADER = "Nats-Otel-Signature"
+# Evidence batches waiting to be recorded; past it, the newest are dropped (counted): the
+# conversion thread is behind, and a bounded backlog is worth more than a late one.
+_PENDING_BATCHES = 256
+_LOG_EVERY_S = 10.0
+
+
+class LinkExchange:
+    """Publishes this bridge's evidence and records the others' (see the module docstring).
+
+    `record` runs in the conversion thread (`run_in_executor(pool, record, reports)`): the
+    link window is only ever touched there."""
+
+    def __init__(self, subject: str, key: bytes | None, metrics: Any,
+                 record: Callable[[Sequence[HopEvidence]], None], pool: Any) -> None:
+        self.subject, self._key, self._metrics, self._record, self._pool = subject, key, metrics, record, pool
+        # Unique per process and start: a bridge skips its own batches (NATS echoes them).
+        self.sender = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+        self._nc: Any = None
+        self._sub: Any = None
+        self._pending = 0
+        self._last_log: dict[str, float] = {}
+
+    async def start(self, nc: Any) -> None:
+        self._nc = nc
+        self._sub = await nc.subscribe(self.subject, cb=self._on_msg, pending_msgs_limit=_PENDING_BATCHES * 4)
+        log.info("link evidence exchanged on %s", self.subject)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - the connection may be closing; nothing to keep
+                pass
+            self._sub = None
+
+    def outgoing(self, prepared: Sequence[Prepared], shard: Callable[[Prepared], bytes] | None = None) -> bytes:
+        """The batch to publish for reports this bridge observed (conversion thread)."""
+        reports = [evidence_of(p, shard(p) if shard is not None else b"") for p in prepared]
+        return encode_batch(self.sender, reports) if reports else b""
+
+    async def publish(self, data: bytes) -> None:
+        if not data or self._nc is None or not self._nc.is_connected:
+            if data:
+                self._count("unpublished", "not connected")
+            return
+        headers = {SENDER_HEADER: self.sender}
+        if self._key is not None:
+            headers[SIGNATURE_HEADER] = sign(self._key, data)
+        try:
+            await self._nc.publish(self.subject, data, headers=headers)
+        except Exception as exc:  # noqa: BLE001 - a lost batch costs links, never the bridge
+            self._count("unpublished", f"{type(exc).__name__}: {exc}")
+            return
+        self._metrics.link_evidence.labels("published").inc()
+
+    async def _on_msg(self, msg: Any) -> None:
+        headers = msg.headers or {}
+        if headers.get(SENDER_HEADER) == self.sender:
+            return
+        try:
+            sender, reports = decode_batch(msg.data, self._key, headers.get(SIGNATURE_HEADER))
+        except EvidenceError as exc:
+            self._count(exc.reason, exc.detail)
+            return
+        if sender == self.sender:
+            self._count("forged", "a batch naming this bridge as its sender")
+            return
+        if self._pending >= _PENDING_BATCHES:
+            self._count("dropped", "the conversion thread is behind")
+            return
+        self._pending += 1
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._record, reports)
+        finally:
+            self._pending -= 1
+        self._metrics.link_evidence.labels("received").inc()
+        self._metrics.link_evidence_reports.inc(len(reports))
+
+    def _count(self, result: str, detail: str) -> None:
+        self._metrics.link_evidence.labels(result).inc()
+        now = time.monotonic()
+        if now - self._last_log.get(result, -_LOG_EVERY_S) >= _LOG_EVERY_S:
+            self._last_log[result] = now
+            log.warning("link evidence %s on %s: %s", result, self.subject, detail)

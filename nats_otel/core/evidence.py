@@ -1,0 +1,150 @@
+"""The hop evidence of one report, compact, for bridges that share one cluster's traces.
+
+A queue group gives each trace message to one bridge of many, at random (nats-server has no
+preference for the local member), so the two reports of a hop reach the same bridge with
+probability 1/N. Each bridge therefore publishes what `Linker.observe` records of every
+report it receives - its identity and event number (the report ledger), its arrival and its
+forwarding egresses - and records what the others publish: then every bridge decides each
+hop with the whole cluster's evidence, as one bridge would.
+
+What arrives is checked (`decode_batch`): the format, every type and size, a bounded count
+per message; a malformed batch is rejected whole, with a reason. The egress span ids are
+never taken from the wire: they are worked out here from the context, identity and event
+position (`ids.event_span_id`), so evidence can at worst name a span of the report it
+describes, never an arbitrary one. Who may publish evidence is the NATS permissions' job
+(docs/security.md); an optional shared key (`sign`) rejects any batch not made with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+
+from nats_otel.core.ids import TraceContext, event_span_id
+from nats_otel.core.linking import Arrival, Egress
+from nats_otel.core.model import Egress as EgressEvent
+
+__all__ = ["EVIDENCE_FORMAT", "EvidenceError", "HopEvidence", "decode_batch", "encode_batch", "evidence_of",
+           "observe_evidence", "sign"]
+
+# Bumped when the layout changes: a bridge rejects another format instead of misreading it.
+EVIDENCE_FORMAT = 1
+# Bounds on what one published batch may hold (a report has few hops; a batch, one intake batch).
+_MAX_REPORTS = 10_000
+_MAX_EGRESSES = 256
+_Text = Annotated[str, Meta(max_length=256)]
+_Bytes = Annotated[bytes, Meta(max_length=512)]
+_U64 = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+
+
+class _Hop(Struct, array_like=True, frozen=True, gc=False):
+    """One side of one hop: the hop id, the other server's name, the time, the body size,
+    and for an egress its 1-based position among the report's events (its span id)."""
+
+    hop: _Text
+    peer: _Text
+    ts_ns: _U64
+    size: _U64
+    position: Annotated[int, Meta(ge=0, le=65_535)] = 0
+
+
+class HopEvidence(Struct, array_like=True, frozen=True, gc=False):
+    """What one report says about the hops it took part in (see the module's docstring)."""
+
+    ident: _Bytes
+    server_id: _Text
+    server_name: _Text
+    seq: _U64
+    ts_ns: _U64  # the report's ingress time (the ledger's clock)
+    context: _Bytes  # the trace context's id fields
+    adhoc: bool
+    #: Where it came from (hop id, upstream server name), or None at the origin.
+    arrival: _Hop | None
+    egresses: Annotated[tuple[_Hop, ...], Meta(max_length=_MAX_EGRESSES)] = ()
+    #: The worker shard key of its trace (`bridge.workers.shard_key`), for bridges with workers.
+    shard: _Bytes = b""
+
+
+class _Batch(Struct, array_like=True, frozen=True, gc=False):
+    format: int
+    sender: _Text
+    reports: Annotated[tuple[HopEvidence, ...], Meta(max_length=_MAX_REPORTS)]
+
+
+class EvidenceError(ValueError):
+    """A published batch that cannot be used; `reason` is a metric label."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def evidence_of(prepared: Any, shard: bytes = b"") -> HopEvidence:
+    """The evidence of a decoded report (`pipeline.Prepared`)."""
+    msg = prepared.msg
+    arrival = None
+    if prepared.arrival is not None:
+        (_, hop, upstream, _), entry = prepared.arrival
+        arrival = _Hop(hop, upstream, entry.ts_ns, entry.size)
+    egresses = tuple(_Hop(event.hop, event.name, event.ts_ns, prepared.size, position)
+                     for position, event in enumerate(msg.events, start=1)
+                     if type(event) is EgressEvent and event.forwards)
+    return HopEvidence(prepared.ident, msg.server.id, msg.server.name, msg.server.seq, msg.ingress.ts_ns,
+                       prepared.ctx.id_fields, prepared.ctx.adhoc_key is not None, arrival, egresses, shard)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(_Batch)
+
+
+def encode_batch(sender: str, reports: Sequence[HopEvidence]) -> bytes:
+    """One published message of evidence (msgpack)."""
+    return _ENCODER.encode(_Batch(EVIDENCE_FORMAT, sender, tuple(reports)))
+
+
+def sign(key: bytes, data: bytes) -> str:
+    """The hex signature of a batch under a shared key (keyed BLAKE2b)."""
+    return hashlib.blake2b(data, key=key[:64], digest_size=16).hexdigest()
+
+
+def decode_batch(data: bytes, key: bytes | None = None,
+                 signature: str | None = None) -> tuple[str, tuple[HopEvidence, ...]]:
+    """(sender, reports) of a published batch; `EvidenceError` when it is unsigned or badly
+    signed (with `key`), malformed, of another format or out of bounds."""
+    if key is not None and (signature is None or not hmac.compare_digest(sign(key, data), signature)):
+        raise EvidenceError("forged", "missing or wrong signature")
+    try:
+        batch = _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise EvidenceError("invalid", str(exc)[:200]) from None
+    except msgspec.DecodeError as exc:
+        raise EvidenceError("malformed", str(exc)[:200]) from None
+    if batch.format != EVIDENCE_FORMAT:
+        raise EvidenceError("format", f"evidence format {batch.format}, this bridge reads {EVIDENCE_FORMAT}")
+    return batch.sender, batch.reports
+
+
+def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0.0) -> None:
+    """Record other bridges' evidence in a linker, as `Linker.observe` records a report's."""
+    index = linker.index
+    for report in reports:
+        ctx = TraceContext(b"", b"", id_fields=report.context)
+        index.observe_report(report.ident, report.server_id, report.seq, report.ts_ns, now)
+        arrival = None
+        if report.arrival is not None:
+            key = (report.context, report.arrival.hop, report.arrival.peer, report.server_name)
+            arrival = (key, Arrival(report.arrival.ts_ns, report.arrival.size, report.ident))
+            index.add_arrival(*arrival, now)
+        for egress in report.egresses:
+            if egress.position < 1:
+                continue  # an egress always has its position (its span id); a forged one has not
+            key = (report.context, egress.hop, report.server_name, egress.peer)
+            index.add_egress(key, Egress(egress.ts_ns, egress.size, report.ident,
+                                         event_span_id(ctx, report.ident, egress.position)), now)
+        if report.adhoc:
+            linker.note_adhoc(report.ident, arrival)

@@ -239,7 +239,7 @@ def _in_window(entries: Sequence[Any], lo_ns: int, hi_ns: int) -> tuple[int, int
 
 # The latency seen in a crowded key's own times (`latency_from_times`): residuals (arrival
 # minus egress) binned this finely, each arrival against at most this many egresses.
-_BIN_NS = 20_000
+_BINS_NS = (20_000, 50_000, 100_000, 200_000)
 _NEAREST = 16
 # At least this many pairs must agree: a few arrivals can agree on anything by chance.
 _PEAK_MIN = 8
@@ -264,19 +264,21 @@ def latency_from_times(egresses: Sequence[Any], arrivals: Sequence[Any], latency
         residuals.extend(arrival[0] - egress[0] for egress in nearest)
     if len(arrivals) < _PEAK_MIN or not residuals:
         return None
-    counts: dict[int, int] = {}
-    for residual in residuals:
-        slot = residual // _BIN_NS
-        counts[slot] = counts.get(slot, 0) + 1
+    # The finest bins first: the wire's jitter decides how wide the true pairs' peak is.
+    for bin_ns in _BINS_NS:
+        counts: dict[int, int] = {}
+        for residual in residuals:
+            slot = residual // bin_ns
+            counts[slot] = counts.get(slot, 0) + 1
 
-    def score(slot: int) -> int:
-        return counts.get(slot - 1, 0) + counts.get(slot, 0) + counts.get(slot + 1, 0)
+        def score(slot: int, counts: dict[int, int] = counts) -> int:
+            return counts.get(slot - 1, 0) + counts.get(slot, 0) + counts.get(slot + 1, 0)
 
-    best = min(counts, key=lambda slot: (-score(slot), slot))
-    rival = max((score(slot) for slot in counts if abs(slot - best) > 4), default=0)
-    if score(best) < max(_PEAK_MIN, len(arrivals) / 2) or score(best) < 2 * rival:
-        return None
-    return sorted(r for r in residuals if abs(r // _BIN_NS - best) <= 1)
+        best = min(counts, key=lambda slot: (-score(slot), slot))
+        rival = max((score(slot) for slot in counts if abs(slot - best) > 4), default=0)
+        if score(best) >= max(_PEAK_MIN, len(arrivals) / 2) and score(best) >= 2 * rival:
+            return sorted(r for r in residuals if abs(r // bin_ns - best) <= 1)
+    return None
 
 
 class HopSequences:
@@ -354,9 +356,12 @@ class HopSequences:
         for key, egresses, arrivals in held:
             found = latency_from_times(egresses, arrivals, self.latency_ns, self.skew_ns)
             self._key_latency[key] = None if found is None else _estimate(found)
-        for key, egresses, arrivals in held:
-            for position in range(len(arrivals)):
-                self._decide(key, egresses, arrivals, position)
+        # Order first, everywhere it holds; then time where reports were lost, between the
+        # order's decisions (never crossing them); then order again from those.
+        for by_time in (False, True):
+            for key, egresses, arrivals in held:
+                for position in range(len(arrivals)):
+                    self._decide(key, egresses, arrivals, position, by_time)
 
     def _estimate(self, key: Any) -> tuple[int, int] | None:
         """(latency, tolerance) of the key's link: learned on the link as it goes (live), or
@@ -365,8 +370,10 @@ class HopSequences:
             return self.latency.estimate((key[2], key[3]))
         return self._key_latency.get(key)
 
-    def _decide(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int) -> Any:
-        """The egress of `arrivals[position]` by order, else by time, else None; recorded."""
+    def _decide(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int,
+                by_time: bool = True) -> Any:
+        """The egress of `arrivals[position]` by order, else (`by_time`) by time, else None;
+        recorded."""
         arrival = arrivals[position]
         decided = self._decided.get(key)
         if decided is not None and arrival in decided:
@@ -375,8 +382,8 @@ class HopSequences:
         if egress is not None:
             if self._bounded:
                 self.latency.learn((key[2], key[3]), arrival[0] - egress[0])
-        else:
-            egress = self._by_time(key, egresses, arrivals, arrival)
+        elif by_time:
+            egress = self._by_time(key, egresses, arrivals, position)
         if egress is not None:
             self._decided.setdefault(key, {})[arrival] = egress
         return egress
@@ -415,14 +422,11 @@ class HopSequences:
                 return None
             target = lo + position - anchor_at
             anchor_egress = egresses[lo]
-            # A lost egress whose arrival is here left at most the latency before the first
-            # arrival; a lost arrival of an egress here came at least the latency after it.
-            estimate = self._estimate(key)
-            if estimate is None:
-                since_up, since_down = anchor[0] - self.latency_ns, anchor_egress[0] - self.skew_ns
-            else:
-                since_up = anchor[0] - estimate[0] - estimate[1]
-                since_down = anchor_egress[0] + estimate[0] - estimate[1]
+            # A lost egress whose arrival is here left at most the window's latency before the
+            # first arrival; a lost arrival of an egress here came at most the skew before it.
+            # The wide window, not a learned latency: a latency learned wrong must not make a
+            # whole cluster count from the wrong start.
+            since_up, since_down = anchor[0] - self.latency_ns, anchor_egress[0] - self.skew_ns
         if target >= len(egresses):
             return None
         egress = egresses[target]
@@ -434,12 +438,12 @@ class HopSequences:
             return None
         return egress
 
-    def _by_time(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], arrival: Any) -> Any:
+    def _by_time(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int) -> Any:
+        arrival = arrivals[position]
         link = (key[2], key[3])
         estimate = self._estimate(key)
         if estimate is None and self._bounded:
             # Nothing learned on this link yet: what the key's recent times agree on, if any.
-            position = bisect_left(arrivals, arrival)
             recent = arrivals[max(0, position - _NEAREST):position + _NEAREST]
             lo, hi = _in_window(egresses, recent[0][0] - self.latency_ns, recent[-1][0] + self.skew_ns)
             found = latency_from_times(egresses[lo:hi], recent, self.latency_ns, self.skew_ns)
@@ -449,14 +453,19 @@ class HopSequences:
         if estimate is None:
             return None
         latency_ns, tolerance_ns = estimate
+        # One egress where expected, and none other within three times as far: the wire's
+        # delays have long tails, and a true egress far out must not leave a neighbour taken.
         expected = arrival[0] - latency_ns
-        lo, hi = _in_window(egresses, expected - tolerance_ns, expected + tolerance_ns)
-        if hi - lo != 1:
+        lo, hi = _in_window(egresses, expected - 3 * tolerance_ns, expected + 3 * tolerance_ns)
+        if hi - lo != 1 or abs(egresses[lo][0] - expected) > tolerance_ns:
             return None
         egress = egresses[lo]
-        back_lo, back_hi = _in_window(arrivals, egress[0] + latency_ns - tolerance_ns,
-                                      egress[0] + latency_ns + tolerance_ns)
+        back_lo, back_hi = _in_window(arrivals, egress[0] + latency_ns - 3 * tolerance_ns,
+                                      egress[0] + latency_ns + 3 * tolerance_ns)
         if back_hi - back_lo != 1 or arrivals[back_lo] != arrival:
+            return None
+        # Never crossing what was decided: per connection, the order holds.
+        if not self._between_decided(key, egresses, arrivals, position, lo):
             return None
         # Inside the wide window too: a learned latency never widens what `linking` allows.
         if not egress[0] - self.skew_ns <= arrival[0] <= egress[0] + self.latency_ns:
@@ -468,6 +477,23 @@ class HopSequences:
                 or (_far_apart(egresses, lo, 8 * tolerance_ns) and _far_apart(arrivals, back_lo, 8 * tolerance_ns))):
             return None
         return egress
+
+    def _between_decided(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int,
+                         at: int) -> bool:
+        """`egresses[at]` lies after the egress of the nearest decided arrival before
+        `arrivals[position]` and before that of the nearest decided one after it."""
+        decided = self._decided.get(key)
+        if not decided:
+            return True
+        for step, limit in ((-1, max(position - MAX_WALK, -1)), (1, min(position + MAX_WALK, len(arrivals)))):
+            for other in range(position + step, limit, step):
+                egress = decided.get(arrivals[other])
+                if egress is not None:
+                    other_at = bisect_left(egresses, egress)
+                    if (other_at - at) * step <= 0:
+                        return False
+                    break
+        return True
 
     def _nothing_lost_around(self, entries: Sequence[Any], at: int) -> bool:
         return 0 < at < len(entries) - 1 and self.ledger.complete(entries[at - 1][2], entries[at + 1][2])

@@ -1,0 +1,82 @@
+"""Hop evidence shared between bridges (`evidence`): what one bridge observes, another
+records, with the same links as if it had observed the reports itself; anything malformed,
+oversized, of another format or not signed with the shared key is refused with a reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import msgspec
+import pytest
+
+from nats_otel.core import evidence
+from nats_otel.core.pipeline import Converted, Converter, convert_batch, observed
+
+
+def _links(results) -> Counter:
+    return Counter(r.link for r in results if isinstance(r, Converted))
+
+
+def test_evidence_from_other_bridges_links_as_one_bridge(corpus_raws):
+    whole = convert_batch(corpus_raws)
+    # Two bridges of one queue group: each receives every other report.
+    mine, theirs = corpus_raws[::2], corpus_raws[1::2]
+    bridge, other = Converter(), Converter()
+    bridge.observe_many(mine)
+    other.observe_many(theirs)
+    shared = evidence.encode_batch("other", [evidence.evidence_of(p) for p in observed(other, theirs)])
+    sender, reports = evidence.decode_batch(shared)
+    assert sender == "other" and len(reports) == len(observed(other, theirs))
+    alone = Converter()
+    alone.observe_many(mine)
+    evidence.observe_evidence(bridge.linker, reports)
+    exchanged = bridge.convert_many(mine)
+    by_position = {id(raw): result for raw, result in zip(corpus_raws, whole, strict=True)}
+    expected = [by_position[id(raw)] for raw in mine]
+    assert exchanged == expected  # the same spans, parents included, as one bridge with everything
+    assert _links(alone.convert_many(mine))["unmatched"] > _links(exchanged)["unmatched"]
+
+
+def test_bad_batches_are_refused_with_a_reason(corpus_raws):
+    converter = Converter()
+    converter.observe_many(corpus_raws[:20])
+    good = evidence.encode_batch("b", [evidence.evidence_of(p) for p in observed(converter, corpus_raws[:20])])
+    key = b"k" * 32
+    cases = {
+        "malformed": b"\xc1not msgpack",
+        "invalid": msgspec.msgpack.encode([1, "b", [["ident", 5]]]),
+        "format": msgspec.msgpack.encode([evidence.EVIDENCE_FORMAT + 1, "b", []]),
+    }
+    for reason, data in cases.items():
+        with pytest.raises(evidence.EvidenceError) as caught:
+            evidence.decode_batch(data)
+        assert caught.value.reason == reason
+    for signature in (None, "0" * 32, evidence.sign(b"x" * 32, good)):
+        with pytest.raises(evidence.EvidenceError) as caught:
+            evidence.decode_batch(good, key, signature)
+        assert caught.value.reason == "forged"
+    assert evidence.decode_batch(good, key, evidence.sign(key, good))[0] == "b"
+    # Bounds: a batch of more reports than allowed is refused whole.
+    huge = msgspec.msgpack.encode([evidence.EVIDENCE_FORMAT, "b", [msgspec.msgpack.decode(good)[2][0]] * 10_001])
+    with pytest.raises(evidence.EvidenceError) as caught:
+        evidence.decode_batch(huge)
+    assert caught.value.reason == "invalid"
+
+
+def test_egress_span_ids_are_worked_out_not_read(corpus_raws):
+    """Evidence names an egress by its report and position: the span id is the one that
+    report's egress span has, whatever else a sender might want it to be."""
+    converter = Converter()
+    converter.observe_many(corpus_raws)
+    prepared = [p for p in observed(converter, corpus_raws) if p.egresses()]
+    report = evidence.evidence_of(prepared[0])
+    other = Converter()
+    evidence.observe_evidence(other.linker, [report])
+    held = {egress.span_id for key, egresses, _ in other.linker.index.held() for egress in egresses}
+    assert held == {egress.span_id for _, egress in prepared[0].egresses()}
+    # A position of 0 names no event: such an egress is not recorded.
+    forged = msgspec.structs.replace(report, egresses=tuple(msgspec.structs.replace(e, position=0)
+                                                            for e in report.egresses))
+    fresh = Converter()
+    evidence.observe_evidence(fresh.linker, [forged])
+    assert not any(egresses for _, egresses, _ in fresh.linker.index.held())

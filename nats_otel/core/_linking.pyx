@@ -208,9 +208,9 @@ cdef class LinkIndex:
         return [((<_Bucket>bucket).key, (<_Bucket>bucket).egresses.entries or [],
                  (<_Bucket>bucket).arrivals.entries or []) for bucket in self._buckets.values()]
 
-    def observe_report(self, ident, server_id, seq, ts_ns, now=0.0):
+    def observe_report(self, ident, server_id, seq, ts_ns, now=0.0, account=""):
         """Any report seen, with or without hop evidence (see `linking.LinkIndex`)."""
-        self.sequences.ledger.observe(ident, server_id, seq, ts_ns, now)
+        self.sequences.ledger.observe(ident, server_id, seq, ts_ns, now, account)
 
     def add_egress(self, key, egress, now=0.0):
         """Record a forwarding egress (a redelivered trace message is recorded once)."""
@@ -381,7 +381,7 @@ cdef class Linker:
         msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
         server = _read(msg, _TraceMessage, MSG.server, "server")
         index.sequences.ledger.observe(_read(prepared, _Prepared, PREPARED.ident, "ident"), server.id, server.seq,
-                                       msg.ingress.ts_ns, now)
+                                       msg.ingress.ts_ns, now, msg.ingress.account)
         if arrival is not None:
             key, entry = arrival
             index._add(False, key, _entry(entry), now)

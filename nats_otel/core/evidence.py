@@ -59,6 +59,7 @@ class HopEvidence(Struct, array_like=True, frozen=True, gc=False):
     ident: _Bytes
     server_id: _Text
     server_name: _Text
+    account: _Text  # the account it came in on
     seq: _U64
     ts_ns: _U64  # the report's ingress time (the ledger's clock)
     context: _Bytes  # the trace context's id fields
@@ -94,7 +95,8 @@ def evidence_of(prepared: Any, shard: bytes = b"") -> HopEvidence:
     egresses = tuple(_Hop(event.hop, event.name, event.ts_ns, prepared.size, position)
                      for position, event in enumerate(msg.events, start=1)
                      if type(event) is EgressEvent and event.forwards)
-    return HopEvidence(prepared.ident, msg.server.id, msg.server.name, msg.server.seq, msg.ingress.ts_ns,
+    return HopEvidence(prepared.ident, msg.server.id, msg.server.name, msg.ingress.account, msg.server.seq,
+                       msg.ingress.ts_ns,
                        prepared.ctx.id_fields, prepared.ctx.adhoc_key is not None, arrival, egresses, shard)
 
 
@@ -134,7 +136,7 @@ def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0
     index = linker.index
     for report in reports:
         ctx = TraceContext(b"", b"", id_fields=report.context)
-        index.observe_report(report.ident, report.server_id, report.seq, report.ts_ns, now)
+        index.observe_report(report.ident, report.server_id, report.seq, report.ts_ns, now, report.account)
         arrival = None
         if report.arrival is not None:
             key = (report.context, report.arrival.hop, report.arrival.peer, report.server_name)

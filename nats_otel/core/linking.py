@@ -164,10 +164,11 @@ class PythonLinkIndex:
         egresses, arrivals = self._tables[True][0], self._tables[False][0]
         return [(key, egresses.get(key, []), arrivals.get(key, [])) for key in {**egresses, **arrivals}]
 
-    def observe_report(self, ident: bytes, server_id: str, seq: int, ts_ns: int, now: float = 0.0) -> None:
+    def observe_report(self, ident: bytes, server_id: str, seq: int, ts_ns: int, now: float = 0.0,
+                       account: str = "") -> None:
         """Any report seen, with or without hop evidence: its server's event number says,
         later, whether a stretch of that server's reports is complete (`sequences`)."""
-        self.sequences.ledger.observe(ident, server_id, seq, ts_ns, now)
+        self.sequences.ledger.observe(ident, server_id, seq, ts_ns, now, account)
 
     def add_egress(self, key: LinkKey, egress: Egress, now: float = 0.0) -> None:
         """Record a forwarding egress (a redelivered trace message is recorded once)."""

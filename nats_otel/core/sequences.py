@@ -29,7 +29,7 @@ result does not depend on the input order.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from statistics import median
@@ -112,8 +112,8 @@ class ReportLedger:
     def __init__(self, capacity: int, retention_s: float, bounded: bool = True) -> None:
         self.capacity, self.retention_s, self._bounded = capacity, retention_s, bounded
         self._servers: dict[str, _ServerRuns] = {}
-        # identity -> (server id, seq): what an Egress's or Arrival's `ident` refers to.
-        self._reports: dict[bytes, tuple[str, int]] = {}
+        # identity -> (server id, seq, account): what an Egress's or Arrival's `ident` is.
+        self._reports: dict[bytes, tuple[str, int, str]] = {}
         self._fifo: deque[tuple[float, bytes]] = deque()
         self._fixed = False
 
@@ -139,11 +139,13 @@ class ReportLedger:
     def __len__(self) -> int:
         return len(self._reports)
 
-    def observe(self, ident: bytes, server_id: str, seq: int, ts_ns: int, now: float = 0.0) -> None:
-        """One report seen (any report: with hop evidence or not). seq 0: not numbered, ignored."""
+    def observe(self, ident: bytes, server_id: str, seq: int, ts_ns: int, now: float = 0.0,
+                account: str = "") -> None:
+        """One report seen (any report: with hop evidence or not). seq 0: not numbered, ignored.
+        `account`: the account it came in on (pooled routes carry one account per connection)."""
         if seq <= 0 or ident in self._reports:
             return
-        self._reports[ident] = (server_id, seq)
+        self._reports[ident] = (server_id, seq, account)
         if self._fixed:
             return
         runs = self._servers.get(server_id)
@@ -166,6 +168,11 @@ class ReportLedger:
                 runs.expire(horizon)
                 if not runs.firsts:
                     del self._servers[server_id]
+
+    def account(self, ident: bytes) -> str | None:
+        """The account a report came in on, if it was observed."""
+        found = self._reports.get(ident)
+        return None if found is None else found[2]
 
     def complete(self, first: bytes, last: bytes, since_ns: int | None = None) -> bool:
         """True when `first` and `last` are reports of one server with every report between
@@ -233,6 +240,10 @@ def _estimate(samples: Iterable[int]) -> tuple[int, int]:
     return center, int(min(max(4 * 1.4826 * spread, _TOLERANCE_FLOOR_NS), _TOLERANCE_CAP_NS))
 
 
+def _arrival_time(pair: tuple[Any, Any]) -> int:
+    return pair[1][0]
+
+
 def _in_window(entries: Sequence[Any], lo_ns: int, hi_ns: int) -> tuple[int, int]:
     return bisect_left(entries, (lo_ns,)), bisect_left(entries, (hi_ns + 1,))
 
@@ -243,6 +254,8 @@ _BINS_NS = (20_000, 50_000, 100_000, 200_000)
 _NEAREST = 16
 # At least this many pairs must agree: a few arrivals can agree on anything by chance.
 _PEAK_MIN = 8
+# Matched pairs kept per link to vouch for a cluster's start (`HopSequences._preceded`).
+_LINK_PAIRS = 32
 
 
 def latency_from_times(egresses: Sequence[Any], arrivals: Sequence[Any], latency_ns: int,
@@ -288,8 +301,8 @@ class HopSequences:
     `keys` lists every key held with its egresses and arrivals: the whole-input mode
     (`bounded` False) learns from all of them before its first decision."""
 
-    __slots__ = ("_aligned", "_bounded", "_decided", "_key_latency", "_keys", "latency", "latency_ns", "ledger",
-                 "skew_ns")
+    __slots__ = ("_aligned", "_bounded", "_decided", "_key_latency", "_keys", "_link_pairs", "latency", "latency_ns",
+                 "ledger", "skew_ns")
 
     def __init__(self, latency_ns: int, skew_ns: int, capacity: int, retention_s: float,
                  bounded: bool = True, keys: Callable[[], Iterable[tuple[Any, Sequence[Any], Sequence[Any]]]]
@@ -304,6 +317,9 @@ class HopSequences:
         # one context at a time, learns the same).
         self._aligned = False
         self._key_latency: dict[Any, tuple[int, int] | None] = {}
+        # (upstream, downstream) -> recent matched (egress, arrival) pairs of any context: a
+        # cluster's start is trusted when one of them precedes it in both servers' runs.
+        self._link_pairs: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
 
     def forget(self, key: Any, arrival: Any) -> None:
         """An arrival expired from the index: its decision goes with it."""
@@ -317,10 +333,41 @@ class HopSequences:
         self.ledger.expire(now)
 
     def learn(self, key: Any, arrival: Any, egress: Any) -> None:
-        """A hop matched on its own (one candidate each way): its latency, for its link. Only
-        the live bridge learns as it goes; the whole-input mode learns everything first."""
+        """A hop matched on its own (one candidate each way): its latency, for its link, and the
+        pair as a mark on the link. Only the live bridge learns as it goes; the whole-input
+        mode learns everything first."""
         if self._bounded:
             self.latency.learn((key[2], key[3]), arrival[0] - egress[0])
+            self._mark(key, egress, arrival)
+
+    def _mark(self, key: Any, egress: Any, arrival: Any) -> None:
+        pairs = self._link_pairs.get((key[2], key[3]))
+        if pairs is None:
+            if len(self._link_pairs) >= 4096:  # links are pairs of servers: a hostile input's bound
+                return
+            pairs = self._link_pairs[(key[2], key[3])] = []
+        insort(pairs, (egress, arrival), key=_arrival_time)  # by arrival: found by bisect
+        if self._bounded and len(pairs) > _LINK_PAIRS:
+            del pairs[0]  # the live bridge keeps the latest few
+
+    def _preceded(self, key: Any, egress: Any, arrival: Any) -> bool:
+        """A matched pair of the same link and account, earlier on both sides, lies in the same
+        run of reports as `egress` (upstream) and `arrival` (downstream): per connection the
+        order holds, so any report of this cluster's first message lies in those runs too,
+        and a lost one would show."""
+        pairs = self._link_pairs.get((key[2], key[3]))
+        if not pairs:
+            return False
+        ledger = self.ledger
+        accounts = ledger.account(egress[2]), ledger.account(arrival[2])
+        before = bisect_left(pairs, arrival[0], key=_arrival_time)
+        for earlier_egress, earlier_arrival in reversed(pairs[max(0, before - _LINK_PAIRS):before]):
+            if (earlier_egress[0] < egress[0] and earlier_arrival[0] < arrival[0]
+                    and (ledger.account(earlier_egress[2]), ledger.account(earlier_arrival[2])) == accounts
+                    and ledger.complete(earlier_egress[2], egress[2])
+                    and ledger.complete(earlier_arrival[2], arrival[2])):
+                return True
+        return False
 
     def resolve(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any],
                 arrival: Any) -> tuple[str, Any, int]:
@@ -350,9 +397,14 @@ class HopSequences:
         self._aligned = True
         if self._keys is None:
             return
-        held = sorted(((key, list(egresses), list(arrivals)) for key, egresses, arrivals in self._keys()
-                       if egresses and arrivals and (len(egresses) > 1 or len(arrivals) > 1)),
-                      key=lambda item: (item[2][0], item[0]))
+        everything = sorted(((key, list(egresses), list(arrivals)) for key, egresses, arrivals in self._keys()
+                             if egresses and arrivals), key=lambda item: (item[2][0], item[0]))
+        held = [item for item in everything if len(item[1]) > 1 or len(item[2]) > 1]
+        # The single pairs (a context per message) mark their links, in time order.
+        for key, egresses, arrivals in everything:
+            if len(egresses) == 1 and len(arrivals) == 1 and (
+                    egresses[0][0] - self.skew_ns <= arrivals[0][0] <= egresses[0][0] + self.latency_ns):
+                self._mark(key, egresses[0], arrivals[0])
         for key, egresses, arrivals in held:
             found = latency_from_times(egresses, arrivals, self.latency_ns, self.skew_ns)
             self._key_latency[key] = None if found is None else _estimate(found)
@@ -386,6 +438,7 @@ class HopSequences:
             egress = self._by_time(key, egresses, arrivals, position)
         if egress is not None:
             self._decided.setdefault(key, {})[arrival] = egress
+            self._mark(key, egress, arrival)
         return egress
 
     def _by_order(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int) -> Any:
@@ -433,6 +486,8 @@ class HopSequences:
         if not egress[0] - self.skew_ns <= arrival[0] <= egress[0] + self.latency_ns:
             return None
         ledger = self.ledger
+        if since_up is not None and self._preceded(key, anchor_egress, anchor):
+            since_up = since_down = None  # an earlier pair on the link vouches for the start
         if not (ledger.complete(anchor[2], arrival[2], since_down)
                 and ledger.complete(anchor_egress[2], egress[2], since_up)):
             return None

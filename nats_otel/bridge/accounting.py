@@ -40,7 +40,10 @@ class BatchAccounting:
         issues: Counter[str] = Counter()
         links: Counter[str] = Counter()
         samples: list[NetworkSample] = []
-        for result in outcome.results:
+        held = outcome.held
+        for position, result in enumerate(outcome.results):
+            if held and position in held:
+                continue  # counted when it is finally mapped (redelivered)
             if isinstance(result, Rejected):
                 m.rejected.labels(result.reason).inc()
                 log.warning("trace message rejected", extra={"fields": {

@@ -10,6 +10,12 @@ its own link window before deciding, `link.wait` later. Queue groups and durable
 they are and there is no membership: a bridge that joins starts publishing, one that leaves
 stops, and only the hops whose evidence it alone held (its batches in flight) lose a link.
 
+In JetStream mode (at least once) the evidence is also kept (`keep`): a stream
+(`NATS_OTEL_LINKS_<durable>`) holds the subject's batches for `link.retention`, and a
+bridge that starts - after a SIGKILL, in a rolling restart - replays them before it fetches,
+so a downstream report redelivered to it finds the evidence of an upstream report that the
+killed bridge had already settled, as an unkilled bridge would.
+
 Received batches are checked (`evidence.decode_batch`): a malformed, oversized, badly signed
 (with `link.exchange_key_file`) or foreign-format one is dropped whole, counted by reason in
 `nats_otel_link_evidence{result}` and logged (rate-limited); it never stops the bridge.
@@ -25,7 +31,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nats_otel.core.evidence import EvidenceError, HopEvidence, decode_batch, encode_batch, evidence_of, sign
+from nats_otel.core.evidence import (
+    EvidenceError,
+    HopEvidence,
+    LinkLatencyEstimate,
+    decode_batch_with_latencies,
+    encode_batch,
+    evidence_of,
+    sign,
+)
 from nats_otel.core.pipeline import Prepared
 
 __all__ = ["SENDER_HEADER", "SIGNATURE_HEADER", "LinkExchange"]
@@ -47,8 +61,10 @@ class LinkExchange:
     link window is only ever touched there."""
 
     def __init__(self, subject: str, key: bytes | None, metrics: Any,
-                 record: Callable[[Sequence[HopEvidence]], None], pool: Any) -> None:
+                 record: Callable[[Sequence[HopEvidence], Sequence[LinkLatencyEstimate]], None], pool: Any,
+                 latencies: Callable[[], list[tuple[str, str, int, int]]] | None = None) -> None:
         self.subject, self._key, self._metrics, self._record, self._pool = subject, key, metrics, record, pool
+        self._latencies = latencies
         # Unique per process and start: a bridge skips its own batches (NATS echoes them).
         self.sender = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
         self._nc: Any = None
@@ -61,6 +77,52 @@ class LinkExchange:
         self._sub = await nc.subscribe(self.subject, cb=self._on_msg, pending_msgs_limit=_PENDING_BATCHES * 4)
         log.info("link evidence exchanged on %s", self.subject)
 
+    async def keep(self, nc: Any, stream: str, retention_s: float) -> int:
+        """JetStream mode: the stream that keeps the evidence (created if missing), and its
+        last `retention_s` replayed into the link window. Returns the batches replayed; a
+        stream that cannot be used is logged (links then rest on the live exchange alone)."""
+        import datetime
+
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+        from nats.js.errors import NotFoundError
+
+        js = nc.jetstream()
+        try:
+            try:
+                await js.stream_info(stream)
+            except NotFoundError:
+                await js.add_stream(StreamConfig(name=stream, subjects=[self.subject], storage=StorageType.FILE,
+                                                 max_age=retention_s))
+                log.info("link evidence stream created", extra={"fields": {"stream": stream}})
+            since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=retention_s)
+            consumer = await js.pull_subscribe(
+                self.subject, stream=stream,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since,
+                                      ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True))
+        except Exception as exc:  # noqa: BLE001 - the bridge runs on without what was kept
+            log.warning("link evidence not kept in stream %s (%s: %s): a restarted bridge starts without it",
+                        stream, type(exc).__name__, exc)
+            return 0
+        replayed = 0
+        try:
+            while True:
+                try:
+                    msgs = await consumer.fetch(256, timeout=1.0)
+                except Exception:  # noqa: BLE001 - a fetch timeout: nothing (more) to replay
+                    break
+                for msg in msgs:
+                    await self._on_msg(msg)
+                    replayed += 1
+                if msgs and msgs[-1].metadata.num_pending == 0:
+                    break
+        finally:
+            try:
+                await consumer.unsubscribe()
+            except Exception:  # noqa: BLE001 - an ephemeral consumer goes by itself
+                pass
+        log.info("link evidence replayed", extra={"fields": {"stream": stream, "batches": replayed}})
+        return replayed
+
     async def stop(self) -> None:
         if self._sub is not None:
             try:
@@ -72,7 +134,9 @@ class LinkExchange:
     def outgoing(self, prepared: Sequence[Prepared], shard: Callable[[Prepared], bytes] | None = None) -> bytes:
         """The batch to publish for reports this bridge observed (conversion thread)."""
         reports = [evidence_of(p, shard(p) if shard is not None else b"") for p in prepared]
-        return encode_batch(self.sender, reports) if reports else b""
+        if not reports:
+            return b""
+        return encode_batch(self.sender, reports, self._latencies() if self._latencies is not None else ())
 
     async def publish(self, data: bytes) -> None:
         if not data or self._nc is None or not self._nc.is_connected:
@@ -94,7 +158,8 @@ class LinkExchange:
         if headers.get(SENDER_HEADER) == self.sender:
             return
         try:
-            sender, reports = decode_batch(msg.data, self._key, headers.get(SIGNATURE_HEADER))
+            sender, reports, latencies = decode_batch_with_latencies(msg.data, self._key,
+                                                                     headers.get(SIGNATURE_HEADER))
         except EvidenceError as exc:
             self._count(exc.reason, exc.detail)
             return
@@ -106,7 +171,7 @@ class LinkExchange:
             return
         self._pending += 1
         try:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._record, reports)
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._record, reports, latencies)
         finally:
             self._pending -= 1
         self._metrics.link_evidence.labels("received").inc()

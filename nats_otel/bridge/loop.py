@@ -52,6 +52,8 @@ _FETCH_TIMEOUT_S = 1.0
 # Batches waiting out `link.wait`: a rate times the wait, a few dozen at most in practice;
 # this only bounds the pathological case (then intake backs up, and drops are counted).
 _DELAYED_BATCHES = 4096
+# How many times one downstream report may be held for its upstream's evidence (`_holdable`).
+_HOLDS = 2
 _GIVE_UP_CHECK_S = 0.25
 # After the drain deadline, time for the batch in flight to come back (exports stop retrying
 # at the deadline), so that it is counted exported or failed, not lost uncounted.
@@ -101,10 +103,12 @@ class Bridge:
         # Hop evidence shared with the other bridges of a queue group or durable (`exchange`);
         # with worker processes the link windows live in the workers: not exchanged there.
         self.exchange: LinkExchange | None = None
+        # Until then, downstream reports left unlinked may be held (`_holdable`): set at start.
+        self._hold_until = 0.0
         subject = settings.exchange_subject
         if subject is not None and self.workers is None:
             self.exchange = LinkExchange(subject, settings.exchange_key(), self.metrics,
-                                         self.processor.observe_evidence, self._pool)
+                                         self.processor.observe_evidence, self._pool, self.processor.link_latencies)
         elif subject is not None:
             log.warning("link.exchange %s is off with batch.workers > 1: hops whose reports reach other "
                         "bridges stay unlinked", subject)
@@ -216,6 +220,8 @@ class Bridge:
         if not all(started):
             return 0  # stopped while connecting
         await self._start_exchange()
+        if s.mode == "jetstream":
+            self._hold_until = time.monotonic() + s.link.wait + s.jetstream.ack_wait + 1.0
         self._started = True
         log.info("bridge running", extra={"fields": {"mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
@@ -267,6 +273,9 @@ class Bridge:
             self.exchange = None
             return
         await self.exchange.start(nc)
+        if self.settings.mode == "jetstream":
+            await self.exchange.keep(nc, f"NATS_OTEL_LINKS_{self.settings.jetstream.durable}",
+                                     self.settings.link.retention)
 
     def _deadline(self) -> float | None:
         return getattr(self, "_drain_deadline", None) if self._intake_done else None
@@ -279,13 +288,14 @@ class Bridge:
         return per_converter if self.workers is None else per_converter * self.workers.size
 
     async def _process(self, deliveries: Sequence[Delivery]
-                       ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
-        """Convert, export, count one batch; returns what to (ack, nak, term) (JetStream mode;
-        core mode settles nothing: empty)."""
+                       ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]:
+        """Convert, export, count one batch; returns what to (ack, nak, term, hold) (JetStream
+        mode; core mode settles nothing: empty)."""
         raws = [d.raw for d in deliveries]
         if self.workers is None:
             loop = asyncio.get_running_loop()
-            converted = await loop.run_in_executor(self._pool, self.processor.convert, raws)
+            converted = await loop.run_in_executor(self._pool, self.processor.convert, raws,
+                                                   self._holdable(deliveries))
             outcome = await loop.run_in_executor(self._export_pool, self.processor.export, converted,
                                                  self._deadline())
             self.accounting.account(outcome)
@@ -300,12 +310,30 @@ class Bridge:
                 result = self._failed_batch(part, result)
             else:
                 self.accounting.account(result)
-            a, n, t = self._policy(part, result)
+            a, n, t, _ = self._policy(part, result)
             ack += a
             nak += n
             term += t
         gc_tuning.after_batch()
-        return ack, nak, term
+        return ack, nak, term, []
+
+    def _holdable(self, deliveries: Sequence[Delivery]) -> frozenset[int]:
+        """JetStream mode, for `link.wait` plus an ack wait after the bridge started: what it
+        fetched first may have its upstream report still waiting for redelivery (taken by a
+        bridge killed before it could share the evidence). A downstream report left unlinked
+        then is held (nak'ed until after that) at most `_HOLDS` times, instead of exported
+        unlinked; the held ones are counted (`nats_otel_link_held_total`)."""
+        if self.settings.mode != "jetstream" or time.monotonic() >= self._hold_until:
+            return frozenset()
+        holdable = []
+        for position, delivery in enumerate(deliveries):
+            try:
+                delivered = delivery.msg.metadata.num_delivered
+            except Exception:  # noqa: BLE001 - not a JetStream message: never held
+                continue
+            if delivered <= _HOLDS:
+                holdable.append(position)
+        return frozenset(holdable)
 
     def _worker_died(self, reason: str) -> None:
         """A worker process crashed or was killed: stop (exit code 2) so that a supervisor
@@ -455,7 +483,7 @@ class Bridge:
         while (item := await batches.get()) is not None:
             ripe_at, deliveries = item
             await self._until(ripe_at)
-            ack, nak, term = await self._process(deliveries)
+            ack, nak, term, hold = await self._process(deliveries)
             delay = 0.0
             if nak:
                 self._js_failures += 1
@@ -464,22 +492,28 @@ class Bridge:
             else:
                 self._js_failures = 0
             await source.settle(ack, nak, term, delay)
+            if hold:
+                self.metrics.link_held.inc(len(hold))
+                await source.settle((), hold, (), max(1.0, self._hold_until - time.monotonic() + js.ack_wait / 5))
 
     # -- the error policy, in one place ------------------------------------------------------
 
     def _policy(self, deliveries: Sequence[Delivery], outcome: BatchOutcome
-                ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
+                ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]:
         """Decide each delivery's fate: (ack, nak, term). Core mode only counts: what a
         JetStream bridge would nak is lost there (`dropped{reason="export_failed"}`)."""
         ack: list[Delivery] = []
         nak: list[Delivery] = []
         term: list[Delivery] = []
+        hold: list[Delivery] = []
         exported = outcome.exported
         core = self.settings.mode == "core"
         if core and exported:  # the common case: nothing to settle, nothing lost
-            return ack, nak, term
+            return ack, nak, term, hold
         for position, (delivery, result) in enumerate(zip(deliveries, outcome.results, strict=True)):
-            if isinstance(result, Rejected) or position in outcome.poisoned:
+            if position in outcome.held:
+                hold.append(delivery)  # not exported: its upstream's evidence may yet come
+            elif isinstance(result, Rejected) or position in outcome.poisoned:
                 term.append(delivery)  # bad input, or spans the backend refused: never redeliver
             elif exported:
                 ack.append(delivery)
@@ -488,8 +522,8 @@ class Bridge:
         if core:  # nothing is settled in core mode: the lists only count what was lost
             if nak:
                 self.metrics.dropped.labels("export_failed").inc(len(nak))
-            return [], [], []
-        return ack, nak, term
+            return [], [], [], []
+        return ack, nak, term, hold
 
 
 async def run_bridge(settings: BridgeSettings, metrics: Metrics | None = None) -> int:

@@ -21,7 +21,7 @@ from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core import accel
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
-from nats_otel.core.evidence import HopEvidence, observe_evidence
+from nats_otel.core.evidence import HopEvidence, LinkLatencyEstimate, observe_evidence
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 from nats_otel.core.pipeline import Converted, Converter, Rejected, observed
 from nats_otel.core.records import SpanRecord
@@ -50,6 +50,9 @@ class BytesExporter(Exporter, Protocol):
     def export_bytes(self, request: bytes, deadline: float | None = None) -> ExportResult: ...
 
 
+_UNLINKED = frozenset({"unmatched", "ambiguous"})
+
+
 @dataclass(slots=True)
 class BatchOutcome:
     """What became of one batch: per message converted or rejected, and the export results."""
@@ -65,6 +68,9 @@ class BatchOutcome:
     #: Positions of messages whose spans a backend refused as invalid even when sent alone,
     #: with its error: never to be retried (terminated in JetStream mode), counted as lost.
     poisoned: dict[int, str] = field(default_factory=dict)
+    #: Positions of downstream reports not linked while redeliveries may still bring their
+    #: upstream's evidence (JetStream mode, after a start): not exported, redelivered later.
+    held: frozenset[int] = frozenset()
 
     @property
     def span_count(self) -> int:
@@ -111,18 +117,23 @@ class Processor:
         self.converter.observe_many(raws, time.monotonic())
         return b"" if exchange is None else exchange.outgoing(observed(self.converter, raws))
 
-    def observe_evidence(self, reports: Sequence[HopEvidence]) -> None:
+    def observe_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate] = ()) -> None:
         """Record other bridges' hop evidence (the link exchange), in this thread."""
-        observe_evidence(self.converter.linker, reports, time.monotonic())
+        observe_evidence(self.converter.linker, reports, time.monotonic(), latencies)
+
+    def link_latencies(self) -> list[tuple[str, str, int, int]]:
+        """The link latencies this bridge learned (shared with the evidence)."""
+        return self.converter.linker.index.sequences.latency.known()
 
     def process(self, raws: Sequence[RawTraceMessage], deadline: float | None) -> BatchOutcome:
         """Convert and export one batch (`convert`, then `export`, in this thread)."""
         return self.export(self.convert(raws), deadline)
 
-    def convert(self, raws: Sequence[RawTraceMessage]) -> ConvertedBatch:
+    def convert(self, raws: Sequence[RawTraceMessage], holdable: frozenset[int] = frozenset()) -> ConvertedBatch:
         """Archive and convert one batch: the part that touches the link state, so always in
         one thread, in order. `export` may then run in another thread while the next batch
-        is converted: the conversion never waits for a backend's answer."""
+        is converted: the conversion never waits for a backend's answer. Of the positions in
+        `holdable`, the downstream reports left unlinked are held (`BatchOutcome.held`)."""
         if self._archive is not None:
             self._archive.write(b"".join(archive_record(raw) for raw in raws))
         now = time.monotonic()
@@ -133,11 +144,17 @@ class Processor:
         outcome.expired_unmatched = {side: count - self._expired_seen.get(side, 0)
                                      for side, count in index.expired_unmatched.items()}
         self._expired_seen = dict(index.expired_unmatched)
+        if holdable:
+            outcome.held = frozenset(i for i in holdable if i < len(outcome.results)
+                                     and getattr(outcome.results[i], "link", "") in _UNLINKED)
+        held = outcome.held
         if encoded:
-            items = [r.encoded for r in outcome.results if isinstance(r, Converted) and r.encoded is not None]
+            items = [r.encoded for i, r in enumerate(outcome.results)
+                     if isinstance(r, Converted) and r.encoded is not None and i not in held]
             outcome.spans = sum(item.span_count for item in items)
             return ConvertedBatch(outcome, encode_request(items) if outcome.spans else b"")
-        spans = [s for r in outcome.results if isinstance(r, Converted) for s in r.spans]
+        spans = [s for i, r in enumerate(outcome.results) if isinstance(r, Converted) and i not in held
+                 for s in r.spans]
         outcome.spans = len(spans)
         return ConvertedBatch(outcome, spans)
 
@@ -169,7 +186,8 @@ class Processor:
         exported. Rare, so a request per message is affordable."""
         attempts, refused_spans = failed.attempts, 0
         for position, result in enumerate(outcome.results):
-            if not isinstance(result, Converted) or not result.span_count or position in outcome.poisoned:
+            if (not isinstance(result, Converted) or not result.span_count or position in outcome.poisoned
+                    or position in outcome.held):
                 continue
             if result.encoded is not None and isinstance(exporter, BytesExporter):
                 alone = exporter.export_bytes(encode_request([result.encoded]), deadline)

@@ -100,6 +100,9 @@ class Metrics:
             "(bad or missing signature, or naming this bridge as sender)", ["result"], registry=r)
         self.link_evidence_reports = Counter(
             "nats_otel_link_evidence_reports", "Reports' hop evidence recorded from other bridges", registry=r)
+        self.link_held = Counter(
+            "nats_otel_link_held", "Downstream reports not yet linked, held for redelivery (JetStream mode, "
+            "after a start) instead of exported unlinked", registry=r)
         self.link_evicted = Counter(
             "nats_otel_link_window_evicted",
             "Hop evidence forgotten before its time because the link window was full (link.capacity)",

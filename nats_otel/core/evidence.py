@@ -29,8 +29,8 @@ from nats_otel.core.ids import TraceContext, event_span_id
 from nats_otel.core.linking import Arrival, Egress
 from nats_otel.core.model import Egress as EgressEvent
 
-__all__ = ["EVIDENCE_FORMAT", "EvidenceError", "HopEvidence", "decode_batch", "encode_batch", "evidence_of",
-           "observe_evidence", "sign"]
+__all__ = ["EVIDENCE_FORMAT", "EvidenceError", "HopEvidence", "LinkLatencyEstimate", "decode_batch",
+           "decode_batch_with_latencies", "encode_batch", "evidence_of", "observe_evidence", "sign"]
 
 # Bumped when the layout changes: a bridge rejects another format instead of misreading it.
 EVIDENCE_FORMAT = 1
@@ -71,10 +71,20 @@ class HopEvidence(Struct, array_like=True, frozen=True, gc=False):
     shard: _Bytes = b""
 
 
+class LinkLatencyEstimate(Struct, array_like=True, frozen=True, gc=False):
+    """A sender's learned latency of one link (`sequences.LinkLatency.known`)."""
+
+    upstream: _Text
+    downstream: _Text
+    latency_ns: Annotated[int, Meta(ge=-(2**40), le=2**40)]
+    tolerance_ns: Annotated[int, Meta(ge=0, le=2**40)]
+
+
 class _Batch(Struct, array_like=True, frozen=True, gc=False):
     format: int
     sender: _Text
     reports: Annotated[tuple[HopEvidence, ...], Meta(max_length=_MAX_REPORTS)]
+    latencies: Annotated[tuple[LinkLatencyEstimate, ...], Meta(max_length=1024)] = ()
 
 
 class EvidenceError(ValueError):
@@ -104,9 +114,11 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(_Batch)
 
 
-def encode_batch(sender: str, reports: Sequence[HopEvidence]) -> bytes:
-    """One published message of evidence (msgpack)."""
-    return _ENCODER.encode(_Batch(EVIDENCE_FORMAT, sender, tuple(reports)))
+def encode_batch(sender: str, reports: Sequence[HopEvidence],
+                 latencies: Sequence[tuple[str, str, int, int]] = ()) -> bytes:
+    """One published message of evidence (msgpack), with the sender's learned latencies."""
+    return _ENCODER.encode(_Batch(EVIDENCE_FORMAT, sender, tuple(reports),
+                                  tuple(LinkLatencyEstimate(*known) for known in latencies[:1024])))
 
 
 def sign(key: bytes, data: bytes) -> str:
@@ -118,6 +130,13 @@ def decode_batch(data: bytes, key: bytes | None = None,
                  signature: str | None = None) -> tuple[str, tuple[HopEvidence, ...]]:
     """(sender, reports) of a published batch; `EvidenceError` when it is unsigned or badly
     signed (with `key`), malformed, of another format or out of bounds."""
+    sender, reports, _ = decode_batch_with_latencies(data, key, signature)
+    return sender, reports
+
+
+def decode_batch_with_latencies(data: bytes, key: bytes | None = None, signature: str | None = None
+                                ) -> tuple[str, tuple[HopEvidence, ...], tuple[LinkLatencyEstimate, ...]]:
+    """`decode_batch`, with the sender's learned link latencies."""
     if key is not None and (signature is None or not hmac.compare_digest(sign(key, data), signature)):
         raise EvidenceError("forged", "missing or wrong signature")
     try:
@@ -128,12 +147,17 @@ def decode_batch(data: bytes, key: bytes | None = None,
         raise EvidenceError("malformed", str(exc)[:200]) from None
     if batch.format != EVIDENCE_FORMAT:
         raise EvidenceError("format", f"evidence format {batch.format}, this bridge reads {EVIDENCE_FORMAT}")
-    return batch.sender, batch.reports
+    return batch.sender, batch.reports, batch.latencies
 
 
-def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0.0) -> None:
-    """Record other bridges' evidence in a linker, as `Linker.observe` records a report's."""
+def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0.0,
+                     latencies: Iterable[LinkLatencyEstimate] = ()) -> None:
+    """Record other bridges' evidence in a linker, as `Linker.observe` records a report's,
+    and adopt their learned link latencies where this linker has none (a bridge that
+    restarts need not relearn them from crowded hops it cannot yet decide)."""
     index = linker.index
+    for known in latencies:
+        index.sequences.latency.adopt((known.upstream, known.downstream), known.latency_ns, known.tolerance_ns)
     for report in reports:
         ctx = TraceContext(b"", b"", id_fields=report.context)
         index.observe_report(report.ident, report.server_id, report.seq, report.ts_ns, now, report.account)

@@ -221,6 +221,23 @@ class LinkLatency:
         for latency_ns in latencies:
             self.learn(link, latency_ns)
 
+    def known(self) -> list[tuple[str, str, int, int]]:
+        """(upstream, downstream, latency, tolerance) of every link learned here: what a bridge
+        shares with the others, so that one that (re)starts need not learn it again."""
+        found = []
+        for link in list(self._samples):
+            estimate = self.estimate(link)
+            if estimate is not None:
+                found.append((link[0], link[1], *estimate))
+        return found
+
+    def adopt(self, link: tuple[str, str], latency_ns: int, tolerance_ns: int) -> None:
+        """Another bridge's estimate, for a link this one has not learned yet."""
+        if link in self._samples or len(self._estimates) >= 4096:
+            return
+        tolerance_ns = min(max(tolerance_ns, _TOLERANCE_FLOOR_NS), _TOLERANCE_CAP_NS)
+        self._estimates[link] = (latency_ns, tolerance_ns)
+
     def estimate(self, link: tuple[str, str]) -> tuple[int, int] | None:
         """(latency, tolerance) in ns, or None before enough was learned."""
         if link in self._estimates:

@@ -85,6 +85,8 @@ class Row:
     result: Score
     seconds: float
     notes: list[str] = field(default_factory=list)
+    #: The bridges' `nats_otel_*` samples, summed over them (live rows).
+    metrics: Counter[str] = field(default_factory=Counter)
 
 
 class Archiver:
@@ -279,7 +281,7 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
     result = score(truth, read_otlp_json_lines(outputs))
     layout = "one bridge" if args.bridges == 1 else f"{args.bridges} bridges, one queue group (sidecars)"
     label = f"{layout}, {traffic_label(options)}"
-    row = Row(label, result, time.monotonic() - started, notes)
+    row = Row(label, result, time.monotonic() - started, notes, sum(metrics, Counter()))
     print(f"  row time {row.seconds:.1f} s (traffic and bridges {traffic_s:.1f} s)", flush=True)
     return row, truth, archiver.path
 

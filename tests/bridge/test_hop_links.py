@@ -40,6 +40,10 @@ def test_sidecars_link_a_traceparent_per_message_as_one_bridge(hop_links, tmp_pa
     assert not truth.problems and not row.notes, (truth.problems, row.notes)
     counts = row.result.counts
     assert counts["right"] == row.result.hops == 900, counts  # 300 messages, 3 hops each
+    # The network view, summed over the bridges, counts each crossing once (as one bridge does):
+    # only the bridge that maps a downstream report records its hop.
+    crossings = sum(v for k, v in row.metrics.items() if k.startswith("nats_otel_hop_latency_seconds_count"))
+    assert crossings == 900, crossings
 
 
 @pytest.mark.parametrize("mode", ["batch", "back_to_back", "adhoc"])

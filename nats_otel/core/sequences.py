@@ -267,7 +267,7 @@ def _in_window(entries: Sequence[Any], lo_ns: int, hi_ns: int) -> tuple[int, int
 
 # The latency seen in a crowded key's own times (`latency_from_times`): residuals (arrival
 # minus egress) binned this finely, each arrival against at most this many egresses.
-_BINS_NS = (20_000, 50_000, 100_000, 200_000)
+_BINS_NS = (20_000, 50_000, 100_000, 200_000, 500_000)
 _NEAREST = 16
 # At least this many pairs must agree: a few arrivals can agree on anything by chance.
 _PEAK_MIN = 8
@@ -305,7 +305,7 @@ def latency_from_times(egresses: Sequence[Any], arrivals: Sequence[Any], latency
             return counts.get(slot - 1, 0) + counts.get(slot, 0) + counts.get(slot + 1, 0)
 
         best = min(counts, key=lambda slot: (-score(slot), slot))
-        rival = max((score(slot) for slot in counts if abs(slot - best) > 4), default=0)
+        rival = max((score(slot) for slot in counts if abs(slot - best) > 2), default=0)
         if score(best) >= max(_PEAK_MIN, len(arrivals) / 2) and score(best) >= 2 * rival:
             return sorted(r for r in residuals if abs(r // bin_ns - best) <= 1)
     return None

@@ -4,10 +4,10 @@ Which upstream egress a downstream server span hangs under is decided from the r
 of the same trace context (`nats_otel.core.linking`: hop id, server names, time, size),
 so the records are grouped by trace context before they are converted:
 
-1. `_key_batches` decodes each record once for its context key (trace id + parent span
-   id, or the ad-hoc group; rejects get the empty key);
-2. the lines are partitioned by that key and sorted within partitions, so each context's
-   records are contiguous in one partition;
+1. `_key_batches` decodes each record for its context key (trace id + parent span id, or
+   the ad-hoc group; rejects get the empty key) and its report's server, seq and time;
+2. the lines are partitioned by context key and sorted within partitions, so each
+   context's records are contiguous in one partition;
 3. `_convert_groups` runs `convert_batch` - the very function of `nats-otel convert` - on
    each context's records: the same spans, byte for byte, in any input order.
 
@@ -33,10 +33,12 @@ from nats_otel.core.decode import DecodeError, DecodeLimits, parse_archive_line
 from nats_otel.core.mapping import MappingOptions
 from nats_otel.core.pipeline import Converted, Rejected, convert_batch, prepare
 from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord
+from spark_backfill import runs
 from spark_backfill.fragments import span_pieces
 
 __all__ = [
     "ENCODED_COLUMNS",
+    "KEYED_SCHEMA",
     "ROW_SCHEMA",
     "SPAN_COLUMNS",
     "Conversion",
@@ -45,6 +47,7 @@ __all__ = [
     "convert",
     "convert_lines",
     "ddl",
+    "key_lines",
     "resource_from_json",
     "row_to_span",
     "span_rows",
@@ -185,12 +188,32 @@ def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: Conver
     return rows
 
 
+class LineKey(NamedTuple):
+    """What the grouping and the report runs need of a record."""
+
+    ctx_key: bytes
+    server_id: str | None
+    seq: int | None
+    ts_ns: int | None
+
+
+def line_key(line: str, settings: ConvertSettings) -> LineKey:
+    """A record's trace context (b"" for a record that gives no spans) and its report's
+    server id, seq (None when not numbered: seq 0) and ingress time, as the linker's
+    ledger observes them."""
+    try:
+        prepared = prepare(parse_archive_line(line), settings.limits)
+    except DecodeError:
+        return LineKey(b"", None, None, None)
+    msg = prepared.msg
+    if msg.server.seq <= 0:
+        return LineKey(prepared.ctx.id_fields, None, None, None)
+    return LineKey(prepared.ctx.id_fields, msg.server.id, msg.server.seq, msg.ingress.ts_ns)
+
+
 def context_key(line: str, settings: ConvertSettings) -> bytes:
     """The trace context a record belongs to (b"" for a record that gives no spans)."""
-    try:
-        return prepare(parse_archive_line(line), settings.limits).ctx.id_fields
-    except DecodeError:
-        return b""
+    return line_key(line, settings).ctx_key
 
 
 def ddl(columns: Sequence[str]) -> str:
@@ -218,14 +241,26 @@ def arrow_batch(rows: Sequence[Mapping[str, Any]], schema: str) -> Any:
     )
 
 
+KEYED_SCHEMA = "value string, source string, ctx_key binary, server_id string, seq long, ts_ns long"
+
+
 def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[Any]:
     import pyarrow as pa
 
     for batch in batches:
-        values = batch.column("value").to_pylist()
-        keys = pa.array([context_key(v, settings) for v in values], type=pa.binary())
-        yield pa.RecordBatch.from_arrays([batch.column("value"), batch.column("source"), keys],
-                                         names=["value", "source", "ctx_key"])
+        keys = [line_key(v, settings) for v in batch.column("value").to_pylist()]
+        # uint64 seqs and times, shifted into Spark's signed long (`runs.SHIFT`).
+        yield pa.RecordBatch.from_arrays(
+            [batch.column("value"), batch.column("source"), pa.array([k.ctx_key for k in keys], type=pa.binary()),
+             pa.array([k.server_id for k in keys], type=pa.string()),
+             pa.array([None if k.seq is None else k.seq - runs.SHIFT for k in keys], type=pa.int64()),
+             pa.array([None if k.ts_ns is None else k.ts_ns - runs.SHIFT for k in keys], type=pa.int64())],
+            names=["value", "source", "ctx_key", "server_id", "seq", "ts_ns"])
+
+
+def key_lines(lines_df: Any, settings: ConvertSettings) -> Any:
+    """`lines_df` (`value`, `source`) with each record's context key and report (KEYED_SCHEMA)."""
+    return lines_df.mapInArrow(functools.partial(_key_batches, settings=settings), KEYED_SCHEMA)
 
 
 def _convert_groups(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[Any]:
@@ -273,8 +308,7 @@ def convert(lines_df: Any, settings: ConvertSettings, persist: Any = None) -> Co
     """
     from pyspark import StorageLevel
 
-    keyed = lines_df.mapInArrow(functools.partial(_key_batches, settings=settings),
-                                "value string, source string, ctx_key binary")
+    keyed = key_lines(lines_df, settings).select("value", "source", "ctx_key")
     partitions = _input_partitions(keyed)
     grouped = (keyed.repartition(partitions, "ctx_key") if partitions else keyed.repartition("ctx_key")
                ).sortWithinPartitions("ctx_key")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import gzip
 import os
 import shutil
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
+# Batches of 100 messages under one traceparent, from real servers (tests/data/hop_batches/NOTES.md).
+HOP_ARCHIVES = sorted((CORPUS.parent / "hop_batches").glob("*.jsonl.gz"))
 
 # The report's picture needs Graphviz's `dot`, which the README's commands do not install:
 # tests of the picture skip without it, saying how to get it.
@@ -31,6 +34,12 @@ GARBAGE_LINES = [
 
 def corpus_files() -> list[str]:
     return sorted(glob.glob(str(CORPUS / "*.jsonl")))
+
+
+def archive_lines(path: Path) -> list[str]:
+    """The lines of an archive file (`.gz` or not)."""
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
 
 
 @pytest.fixture(scope="session")

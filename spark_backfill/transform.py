@@ -6,10 +6,14 @@ so the records are grouped by trace context before they are converted:
 
 1. `_key_batches` decodes each record for its context key (trace id + parent span id, or
    the ad-hoc group; rejects get the empty key) and its report's server, seq and time;
-2. the lines are partitioned by context key and sorted within partitions, so each
+2. `runs.report_runs` works out which reports of each server the whole input holds (a
+   pass of its own: crowded hops are linked only where no report was lost, and one
+   context alone would see every other context's reports as lost);
+3. the lines are partitioned by context key and sorted within partitions, so each
    context's records are contiguous in one partition;
-3. `_convert_groups` runs `convert_batch` - the very function of `nats-otel convert` - on
-   each context's records: the same spans, byte for byte, in any input order.
+4. `_convert_groups` runs `convert_batch` - the very function of `nats-otel convert` - on
+   each context's records, with the whole input's runs: the same spans, byte for byte, in
+   any input order.
 
 A context's records meet in one executor: a traceparent reused by millions of messages
 is one group (its memory: ~1.5 KB per trace message while it converts).
@@ -169,9 +173,11 @@ def reject_row(rejected: Rejected, source: str, line: str) -> dict[str, Any]:
     }
 
 
-def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: ConvertSettings) -> list[dict[str, Any]]:
+def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: ConvertSettings,
+                  report_runs: runs.Runs | None = None) -> list[dict[str, Any]]:
     """Rows of the archive lines of one trace context (or of any lines, linked among
-    themselves). Pure: the same lines give the same rows, in any order."""
+    themselves); `report_runs`: the whole input's, when the lines are part of it. Pure: the
+    same lines give the same rows, in any order."""
     raws: list[Any] = []
     for line in lines:
         try:
@@ -179,7 +185,7 @@ def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: Conver
         except DecodeError as exc:
             raws.append(Rejected(exc.reason, exc.detail))
     rows: list[dict[str, Any]] = []
-    results = convert_batch(raws, settings.options, settings.limits)
+    results = convert_batch(raws, settings.options, settings.limits, report_runs=report_runs)
     for line, source, result in zip(lines, sources, results, strict=True):
         if isinstance(result, Rejected):
             rows.append(reject_row(result, source, line))
@@ -263,7 +269,8 @@ def key_lines(lines_df: Any, settings: ConvertSettings) -> Any:
     return lines_df.mapInArrow(functools.partial(_key_batches, settings=settings), KEYED_SCHEMA)
 
 
-def _convert_groups(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[Any]:
+def _convert_groups(batches: Iterable[Any], settings: ConvertSettings,
+                    report_runs: runs.Runs | None = None) -> Iterator[Any]:
     """Rows of a partition sorted by context key: each run of one key is converted together
     (a run may span Arrow batches, so the current one is carried over)."""
     key: bytes | None = None
@@ -273,13 +280,13 @@ def _convert_groups(batches: Iterable[Any], settings: ConvertSettings) -> Iterat
         columns = batch.to_pydict()
         for value, source, ctx_key in zip(columns["value"], columns["source"], columns["ctx_key"], strict=True):
             if ctx_key != key and lines:
-                yield arrow_batch(convert_lines(lines, sources, settings), ROW_SCHEMA)
+                yield arrow_batch(convert_lines(lines, sources, settings, report_runs), ROW_SCHEMA)
                 lines, sources = [], []
             key = ctx_key
             lines.append(value)
             sources.append(source)
     if lines:
-        yield arrow_batch(convert_lines(lines, sources, settings), ROW_SCHEMA)
+        yield arrow_batch(convert_lines(lines, sources, settings, report_runs), ROW_SCHEMA)
 
 
 def _input_partitions(df: Any) -> int | None:
@@ -302,17 +309,21 @@ class Conversion(NamedTuple):
 def convert(lines_df: Any, settings: ConvertSettings, persist: Any = None) -> Conversion:
     """Rows (ROW_SCHEMA) of every record of `lines_df` (columns `value`, `source`).
 
+    The whole input's report runs are worked out first (a job: every record is read and
+    decoded for them, then again to be converted) and go to every context's conversion.
     The mapping is persisted with `persist` (a StorageLevel; default memory and disk): the
     counts and every sink read it instead of mapping again (and range partitioning samples
     it). The caller unpersists it when done.
     """
     from pyspark import StorageLevel
 
-    keyed = key_lines(lines_df, settings).select("value", "source", "ctx_key")
+    keyed = key_lines(lines_df, settings)
+    whole = runs.report_runs(keyed.select("server_id", "seq", "ts_ns"))
+    keyed = keyed.select("value", "source", "ctx_key")
     partitions = _input_partitions(keyed)
     grouped = (keyed.repartition(partitions, "ctx_key") if partitions else keyed.repartition("ctx_key")
                ).sortWithinPartitions("ctx_key")
-    rows = grouped.mapInArrow(functools.partial(_convert_groups, settings=settings), ROW_SCHEMA)
+    rows = grouped.mapInArrow(functools.partial(_convert_groups, settings=settings, report_runs=whole), ROW_SCHEMA)
     rows = rows.persist(persist or StorageLevel.MEMORY_AND_DISK)
     return Conversion(rows, rows)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark import cloudpickle
 
+from nats_otel.core.sequences import report_runs
 from spark_backfill import completeness, sinks, sources, transform
 from tests.backfill.conftest import corpus_files
 
@@ -24,21 +25,27 @@ def test_shipped_functions_and_settings_pickle_and_behave_the_same():
 
     lines = [line.decode() for line in Path(corpus_files()[1]).read_bytes().splitlines(keepends=True) if line.strip()]
     settings = transform.ConvertSettings()
+    keyed = [transform.line_key(line, settings) for line in lines]
+    runs = report_runs((k.server_id, k.seq, k.ts_ns) for k in keyed if k.seq is not None)
+    assert runs
     shipped = [
-        functools.partial(transform._convert_groups, settings=settings),
+        functools.partial(transform._convert_groups, settings=settings, report_runs=runs),
         sinks.otlp_json_lines,
         functools.partial(sinks._export_batches, settings=sinks.OtlpExportSettings("http://127.0.0.1:1")),
         functools.partial(completeness._placeholder_batches, schema=transform.ddl(transform.SPAN_COLUMNS)),
         functools.partial(sources._read_ranges, ranges=(sources.JetStreamRange(1, 10),),
                           source=sources.JetStreamSource("nats://127.0.0.1:1", "S")),
         sources.JetStreamRange(1, 10),
+        functools.partial(transform._key_batches, settings=settings),
     ]
     for obj in shipped:
         assert _roundtrip(obj) is not None
-    keys = [transform.context_key(line, settings) for line in lines]
+    keys = [k.ctx_key for k in keyed]
     batch = pa.RecordBatch.from_pydict({"value": lines, "source": ["x"] * len(lines), "ctx_key": keys})
     direct = next(iter(shipped[0]([batch])))
     again = next(iter(_roundtrip(shipped[0])([batch])))
     assert direct.num_rows > len(lines)
     assert direct.equals(again)
+    lines_batch = pa.RecordBatch.from_pydict({"value": lines, "source": ["x"] * len(lines)})
+    assert next(iter(shipped[-1]([lines_batch]))).equals(next(iter(_roundtrip(shipped[-1])([lines_batch]))))
     assert _roundtrip(settings) == settings

@@ -12,33 +12,15 @@ import random
 from collections import defaultdict
 from pathlib import Path
 
-import orjson
 import pytest
 
 from nats_otel.archive import read_archive
 from nats_otel.core.decode import parse_archive_line
 from nats_otel.core.linking import MATCHED
 from nats_otel.core.pipeline import Converted, convert_batch, prepare
-from tests.backfill.conftest import HOP_ARCHIVES, archive_lines, nats_otel_convert, read_parts
+from tests.backfill.conftest import HOP_ARCHIVES, archive_lines, hop_spans, nats_otel_convert, read_parts
 
 pytestmark = pytest.mark.spark
-
-PRODUCER, CONSUMER = 4, 5  # OTLP span kinds: egress spans, server spans
-HOP, LINK = "messaging.nats.trace.hop", "messaging.nats.trace.link"
-
-
-def hop_spans(otlp: bytes) -> tuple[int, int]:
-    """(downstream server spans, those under an upstream egress span) of OTLP/JSON lines;
-    checks that exactly the unlinked ones say so (`messaging.nats.trace.link`)."""
-    spans = [span for line in otlp.splitlines() for resource in orjson.loads(line)["resourceSpans"]
-             for scope in resource["scopeSpans"] for span in scope["spans"]]
-    keys = [{a["key"] for a in span["attributes"]} for span in spans]
-    egresses = {span["spanId"] for span, k in zip(spans, keys, strict=True) if span["kind"] == PRODUCER and HOP in k}
-    downstream = [(span, k) for span, k in zip(spans, keys, strict=True) if span["kind"] == CONSUMER and HOP in k]
-    linked = [span for span, k in downstream if span.get("parentSpanId") in egresses]
-    assert len(linked) == sum(LINK not in k for _, k in downstream)
-    return len(downstream), len(linked)
-
 
 def _dropped(path: Path, folder: Path, fraction: float, seed: int) -> str:
     """A copy of an archive with `fraction` of its lines removed at random."""

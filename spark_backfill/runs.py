@@ -6,7 +6,7 @@ one context over one hop) only across stretches where nothing was lost. `nats-ot
 sees the whole input; the backfill converts one trace context at a time, so it works the
 runs out over all contexts first and hands them to every context's `convert_batch`.
 
-The runs are "islands" of consecutive numbers: ordered by seq, `seq - row_number()` is the
+The runs are "islands" of consecutive numbers: ordered by seq, `seq - dense_rank()` is the
 same within a run. Numbered per server and bucket of 2^20 seqs (a busy server's reports are
 not one sort in one task), then the buckets' runs that touch are joined, per server: a
 second, small pass (as many rows as runs). Only the runs (about as many as reports were
@@ -15,10 +15,11 @@ lost) come back to the driver.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["SHIFT", "Runs", "report_runs"]
+__all__ = ["SHIFT", "RunIndex", "Runs", "report_runs"]
 
 # Which reports of each server an input holds: (first seq, last seq, earliest report time)
 # of each run, per server id (what `convert_batch` takes as `report_runs`).
@@ -38,11 +39,11 @@ def report_runs(reports: Any, bucket_bits: int = 20) -> Runs:
     from pyspark.sql import functions as F
 
     seq, first, last, since = F.col("seq"), F.col("first"), F.col("last"), F.col("since")
-    distinct = (reports.where(seq.isNotNull()).groupBy("server_id", "seq").agg(F.min("ts_ns").alias("ts_ns"))
-                .withColumn("bucket", F.shiftright(seq, bucket_bits)))
-    # seq - row_number() >= the bucket's lowest possible seq: never below the long's minimum.
-    island = seq - F.row_number().over(Window.partitionBy("server_id", "bucket").orderBy(seq))
-    pieces = distinct.withColumn("island", island).groupBy("server_id", "bucket", "island").agg(
+    numbered = reports.where(seq.isNotNull()).withColumn("bucket", F.shiftright(seq, bucket_bits))
+    # dense_rank: a seq seen twice (a redelivery) is numbered once. seq - rank >= the
+    # bucket's lowest possible seq, never below the long's minimum.
+    island = seq - F.dense_rank().over(Window.partitionBy("server_id", "bucket").orderBy(seq))
+    pieces = numbered.withColumn("island", island).groupBy("server_id", "bucket", "island").agg(
         F.min(seq).alias("first"), F.max(seq).alias("last"), F.min("ts_ns").alias("since"))
     by_first = Window.partitionBy("server_id").orderBy(first)
     starts = F.when(F.lag(last).over(by_first) == first - 1, 0).otherwise(1)
@@ -54,3 +55,30 @@ def report_runs(reports: Any, bucket_bits: int = 20) -> Runs:
         found.setdefault(row["server_id"], []).append((row["first"] + SHIFT, row["last"] + SHIFT,
                                                        row["since"] + SHIFT))
     return {server_id: tuple(sorted(server_runs)) for server_id, server_runs in sorted(found.items())}
+
+
+class RunIndex:
+    """The whole input's runs, from which each trace context gets the few it needs.
+
+    A context's ledger only ever asks about the runs that hold its own reports
+    (`ReportLedger.complete`), so those answer as the whole would; handing every context
+    all of them would cost each one the whole input's gaps (`use_runs` copies them). Built
+    on the driver, shipped to the executors with the conversion."""
+
+    __slots__ = ("_firsts", "_runs")
+
+    def __init__(self, runs: Runs) -> None:
+        self._runs = {server_id: tuple(sorted(server_runs)) for server_id, server_runs in runs.items()}
+        self._firsts = {server_id: [run[0] for run in server_runs] for server_id, server_runs in self._runs.items()}
+
+    def covering(self, reports: Iterable[tuple[str, int]]) -> Runs:
+        """The runs holding some of `reports` (server id, seq)."""
+        found: dict[str, set[tuple[int, int, int]]] = {}
+        for server_id, seq in reports:
+            firsts = self._firsts.get(server_id)
+            if firsts is None:
+                continue
+            at = bisect_right(firsts, seq) - 1
+            if at >= 0 and seq <= self._runs[server_id][at][1]:
+                found.setdefault(server_id, set()).add(self._runs[server_id][at])
+        return {server_id: tuple(sorted(server_runs)) for server_id, server_runs in sorted(found.items())}

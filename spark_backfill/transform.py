@@ -270,23 +270,33 @@ def key_lines(lines_df: Any, settings: ConvertSettings) -> Any:
 
 
 def _convert_groups(batches: Iterable[Any], settings: ConvertSettings,
-                    report_runs: runs.Runs | None = None) -> Iterator[Any]:
-    """Rows of a partition sorted by context key: each run of one key is converted together
-    (a run may span Arrow batches, so the current one is carried over)."""
+                    run_index: runs.RunIndex | None = None) -> Iterator[Any]:
+    """Rows of a partition sorted by context key: each stretch of one key is converted
+    together (it may span Arrow batches, so the current one is carried over), with the runs
+    of the whole input that hold its reports (`server_id`, `seq` columns)."""
     key: bytes | None = None
     lines: list[str] = []
     sources: list[str] = []
+    reports: list[tuple[str, int]] = []
+
+    def converted() -> Any:
+        report_runs = None if run_index is None else run_index.covering(reports)
+        return arrow_batch(convert_lines(lines, sources, settings, report_runs), ROW_SCHEMA)
+
     for batch in batches:
         columns = batch.to_pydict()
-        for value, source, ctx_key in zip(columns["value"], columns["source"], columns["ctx_key"], strict=True):
+        for value, source, ctx_key, server_id, seq in zip(columns["value"], columns["source"], columns["ctx_key"],
+                                                          columns["server_id"], columns["seq"], strict=True):
             if ctx_key != key and lines:
-                yield arrow_batch(convert_lines(lines, sources, settings, report_runs), ROW_SCHEMA)
-                lines, sources = [], []
+                yield converted()
+                lines, sources, reports = [], [], []
             key = ctx_key
             lines.append(value)
             sources.append(source)
+            if seq is not None:
+                reports.append((server_id, seq + runs.SHIFT))
     if lines:
-        yield arrow_batch(convert_lines(lines, sources, settings, report_runs), ROW_SCHEMA)
+        yield converted()
 
 
 def _input_partitions(df: Any) -> int | None:
@@ -318,12 +328,13 @@ def convert(lines_df: Any, settings: ConvertSettings, persist: Any = None) -> Co
     from pyspark import StorageLevel
 
     keyed = key_lines(lines_df, settings)
-    whole = runs.report_runs(keyed.select("server_id", "seq", "ts_ns"))
-    keyed = keyed.select("value", "source", "ctx_key")
+    run_index = runs.RunIndex(runs.report_runs(keyed.select("server_id", "seq", "ts_ns")))
+    keyed = keyed.select("value", "source", "ctx_key", "server_id", "seq")
     partitions = _input_partitions(keyed)
     grouped = (keyed.repartition(partitions, "ctx_key") if partitions else keyed.repartition("ctx_key")
                ).sortWithinPartitions("ctx_key")
-    rows = grouped.mapInArrow(functools.partial(_convert_groups, settings=settings, report_runs=whole), ROW_SCHEMA)
+    rows = grouped.mapInArrow(functools.partial(_convert_groups, settings=settings, run_index=run_index),
+                             ROW_SCHEMA)
     rows = rows.persist(persist or StorageLevel.MEMORY_AND_DISK)
     return Conversion(rows, rows)
 

@@ -10,7 +10,7 @@ import pytest
 from pyspark import cloudpickle
 
 from nats_otel.core.sequences import report_runs
-from spark_backfill import completeness, sinks, sources, transform
+from spark_backfill import completeness, runs, sinks, sources, transform
 from tests.backfill.conftest import corpus_files
 
 pytestmark = pytest.mark.spark
@@ -26,10 +26,9 @@ def test_shipped_functions_and_settings_pickle_and_behave_the_same():
     lines = [line.decode() for line in Path(corpus_files()[1]).read_bytes().splitlines(keepends=True) if line.strip()]
     settings = transform.ConvertSettings()
     keyed = [transform.line_key(line, settings) for line in lines]
-    runs = report_runs((k.server_id, k.seq, k.ts_ns) for k in keyed if k.seq is not None)
-    assert runs
+    run_index = runs.RunIndex(report_runs((k.server_id, k.seq, k.ts_ns) for k in keyed if k.seq is not None))
     shipped = [
-        functools.partial(transform._convert_groups, settings=settings, report_runs=runs),
+        functools.partial(transform._convert_groups, settings=settings, run_index=run_index),
         sinks.otlp_json_lines,
         functools.partial(sinks._export_batches, settings=sinks.OtlpExportSettings("http://127.0.0.1:1")),
         functools.partial(completeness._placeholder_batches, schema=transform.ddl(transform.SPAN_COLUMNS)),
@@ -40,12 +39,11 @@ def test_shipped_functions_and_settings_pickle_and_behave_the_same():
     ]
     for obj in shipped:
         assert _roundtrip(obj) is not None
-    keys = [k.ctx_key for k in keyed]
-    batch = pa.RecordBatch.from_pydict({"value": lines, "source": ["x"] * len(lines), "ctx_key": keys})
+    lines_batch = pa.RecordBatch.from_pydict({"value": lines, "source": ["x"] * len(lines)})
+    batch = next(iter(shipped[-1]([lines_batch])))
+    assert batch.equals(next(iter(_roundtrip(shipped[-1])([lines_batch]))))
     direct = next(iter(shipped[0]([batch])))
     again = next(iter(_roundtrip(shipped[0])([batch])))
     assert direct.num_rows > len(lines)
     assert direct.equals(again)
-    lines_batch = pa.RecordBatch.from_pydict({"value": lines, "source": ["x"] * len(lines)})
-    assert next(iter(shipped[-1]([lines_batch]))).equals(next(iter(_roundtrip(shipped[-1])([lines_batch]))))
     assert _roundtrip(settings) == settings

@@ -68,3 +68,11 @@ def test_runs_worked_out_by_spark_are_the_cores(spark, bucket_bits):
     assert found["NODD"][1][2] == parse_rfc3339_ns("2300-01-01T00:00:03Z") > 2**63
     # Undecodable lines and seq 0 (not numbered) are no reports.
     assert keyed.where("seq is null").count() == len(kept) - sum(seq > 0 for _, seq, _ in reports) > len(GARBAGE_LINES)
+
+
+def test_each_context_gets_the_runs_holding_its_reports():
+    index = runs.RunIndex({"A": ((7, 9, 70), (1, 5, 10), (11, 11, 110)), "B": ((2, 3, 20),)})
+    assert index.covering([("A", 3), ("A", 8), ("A", 4), ("A", 6), ("C", 1), ("B", 4)]) == {
+        "A": ((1, 5, 10), (7, 9, 70))}
+    assert index.covering([("B", 2), ("A", 11)]) == {"A": ((11, 11, 110),), "B": ((2, 3, 20),)}
+    assert index.covering([]) == {}

@@ -9,8 +9,8 @@ runs out over all contexts first and hands them to every context's `convert_batc
 The runs are "islands" of consecutive numbers: ordered by seq, `seq - dense_rank()` is the
 same within a run. Numbered per server and bucket of 2^20 seqs (a busy server's reports are
 not one sort in one task), then the buckets' runs that touch are joined, per server: a
-second, small pass (as many rows as runs). Only the runs (about as many as reports were
-lost) come back to the driver.
+second, small pass (as many rows as runs). Only the runs (one per server, plus one per gap
+in its numbers) come back to the driver.
 """
 
 from __future__ import annotations

@@ -4,12 +4,16 @@ Which upstream egress a downstream server span hangs under is decided from the r
 of the same trace context (`nats_otel.core.linking`: hop id, server names, time, size),
 so the records are grouped by trace context before they are converted:
 
-1. `_key_batches` decodes each record once for its context key (trace id + parent span
-   id, or the ad-hoc group; rejects get the empty key);
-2. the lines are partitioned by that key and sorted within partitions, so each context's
-   records are contiguous in one partition;
-3. `_convert_groups` runs `convert_batch` - the very function of `nats-otel convert` - on
-   each context's records: the same spans, byte for byte, in any input order.
+1. `_key_batches` decodes each record for its context key (trace id + parent span id, or
+   the ad-hoc group; rejects get the empty key) and its report's server, seq and time;
+2. `runs.report_runs` works out which reports of each server the whole input holds (a
+   pass of its own: crowded hops are linked only where no report was lost, and one
+   context alone would see every other context's reports as lost);
+3. the lines are partitioned by context key and sorted within partitions, so each
+   context's records are contiguous in one partition;
+4. `_convert_groups` runs `convert_batch` - the very function of `nats-otel convert` - on
+   each context's records, with the whole input's runs: the same spans, byte for byte, in
+   any input order.
 
 A context's records meet in one executor: a traceparent reused by millions of messages
 is one group (its memory: ~1.5 KB per trace message while it converts).
@@ -33,10 +37,12 @@ from nats_otel.core.decode import DecodeError, DecodeLimits, parse_archive_line
 from nats_otel.core.mapping import MappingOptions
 from nats_otel.core.pipeline import Converted, Rejected, convert_batch, prepare
 from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord
+from spark_backfill import runs
 from spark_backfill.fragments import span_pieces
 
 __all__ = [
     "ENCODED_COLUMNS",
+    "KEYED_SCHEMA",
     "ROW_SCHEMA",
     "SPAN_COLUMNS",
     "Conversion",
@@ -45,6 +51,7 @@ __all__ = [
     "convert",
     "convert_lines",
     "ddl",
+    "key_lines",
     "resource_from_json",
     "row_to_span",
     "span_rows",
@@ -166,9 +173,11 @@ def reject_row(rejected: Rejected, source: str, line: str) -> dict[str, Any]:
     }
 
 
-def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: ConvertSettings) -> list[dict[str, Any]]:
+def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: ConvertSettings,
+                  report_runs: runs.Runs | None = None) -> list[dict[str, Any]]:
     """Rows of the archive lines of one trace context (or of any lines, linked among
-    themselves). Pure: the same lines give the same rows, in any order."""
+    themselves); `report_runs`: the whole input's, when the lines are part of it. Pure: the
+    same lines give the same rows, in any order."""
     raws: list[Any] = []
     for line in lines:
         try:
@@ -176,7 +185,7 @@ def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: Conver
         except DecodeError as exc:
             raws.append(Rejected(exc.reason, exc.detail))
     rows: list[dict[str, Any]] = []
-    results = convert_batch(raws, settings.options, settings.limits)
+    results = convert_batch(raws, settings.options, settings.limits, report_runs=report_runs)
     for line, source, result in zip(lines, sources, results, strict=True):
         if isinstance(result, Rejected):
             rows.append(reject_row(result, source, line))
@@ -185,12 +194,32 @@ def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: Conver
     return rows
 
 
+class LineKey(NamedTuple):
+    """What the grouping and the report runs need of a record."""
+
+    ctx_key: bytes
+    server_id: str | None
+    seq: int | None
+    ts_ns: int | None
+
+
+def line_key(line: str, settings: ConvertSettings) -> LineKey:
+    """A record's trace context (b"" for a record that gives no spans) and its report's
+    server id, seq (None when not numbered: seq 0) and ingress time, as the linker's
+    ledger observes them."""
+    try:
+        prepared = prepare(parse_archive_line(line), settings.limits)
+    except DecodeError:
+        return LineKey(b"", None, None, None)
+    msg = prepared.msg
+    if msg.server.seq <= 0:
+        return LineKey(prepared.ctx.id_fields, None, None, None)
+    return LineKey(prepared.ctx.id_fields, msg.server.id, msg.server.seq, msg.ingress.ts_ns)
+
+
 def context_key(line: str, settings: ConvertSettings) -> bytes:
     """The trace context a record belongs to (b"" for a record that gives no spans)."""
-    try:
-        return prepare(parse_archive_line(line), settings.limits).ctx.id_fields
-    except DecodeError:
-        return b""
+    return line_key(line, settings).ctx_key
 
 
 def ddl(columns: Sequence[str]) -> str:
@@ -218,33 +247,56 @@ def arrow_batch(rows: Sequence[Mapping[str, Any]], schema: str) -> Any:
     )
 
 
+KEYED_SCHEMA = "value string, source string, ctx_key binary, server_id string, seq long, ts_ns long"
+
+
 def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[Any]:
     import pyarrow as pa
 
     for batch in batches:
-        values = batch.column("value").to_pylist()
-        keys = pa.array([context_key(v, settings) for v in values], type=pa.binary())
-        yield pa.RecordBatch.from_arrays([batch.column("value"), batch.column("source"), keys],
-                                         names=["value", "source", "ctx_key"])
+        keys = [line_key(v, settings) for v in batch.column("value").to_pylist()]
+        # uint64 seqs and times, shifted into Spark's signed long (`runs.SHIFT`).
+        yield pa.RecordBatch.from_arrays(
+            [batch.column("value"), batch.column("source"), pa.array([k.ctx_key for k in keys], type=pa.binary()),
+             pa.array([k.server_id for k in keys], type=pa.string()),
+             pa.array([None if k.seq is None else k.seq - runs.SHIFT for k in keys], type=pa.int64()),
+             pa.array([None if k.ts_ns is None else k.ts_ns - runs.SHIFT for k in keys], type=pa.int64())],
+            names=["value", "source", "ctx_key", "server_id", "seq", "ts_ns"])
 
 
-def _convert_groups(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[Any]:
-    """Rows of a partition sorted by context key: each run of one key is converted together
-    (a run may span Arrow batches, so the current one is carried over)."""
+def key_lines(lines_df: Any, settings: ConvertSettings) -> Any:
+    """`lines_df` (`value`, `source`) with each record's context key and report (KEYED_SCHEMA)."""
+    return lines_df.mapInArrow(functools.partial(_key_batches, settings=settings), KEYED_SCHEMA)
+
+
+def _convert_groups(batches: Iterable[Any], settings: ConvertSettings,
+                    run_index: runs.RunIndex | None = None) -> Iterator[Any]:
+    """Rows of a partition sorted by context key: each stretch of one key is converted
+    together (it may span Arrow batches, so the current one is carried over), with the runs
+    of the whole input that hold its reports (`server_id`, `seq` columns)."""
     key: bytes | None = None
     lines: list[str] = []
     sources: list[str] = []
+    reports: list[tuple[str, int]] = []
+
+    def converted() -> Any:
+        report_runs = None if run_index is None else run_index.covering(reports)
+        return arrow_batch(convert_lines(lines, sources, settings, report_runs), ROW_SCHEMA)
+
     for batch in batches:
         columns = batch.to_pydict()
-        for value, source, ctx_key in zip(columns["value"], columns["source"], columns["ctx_key"], strict=True):
+        for value, source, ctx_key, server_id, seq in zip(columns["value"], columns["source"], columns["ctx_key"],
+                                                          columns["server_id"], columns["seq"], strict=True):
             if ctx_key != key and lines:
-                yield arrow_batch(convert_lines(lines, sources, settings), ROW_SCHEMA)
-                lines, sources = [], []
+                yield converted()
+                lines, sources, reports = [], [], []
             key = ctx_key
             lines.append(value)
             sources.append(source)
+            if seq is not None:
+                reports.append((server_id, seq + runs.SHIFT))
     if lines:
-        yield arrow_batch(convert_lines(lines, sources, settings), ROW_SCHEMA)
+        yield converted()
 
 
 def _input_partitions(df: Any) -> int | None:
@@ -267,18 +319,22 @@ class Conversion(NamedTuple):
 def convert(lines_df: Any, settings: ConvertSettings, persist: Any = None) -> Conversion:
     """Rows (ROW_SCHEMA) of every record of `lines_df` (columns `value`, `source`).
 
+    The whole input's report runs are worked out first (a job: every record is read and
+    decoded for them, then again to be converted) and go to every context's conversion.
     The mapping is persisted with `persist` (a StorageLevel; default memory and disk): the
     counts and every sink read it instead of mapping again (and range partitioning samples
     it). The caller unpersists it when done.
     """
     from pyspark import StorageLevel
 
-    keyed = lines_df.mapInArrow(functools.partial(_key_batches, settings=settings),
-                                "value string, source string, ctx_key binary")
+    keyed = key_lines(lines_df, settings)
+    run_index = runs.RunIndex(runs.report_runs(keyed.select("server_id", "seq", "ts_ns")))
+    keyed = keyed.select("value", "source", "ctx_key", "server_id", "seq")
     partitions = _input_partitions(keyed)
     grouped = (keyed.repartition(partitions, "ctx_key") if partitions else keyed.repartition("ctx_key")
                ).sortWithinPartitions("ctx_key")
-    rows = grouped.mapInArrow(functools.partial(_convert_groups, settings=settings), ROW_SCHEMA)
+    rows = grouped.mapInArrow(functools.partial(_convert_groups, settings=settings, run_index=run_index),
+                             ROW_SCHEMA)
     rows = rows.persist(persist or StorageLevel.MEMORY_AND_DISK)
     return Conversion(rows, rows)
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import glob
+import gzip
 import os
 import shutil
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
+# Batches of 100 messages under one traceparent, from real servers (tests/data/hop_batches/NOTES.md).
+HOP_ARCHIVES = sorted((CORPUS.parent / "hop_batches").glob("*.jsonl.gz"))
 
 # The report's picture needs Graphviz's `dot`, which the README's commands do not install:
 # tests of the picture skip without it, saying how to get it.
@@ -31,6 +35,12 @@ GARBAGE_LINES = [
 
 def corpus_files() -> list[str]:
     return sorted(glob.glob(str(CORPUS / "*.jsonl")))
+
+
+def archive_lines(path: Path) -> list[str]:
+    """The lines of an archive file (`.gz` or not)."""
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +69,23 @@ def garbage_file(workdir) -> str:
     path = workdir / "garbage.jsonl"
     path.write_bytes(b"\n".join(GARBAGE_LINES) + b"\n")
     return str(path)
+
+
+PRODUCER, CONSUMER = 4, 5  # OTLP span kinds: egress spans, server spans
+HOP, LINK = "messaging.nats.trace.hop", "messaging.nats.trace.link"
+
+
+def hop_spans(otlp: bytes) -> tuple[int, int]:
+    """(downstream server spans, those under an upstream egress span) of OTLP/JSON lines;
+    checks that exactly the unlinked ones say so (`messaging.nats.trace.link`)."""
+    spans = [span for line in otlp.splitlines() for resource in orjson.loads(line)["resourceSpans"]
+             for scope in resource["scopeSpans"] for span in scope["spans"]]
+    keys = [{a["key"] for a in span["attributes"]} for span in spans]
+    egresses = {span["spanId"] for span, k in zip(spans, keys, strict=True) if span["kind"] == PRODUCER and HOP in k}
+    downstream = [(span, k) for span, k in zip(spans, keys, strict=True) if span["kind"] == CONSUMER and HOP in k]
+    linked = [span for span, k in downstream if span.get("parentSpanId") in egresses]
+    assert len(linked) == sum(LINK not in k for _, k in downstream)
+    return len(downstream), len(linked)
 
 
 def nats_otel_convert(inputs: list[str], out: Path) -> bytes:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nats_otel.core.decode import parse_archive_line
-from tests.backfill.conftest import corpus_files, nats_otel_convert, needs_dot, read_parts
+from tests.backfill.conftest import HOP_ARCHIVES, corpus_files, hop_spans, nats_otel_convert, needs_dot, read_parts
 from tests.backfill.spark_servers import REPO, connect_server
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(400)]
@@ -53,6 +53,18 @@ def test_convert_through_spark_connect(remote, converted, tmp_path):
     assert done.returncode == 2
     assert f"error: output {out / 'otlp'} exists; pass --overwrite to replace it" in done.stderr
     assert "Traceback" not in done.stderr and "converted" not in done.stderr
+
+
+def test_crowded_hops_through_spark_connect(remote, tmp_path):
+    """The report runs' pass (window functions, a collect, the runs shipped with the UDF)
+    on a Connect server: crowded hops linked as `convert` links them."""
+    archive = next(str(path) for path in HOP_ARCHIVES if path.name.startswith("batches_2ms"))
+    done = _backfill("convert", "--remote", remote, "--input", archive, "--otlp-json-out", str(tmp_path / "otlp"),
+                     cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    produced = read_parts(tmp_path / "otlp")
+    assert produced == nats_otel_convert([archive], tmp_path / "reference.jsonl")
+    assert hop_spans(produced)[1] >= 750
 
 
 def _edge_kinds(report: Path) -> set[str]:

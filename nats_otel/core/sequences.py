@@ -257,7 +257,7 @@ def _estimate(samples: Iterable[int]) -> tuple[int, int]:
     return center, int(min(max(4 * 1.4826 * spread, _TOLERANCE_FLOOR_NS), _TOLERANCE_CAP_NS))
 
 
-def _arrival_time(pair: tuple[Any, Any]) -> int:
+def _arrival_time(pair: tuple[Any, Any, bytes]) -> int:
     return pair[1][0]
 
 
@@ -336,7 +336,8 @@ class HopSequences:
         self._key_latency: dict[Any, tuple[int, int] | None] = {}
         # (upstream, downstream) -> recent matched (egress, arrival) pairs of any context: a
         # cluster's start is trusted when one of them precedes it in both servers' runs.
-        self._link_pairs: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
+        # Whole input: only pairs of the same context (the backfill converts one at a time).
+        self._link_pairs: dict[tuple[str, str], list[tuple[Any, Any, bytes]]] = {}
 
     def forget(self, key: Any, arrival: Any) -> None:
         """An arrival expired from the index: its decision goes with it."""
@@ -363,7 +364,7 @@ class HopSequences:
             if len(self._link_pairs) >= 4096:  # links are pairs of servers: a hostile input's bound
                 return
             pairs = self._link_pairs[(key[2], key[3])] = []
-        insort(pairs, (egress, arrival), key=_arrival_time)  # by arrival: found by bisect
+        insort(pairs, (egress, arrival, key[0]), key=_arrival_time)  # by arrival: found by bisect
         if self._bounded and len(pairs) > _LINK_PAIRS:
             del pairs[0]  # the live bridge keeps the latest few
 
@@ -378,8 +379,9 @@ class HopSequences:
         ledger = self.ledger
         accounts = ledger.account(egress[2]), ledger.account(arrival[2])
         before = bisect_left(pairs, arrival[0], key=_arrival_time)
-        for earlier_egress, earlier_arrival in reversed(pairs[max(0, before - _LINK_PAIRS):before]):
-            if (earlier_egress[0] < egress[0] and earlier_arrival[0] < arrival[0]
+        for earlier_egress, earlier_arrival, context in reversed(pairs[max(0, before - _LINK_PAIRS):before]):
+            if ((self._bounded or context == key[0])
+                    and earlier_egress[0] < egress[0] and earlier_arrival[0] < arrival[0]
                     and (ledger.account(earlier_egress[2]), ledger.account(earlier_arrival[2])) == accounts
                     and ledger.complete(earlier_egress[2], egress[2])
                     and ledger.complete(earlier_arrival[2], arrival[2])):

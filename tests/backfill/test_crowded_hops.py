@@ -61,5 +61,5 @@ def test_crowded_hops_are_linked_as_convert_links_them(spark, tmp_path, name, dr
     results = convert_batch(read_archive(inputs))
     assert linked == sum(isinstance(r, Converted) and r.link == MATCHED for r in results) >= at_least
     assert downstream == sum(isinstance(r, Converted) and r.link != "" for r in results) >= 500
-    if at_least >= 750:  # the runs of the other contexts are what links most of them
-        assert linked >= _matched_per_context(inputs) + 500
+    if at_least >= 750:  # the runs of the other contexts' reports link what each context alone cannot
+        assert linked >= _matched_per_context(inputs) + 100

@@ -5,7 +5,8 @@ OTLP/gRPC receiver, with the ceiling and the naive pipeline measured in the same
     python bench/bridge_throughput.py --quick                         # ~1.5 min
     python bench/bridge_throughput.py --workers 1 --workers 3 --skip naive --js-messages 0
     python bench/bridge_throughput.py --quick --baseline /tmp/base   # vs another checkout
-    python bench/bridge_throughput.py --only exchange --messages 100000 --rounds 3   # ~12 min
+    python bench/bridge_throughput.py --only exchange --messages 100000 --rounds 3 \
+        --sustain-seconds 10 --exchange-rate 15000                    # ~10 min
 
 Every phase uses the same pool of recorded trace messages (the corpus replicated with fresh
 trace ids, `corpus_replay.replicate`), published raw (their own headers and payloads) by a

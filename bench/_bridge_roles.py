@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 _TID = re.compile(rb"00-([0-9a-f]{32})-")
 
 
-def build_pool(count: int, path: Path) -> float:
+def build_pool(count: int, path: Path) -> list[int]:
     """`count` raw trace messages as (header block, payload, trace id) -> pickle; returns
-    the average number of spans per message (one corpus cycle converted)."""
+    the spans each corpus message gives, in order (the pool repeats the corpus)."""
     from corpus_replay import corpus_raws, replicate
 
     from nats_otel.core.decode import DecodeLimits, decompress
@@ -44,8 +44,7 @@ def build_pool(count: int, path: Path) -> float:
     path.write_bytes(pickle.dumps(pool))
     base = corpus_raws()
     conv = Converter()
-    spans = sum(len(r.spans) for r in map(conv.convert, base) if isinstance(r, Converted))
-    return spans / len(base)
+    return [len(r.spans) if isinstance(r, Converted) else 0 for r in map(conv.convert, base)]
 
 
 def role_publish(args: argparse.Namespace) -> None:

@@ -25,6 +25,17 @@ ROLES = Path(__file__).resolve().with_name("_bridge_roles.py")
 PY = sys.executable
 
 
+# The link-evidence exchange (bridge/exchange.py): its cost beside one bridge, and three
+# bridges in one queue group against one. name -> (bridge processes, their arguments).
+EXCHANGE_VARIANTS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "x-one": (1, ()),  # no queue group: the exchange is off (today's single bridge)
+    "x-q-on": (1, ("--queue", "g", "--link-exchange", "auto")),  # publishing to nobody else
+    "x-q-off": (1, ("--queue", "g", "--link-exchange", "off")),
+    "x-3-on": (3, ("--queue", "g", "--link-exchange", "auto")),
+    "x-3-off": (3, ("--queue", "g", "--link-exchange", "off")),  # what the exchange buys: the links
+}
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         from nats_otel.devkit.processes import start_topology
@@ -38,11 +49,13 @@ class Bench:
         self.host, self.port = "127.0.0.1", srv.ports.client
         self.pool = workdir / "pool.pkl"
         print(f"building a pool of {args.messages:,} trace messages...", flush=True)
-        self.spans_per_msg = build_pool(args.messages, self.pool)
+        self.corpus_spans = build_pool(args.messages, self.pool)
+        self.spans_per_msg = sum(self.corpus_spans) / len(self.corpus_spans)
         print(f"  {self.spans_per_msg:.3f} spans per trace message on average", flush=True)
         self.rx = Receiver()
         self.procs: list[subprocess.Popen] = []
         self.results: dict[str, dict] = {}
+        self.exchange: dict[str, list[dict[str, dict]]] = {}
 
     # -- helpers
 
@@ -75,6 +88,16 @@ class Bench:
             if time.time() > deadline:
                 raise TimeoutError(f"{path} did not appear")
             time.sleep(0.05)
+
+    def expected_spans(self, sent: int) -> int:
+        """The spans the first `sent` messages of the (cycled) pool give, exactly."""
+        spans, n = self.corpus_spans, len(self.corpus_spans)
+
+        def prefix(k: int) -> int:  # the first k messages of the pool
+            return k // n * sum(spans) + sum(spans[: k % n])
+
+        cycles, rest = divmod(sent, self.args.messages)
+        return cycles * prefix(self.args.messages) + prefix(rest)
 
     def keep(self, name: str, r: dict) -> None:
         """Keep the best round of a phase."""
@@ -193,32 +216,95 @@ class Bench:
     def phase_pair(self, workers: int, round_number: int = 0, rate: float = 0) -> None:
         """Two bridge processes in one queue group: do they carry more than one?"""
         name = f"core-2x-w{workers}" if rate else f"burst-core-2x-w{workers}"
+        r = self.run_group(name, 2, f"bench.{name}.{round_number}", ["--queue", "bench"], workers=workers,
+                           rate=rate, duration=self.args.sustain_seconds if rate else 0)
+        self.keep(name, r)
+
+    def run_group(self, name: str, count: int, subject: str, extra: list[str], workers: int = 1,
+                  rate: float = 0, duration: float = 0) -> dict:
+        """`count` bridge processes started with `extra` (e.g. one queue group), fed the pool:
+        a burst (rate 0) or paced at `rate` for `duration` s. Returns what arrived (spans,
+        the rate over the arrival window, the spans missing of the exact number expected),
+        the drops counted, the CPU summed over the bridges (and the nats-server's, apart),
+        the link-evidence exchange's counters and what the bridges' connections published
+        (nats-server's /connz: a core-mode bridge publishes only evidence)."""
         self.rx.reset(track=False)
-        subject = f"bench.{name}.{round_number}"
-        bridges = [self.start_bridge(f"{name}-{i}", workers, subject=subject, extra=["--queue", "bench"])
-                   for i in (1, 2)]
+        bridges = [self.start_bridge(f"{name}-{i}" if count > 1 else name, workers, subject=subject, extra=extra)
+                   for i in range(1, count + 1)]
         samplers = [Sampler(proc.pid) for proc, _ in bridges]
-        cpu0, t0 = sum(x.cpu() for x in samplers), time.time()
-        pub = self.publish(subject, rate=rate, duration=self.args.sustain_seconds if rate else 0)
-        expected = int(pub["sent"] * self.spans_per_msg)
+        server = Sampler(self.topo.server("n1").pid or 0)
+        cpu0, srv0, t0 = sum(x.cpu() for x in samplers), server.cpu(), time.time()
+        pub = self.publish(subject, rate=rate, duration=duration)
+        expected = self.expected_spans(pub["sent"])
         self.rx.wait_quiet(expected, quiet=2.5, timeout=300)
-        cpu = sum(x.cpu() for x in samplers) - cpu0
+        cpu_s = sum(x.cpu() for x in samplers) - cpu0
+        srv_s = server.cpu() - srv0
         ms = [scrape(port) for _, port in bridges]
-        for x in samplers:
+        conns = [c for c in (self.topo.server("n1").monitor("connz?limit=1024").get("connections") or [])
+                 if str(c.get("name", "")).startswith("nats-otel-bridge")]
+        for x in (*samplers, server):
             x.stop()
         for proc, _ in bridges:
             self.stop(proc)
+
+        def evidence(result: str) -> float:
+            return sum(total(m, f'nats_otel_link_evidence_total{{result="{result}"}}') for m in ms)
+
+        def links(result: str) -> float:
+            return sum(total(m, f'nats_otel_hop_links_total{{result="{result}"}}') for m in ms)
+
         dur = max(self.rx.last - self.rx.first, 1e-6)
-        r = {"spans": self.rx.spans, "span_rate": self.rx.spans / dur, "rate": self.rx.spans / dur / self.spans_per_msg,
+        arrived = self.rx.spans / self.spans_per_msg  # messages that arrived as spans
+        r = {"bridges": count, "spans": self.rx.spans, "span_rate": self.rx.spans / dur,
+             "rate": self.rx.spans / dur / self.spans_per_msg,
              "offered": rate or pub["sent"] / max(pub["ended"] - pub["started"], 1e-6),
-             "sent": pub["sent"], "received": sum(total(m, "nats_otel_messages_received") for m in ms),
+             "sent": pub["sent"], "expected_spans": expected, "missing_spans": expected - self.rx.spans,
+             "received": sum(total(m, "nats_otel_messages_received") for m in ms),
              "split": [total(m, "nats_otel_messages_received") for m in ms],
              "dropped": sum(total(m, "nats_otel_messages_dropped") for m in ms),
-             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sum(x.peak_rss for x in samplers), "workers": workers}
-        self.keep(name, r)
-        print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  (received {r['split']} of "
-              f"{r['sent']:,}, dropped {r['dropped']:,.0f}; CPU {r['cpu']:.0%}, RSS {r['rss'] / 2**20:.0f} MB)",
-              flush=True)
+             "cpu": cpu_s / max(self.rx.last - t0, 1e-6), "cpu_s": cpu_s,
+             "us_per_msg": cpu_s / arrived * 1e6 if arrived else float("nan"),
+             "server_us_per_msg": srv_s / arrived * 1e6 if arrived else float("nan"),
+             "rss": sum(x.peak_rss for x in samplers), "workers": workers,
+             "evidence": {k: evidence(k) for k in ("published", "received", "unpublished", "dropped", "malformed",
+                                                    "invalid", "format", "forged")},
+             "evidence_reports": sum(total(m, "nats_otel_link_evidence_reports") for m in ms),
+             "evidence_msgs": sum(c.get("in_msgs", 0) for c in conns),
+             "evidence_bytes": sum(c.get("in_bytes", 0) for c in conns),
+             "links": {k: links(k) for k in ("matched", "unmatched", "ambiguous")}}
+        ev = r["evidence"]
+        # Batches the others had not recorded (nor refused) when the last span arrived: behind.
+        r["evidence_late"] = ev["published"] * (count - 1) - sum(v for k, v in ev.items() if k != "published")
+        ev_note = (f"; evidence: {ev['published']:,.0f} batches published ({r['evidence_bytes'] / 2**20:,.1f} MiB), "
+                   f"{ev['received']:,.0f} received ({r['evidence_reports']:,.0f} reports), "
+                   f"{sum(v for k, v in ev.items() if k not in ('published', 'received')):,.0f} failed/refused"
+                   if ev["published"] or ev["received"] or r["evidence_msgs"] else "")
+        received = r["split"] if count > 1 else f"{r['received']:,.0f}"
+        print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  (received {received} "
+              f"of {r['sent']:,}, dropped {r['dropped']:,.0f}, spans missing {r['missing_spans']:,}; "
+              f"CPU {r['cpu']:.0%}, {r['us_per_msg']:.1f} us/msg, server {r['server_us_per_msg']:.1f} us/msg; "
+              f"RSS {r['rss'] / 2**20:.0f} MB; links "
+              f"{r['links']['matched']:,.0f}/{r['links']['unmatched']:,.0f}/{r['links']['ambiguous']:,.0f} "
+              f"matched/unmatched/ambiguous{ev_note})", flush=True)
+        return r
+
+    def phase_exchange(self, stage: str, round_number: int, rate: float = 0) -> None:
+        """Every variant of `EXCHANGE_VARIANTS` in turn (reversed in odd rounds), the same load:
+        `stage` "burst" (the whole pool at once), "paced" (`rate`, above one bridge's
+        capacity) or "fixed" (`rate`, below it), paced ones for --sustain-seconds. Every
+        round is kept (`exchange[stage][round][variant]`), for ratios within a round."""
+        order = list(EXCHANGE_VARIANTS)
+        if round_number % 2:
+            order.reverse()
+        kept = self.exchange.setdefault(stage, [])
+        while len(kept) <= round_number:
+            kept.append({})
+        for variant in order:
+            count, extra = EXCHANGE_VARIANTS[variant]
+            name = f"{variant}-{stage}"
+            kept[round_number][variant] = self.run_group(
+                name, count, f"bench.{name}.{round_number}", list(extra), rate=rate,
+                duration=self.args.sustain_seconds if rate else 0)
 
     def phase_latency(self, workers: int, rate: float) -> None:
         name = f"latency-w{workers}"

@@ -5,6 +5,8 @@ OTLP/gRPC receiver, with the ceiling and the naive pipeline measured in the same
     python bench/bridge_throughput.py --quick                         # ~1.5 min
     python bench/bridge_throughput.py --workers 1 --workers 3 --skip naive --js-messages 0
     python bench/bridge_throughput.py --quick --baseline /tmp/base   # vs another checkout
+    python bench/bridge_throughput.py --only exchange --messages 100000 --rounds 3 \
+        --sustain-seconds 10 --exchange-rate 15000                    # ~10 min
 
 Every phase uses the same pool of recorded trace messages (the corpus replicated with fresh
 trace ids, `corpus_replay.replicate`), published raw (their own headers and payloads) by a
@@ -24,6 +26,20 @@ never the slowest part. Phases, one nats-server for all (own subject per phase):
 * base-core/wN - with `--baseline DIR`: the same, with the bridge of another checkout (e.g.
             `git worktree add /tmp/base HEAD~1`), alternated with ours in every round.
 * core-2x - two bridge processes in one queue group, the same burst.
+* exchange - the link-evidence exchange (bridge/exchange.py), variants alternated in every
+            round (reversed in odd ones): x-one (one bridge, no queue group: the exchange is
+            off), x-q-on (one bridge, `--queue g --link-exchange auto`: it publishes its
+            evidence to nobody else), x-q-off (the same with `--link-exchange off`), x-3-on
+            (three bridges in the queue group, exchange on), x-3-off (the same, exchange
+            off: the three processes' own cost, and the hop links lost without it). Stages: a burst of the pool;
+            paced at 1.3x x-one's burst rate of the round (sustained msgs/s); paced at a
+            fixed rate one bridge sustains (`--exchange-rate`, default 0.7x x-one's first
+            paced rate): nothing dropped, every span arrived, the CPU per message at equal
+            work. Paced stages cycle the pool: trace ids repeat after --messages, and a
+            downstream report may then match an earlier copy's egress (the "linked" share
+            without the exchange reads high there; the burst's is exact).
+            CPU per message = bridge CPU (summed over the bridges) / messages arrived as
+            spans; nats-server's apart. The exchange's extra CPU = x-q-on - x-q-off.
 * latency - the same bridge fed at half its measured maximum rate for a while: per trace id,
             publish time (kept by the publisher) to the first span's arrival (receiver).
 * js      - the stream is filled first (the messages "wait"), then `nats-otel bridge
@@ -48,7 +64,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bridge_runs import Bench
+from _bridge_runs import EXCHANGE_VARIANTS, Bench
 
 
 def report(results: dict[str, dict], workers: list[int]) -> None:
@@ -99,6 +115,56 @@ def report(results: dict[str, dict], workers: list[int]) -> None:
                   "waiting (target < 300 MB at 1M)")
 
 
+def report_exchange(exchange: dict[str, list[dict[str, dict]]]) -> None:
+    """Per stage: each variant's median over the rounds, and its ratio to x-one within each
+    round (median of the rounds' ratios); then the exchange's extra CPU and the three bridges."""
+    from statistics import median
+
+    def med(values: list[float]) -> float:
+        values = [v for v in values if v == v]
+        return median(values) if values else float("nan")
+
+    for stage, rounds in exchange.items():
+        print(f"\n== link-evidence exchange, {stage} ({len(rounds)} rounds, alternated; medians, ratios "
+              "within a round) ==")
+        print(f"{'variant':<9}{'bridges':>8}{'offered':>9}{'msgs/s':>9}{'vs one':>8}{'us/msg':>8}{'vs one':>8}"
+              f"{'server':>8}{'dropped':>9}{'missing':>9}{'linked':>8}{'ev MiB':>8}{'B/report':>9}{'ev fail':>8}"
+              f"{'ev late':>8}")
+        names = list(rounds[0])
+        for v in sorted(names, key=list(EXCHANGE_VARIANTS).index):
+            rs = [r[v] for r in rounds if v in r]
+            ones = [r.get("x-one") for r in rounds if v in r]
+            rate_ratio = med([x["rate"] / o["rate"] for x, o in zip(rs, ones, strict=True) if o and o["rate"]])
+            cpu_ratio = med([x["us_per_msg"] / o["us_per_msg"] for x, o in zip(rs, ones, strict=True) if o])
+            ev_bytes = sum(x["evidence_bytes"] for x in rs)
+            # Bytes per report published: every message taken in (not dropped) gives one report.
+            per_report = ev_bytes / max(sum(x["received"] - x["dropped"] for x in rs), 1) if ev_bytes else 0
+            fails = sum(v2 for x in rs for k, v2 in x["evidence"].items() if k not in ("published", "received"))
+            # Downstream reports whose upstream egress was found (all rounds).
+            linked = sum(x["links"]["matched"] for x in rs) / max(sum(sum(x["links"].values()) for x in rs), 1)
+            print(f"{v:<9}{rs[0]['bridges']:>8}{med([x['offered'] for x in rs]):>9,.0f}"
+                  f"{med([x['rate'] for x in rs]):>9,.0f}{rate_ratio:>7.2f}x{med([x['us_per_msg'] for x in rs]):>8.1f}"
+                  f"{cpu_ratio:>7.2f}x{med([x['server_us_per_msg'] for x in rs]):>8.1f}"
+                  f"{sum(x['dropped'] for x in rs):>9,.0f}{sum(x['missing_spans'] for x in rs):>9,}{linked:>8.1%}"
+                  f"{ev_bytes / len(rs) / 2**20:>8.1f}{per_report:>9.0f}{fails:>8,.0f}"
+                  f"{sum(x['evidence_late'] for x in rs):>8,.0f}")
+        on_off = [(r["x-q-on"]["us_per_msg"], r["x-q-off"]["us_per_msg"]) for r in rounds
+                  if "x-q-on" in r and "x-q-off" in r]
+        if on_off:
+            extra = [a - b for a, b in on_off]
+            print(f"exchange's extra CPU per message (x-q-on - x-q-off): {med(extra):+.1f} us median "
+                  f"({', '.join(f'{e:+.1f}' for e in extra)} per round) = {med([a / b for a, b in on_off]):.2f}x")
+        trio = [(r["x-3-on"], r["x-one"]) for r in rounds if "x-3-on" in r and "x-one" in r]
+        if trio:
+            print("three bridges (exchange on) vs one: msgs/s " + ", ".join(
+                f"{t['rate']:,.0f} vs {o['rate']:,.0f} = {t['rate'] / o['rate']:.2f}x" for t, o in trio)
+                + "; dropped " + ", ".join(f"{t['dropped']:,.0f} vs {o['dropped']:,.0f}" for t, o in trio)
+                + "; spans missing " + ", ".join(f"{t['missing_spans']:,} vs {o['missing_spans']:,}" for t, o in trio)
+                + "; split " + ", ".join(str([int(x) for x in t["split"]]) for t, _ in trio)
+                + "; linked " + ", ".join(f"{t['links']['matched'] / max(sum(t['links'].values()), 1):.1%}"
+                                          for t, _ in trio))
+
+
 def _cpu_per_msg(r: dict) -> float:
     """Bridge CPU microseconds per trace message carried (cores x seconds / messages)."""
     return r["cpu"] / r["rate"] * 1e6 if r.get("rate") else float("nan")
@@ -123,9 +189,20 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path,
                         help="a checkout of another version (e.g. a git worktree): its bridge runs the core "
                              "phases too, alternated with ours, and the summary gives ours/baseline")
-    parser.add_argument("--skip", action="append", default=[],
-                        choices=["raw", "naive", "core", "pair", "latency", "js"])
+    parser.add_argument("--exchange-rate", type=float,
+                        help="exchange phase, fixed stage: msgs/s offered (default 0.7x x-one's sustained rate in "
+                             "the first paced stage, or 0.6x its first burst)")
+    parser.add_argument("--exchange-stages", action="append", choices=["burst", "paced", "fixed"],
+                        help="exchange phase stages (repeatable; default all three)")
+    phases = ["raw", "naive", "core", "pair", "exchange", "latency", "js"]
+    parser.add_argument("--skip", action="append", default=[], choices=phases)
+    parser.add_argument("--only", action="append", choices=phases, help="run only these phases (repeatable)")
     args = parser.parse_args()
+    if args.only:
+        args.skip = [p for p in phases if p not in args.only]
+    stages = args.exchange_stages or ["burst", "paced", "fixed"]
+    if "burst" not in stages and ("paced" in stages or not args.exchange_rate):
+        parser.error("the exchange's paced stage needs its burst stage, the fixed one a burst or --exchange-rate")
     q = args.quick
     args.messages = args.messages or (30_000 if q else 200_000)
     args.naive_messages = args.naive_messages or (8_000 if q else 60_000)
@@ -160,6 +237,20 @@ def main() -> None:
                 if "pair" not in args.skip:
                     bench.phase_pair(1, round_number)
                     bench.phase_pair(1, round_number, rate=1.3 * bench.results["burst-core-2x-w1"]["rate"])
+                if "exchange" not in args.skip:
+                    # The burst gives one bridge's capacity; paced at 1.3x it: the sustained rate;
+                    # at a fixed rate below it: nothing may be lost, the CPU per message at equal work.
+                    if "burst" in stages:
+                        bench.phase_exchange("burst", round_number)
+                        one = bench.exchange["burst"][round_number]["x-one"]["rate"]
+                        if "paced" in stages:
+                            bench.phase_exchange("paced", round_number, rate=1.3 * one)
+                            # A burst's rate is well above what one bridge sustains: size the
+                            # fixed rate by the paced one.
+                            one = bench.exchange["paced"][round_number]["x-one"]["rate"] / 0.6 * 0.7
+                        args.exchange_rate = args.exchange_rate or round(0.6 * one, -2)
+                    if "fixed" in stages:
+                        bench.phase_exchange("fixed", round_number, rate=args.exchange_rate)
             if "latency" not in args.skip:
                 rates = {w: bench.results.get(f"core-w{w}", {}).get("rate", 0) for w in args.workers}
                 w = max(rates, key=lambda k: rates[k])
@@ -171,7 +262,9 @@ def main() -> None:
         finally:
             bench.close()
         report(bench.results, args.workers)
-        print("\n" + json.dumps(bench.results, default=str))
+        if bench.exchange:
+            report_exchange(bench.exchange)
+        print("\n" + json.dumps({**bench.results, "exchange": bench.exchange}, default=str))
 
 
 def _cpu_model() -> str:

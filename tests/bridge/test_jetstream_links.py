@@ -5,7 +5,7 @@ under its true upstream egress (the truth from the stream's own copy of every tr
 by order per connection: `devkit.hop_truth`), however the reports were redelivered: the
 killed bridge's evidence is kept in the link-evidence stream and replayed at the restart.
 
-`NATS_OTEL_LINK_RUNS` repeats the scenario (the issue asks for 10 runs in a row; CI runs 2).
+`LINK_TEST_RUNS` (not NATS_OTEL_*: the bridge reads those as settings) repeats the scenario (the issue asks for 10 runs in a row; CI runs 2).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from nats_otel.devkit.server_config import free_ports
 from nats_otel.devkit.topology import demo_topology
 from tests.bridge.bridge_helpers import scrape, wait_until
 
-RUNS = int(os.environ.get("NATS_OTEL_LINK_RUNS", "2"))
+RUNS = int(os.environ.get("LINK_TEST_RUNS", "2"))
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120 * RUNS + 60)]
 
 

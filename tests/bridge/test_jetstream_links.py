@@ -5,7 +5,8 @@ under its true upstream egress (the truth from the stream's own copy of every tr
 by order per connection: `devkit.hop_truth`), however the reports were redelivered: the
 killed bridge's evidence is kept in the link-evidence stream and replayed at the restart.
 
-`LINK_TEST_RUNS` (not NATS_OTEL_*: the bridge reads those as settings) repeats the scenario (the issue asks for 10 runs in a row; CI runs 2).
+`LINK_TEST_RUNS` repeats the scenario (the issue asks for 10 runs in a row; CI runs 2); not a
+NATS_OTEL_* variable: the bridge started here would read it as a setting.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The whole input's report runs (`nats_otel.core.sequences.report_runs`), worked out by Spark.
+"""The whole input's report runs (`nats_otel.core.report_ledger.report_runs`), worked out by Spark.
 
 Every trace message carries its server's event number (`server.seq`); runs of consecutive
 numbers say where a report was lost, and the linker decides crowded hops (many messages of
@@ -32,7 +32,7 @@ SHIFT = 1 << 63
 
 
 def report_runs(reports: Any, bucket_bits: int = 20) -> Runs:
-    """`sequences.report_runs` of the reports of a DataFrame (`server_id` string, `seq` and
+    """`report_ledger.report_runs` of the reports of a DataFrame (`server_id` string, `seq` and
     `ts_ns` long, both less `SHIFT`; rows with a null seq are not reports). A (server, seq)
     reported more than once counts once, with its earliest time."""
     from pyspark.sql import Window

@@ -72,7 +72,7 @@ class HopEvidence(Struct, array_like=True, frozen=True, gc=False):
 
 
 class LinkLatencyEstimate(Struct, array_like=True, frozen=True, gc=False):
-    """A sender's learned latency of one link (`sequences.LinkLatency.known`)."""
+    """A sender's learned latency of one link (`link_latency.LinkLatency.known`)."""
 
     upstream: _Text
     downstream: _Text

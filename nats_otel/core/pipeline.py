@@ -389,7 +389,7 @@ def convert_batch(
     """Whole-input conversion (`convert`, backfill): the result ignores the input order.
 
     Rejected items passed in (e.g. archive lines that did not parse) are passed through.
-    `report_runs` (`sequences.report_runs`): which reports of each server the whole input
+    `report_runs` (`report_ledger.report_runs`): which reports of each server the whole input
     holds, when `raws` is only part of it (the backfill converts one context at a time).
     """
     # The whole input is the window here: nothing is forgotten, nothing expires.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark import cloudpickle
 
-from nats_otel.core.sequences import report_runs
+from nats_otel.core.report_ledger import report_runs
 from spark_backfill import completeness, runs, sinks, sources, transform
 from tests.backfill.conftest import corpus_files
 

@@ -1,5 +1,5 @@
 """The backfill's report runs (worked out by Spark, `spark_backfill.runs`) are the core's
-`sequences.report_runs` of the same reports: lost, redelivered, undecodable and odd ones."""
+`report_ledger.report_runs` of the same reports: lost, redelivered, undecodable and odd ones."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from nats_otel.core.decode import DecodeError, parse_archive_line
 from nats_otel.core.pipeline import prepare
-from nats_otel.core.sequences import report_runs
+from nats_otel.core.report_ledger import report_runs
 from nats_otel.core.timestamps import parse_rfc3339_ns
 from spark_backfill import runs, transform
 from tests.backfill.conftest import GARBAGE_LINES, HOP_ARCHIVES, archive_lines, corpus_files

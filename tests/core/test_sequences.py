@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import pytest
 
 from nats_otel.core import linking
+from nats_otel.core.link_latency import latency_from_times
 from nats_otel.core.linking import MATCHED, Arrival, Egress, LinkSettings
-from nats_otel.core.sequences import ReportLedger, latency_from_times, report_runs
+from nats_otel.core.report_ledger import ReportLedger, report_runs
 
 KEY = (b"ctx", "1", "up", "down")
 _T0 = 1_800_000_000_000_000_000

@@ -1,0 +1,159 @@
+"""Which reports of each server were seen: the servers number the events they publish
+(`server.seq`), so runs of consecutive numbers say where a report was lost (`sequences`
+counts hops in order only across stretches where none was)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+__all__ = ["ReportLedger", "report_runs"]
+
+
+class _ServerRuns:
+    """The seqs seen from one server as runs of consecutive numbers, sorted: parallel lists
+    of each run's first and last seq, its earliest report time and when it was last
+    extended (`now`, for expiry)."""
+
+    __slots__ = ("firsts", "lasts", "since_ns", "touched")
+
+    def __init__(self) -> None:
+        self.firsts: list[int] = []
+        self.lasts: list[int] = []
+        self.since_ns: list[int] = []
+        self.touched: list[float] = []
+
+    def add(self, seq: int, ts_ns: int, now: float) -> None:
+        firsts, lasts = self.firsts, self.lasts
+        at = bisect_right(firsts, seq) - 1  # the run starting at or before seq
+        if at >= 0 and seq <= lasts[at]:
+            return  # seen (a redelivery)
+        joins_left = at >= 0 and lasts[at] == seq - 1
+        joins_right = at + 1 < len(firsts) and firsts[at + 1] == seq + 1
+        if joins_left and joins_right:
+            lasts[at] = lasts[at + 1]
+            self.since_ns[at] = min(self.since_ns[at], self.since_ns[at + 1], ts_ns)
+            self.touched[at] = now
+            for column in (firsts, lasts, self.since_ns, self.touched):
+                del column[at + 1]
+        elif joins_left:
+            lasts[at] = seq
+            self.since_ns[at] = min(self.since_ns[at], ts_ns)
+            self.touched[at] = now
+        elif joins_right:
+            firsts[at + 1] = seq
+            self.since_ns[at + 1] = min(self.since_ns[at + 1], ts_ns)
+            self.touched[at + 1] = now
+        else:
+            firsts.insert(at + 1, seq)
+            lasts.insert(at + 1, seq)
+            self.since_ns.insert(at + 1, ts_ns)
+            self.touched.insert(at + 1, now)
+
+    def run_of(self, seq: int) -> int:
+        """Index of the run holding `seq`, or -1."""
+        at = bisect_right(self.firsts, seq) - 1
+        return at if at >= 0 and seq <= self.lasts[at] else -1
+
+    def expire(self, horizon: float) -> None:
+        keep = [i for i, touched in enumerate(self.touched) if touched >= horizon]
+        if len(keep) != len(self.touched):
+            for name in self.__slots__:
+                column = getattr(self, name)
+                setattr(self, name, [column[i] for i in keep])
+
+
+class ReportLedger:
+    """Which reports of each server were observed (`server.seq`), and which report an
+    identity is: says whether a stretch of one server's reports is complete."""
+
+    __slots__ = ("_bounded", "_fifo", "_fixed", "_reports", "_servers", "capacity", "retention_s")
+
+    def __init__(self, capacity: int, retention_s: float, bounded: bool = True) -> None:
+        self.capacity, self.retention_s, self._bounded = capacity, retention_s, bounded
+        self._servers: dict[str, _ServerRuns] = {}
+        # identity -> (server id, seq, account): what an Egress's or Arrival's `ident` is.
+        self._reports: dict[bytes, tuple[str, int, str]] = {}
+        self._fifo: deque[tuple[float, bytes]] = deque()
+        self._fixed = False
+
+    def use_runs(self, runs: dict[str, Sequence[tuple[int, int, int]]]) -> None:
+        """Take every server's runs as given (`report_runs` of a whole input), for a part of
+        that input (the backfill converts one trace context at a time): then only the
+        identities of the reports observed here are recorded."""
+        self._fixed = True
+        self._servers = {}
+        for server_id, server_runs in runs.items():
+            into = self._servers[server_id] = _ServerRuns()
+            for first, last, since_ns in sorted(server_runs):
+                into.firsts.append(first)
+                into.lasts.append(last)
+                into.since_ns.append(since_ns)
+                into.touched.append(0.0)
+
+    def runs(self) -> dict[str, tuple[tuple[int, int, int], ...]]:
+        """Every server's runs: (first seq, last seq, earliest report time)."""
+        return {server_id: tuple(zip(runs.firsts, runs.lasts, runs.since_ns, strict=True))
+                for server_id, runs in sorted(self._servers.items())}
+
+    def __len__(self) -> int:
+        return len(self._reports)
+
+    def observe(self, ident: bytes, server_id: str, seq: int, ts_ns: int, now: float = 0.0,
+                account: str = "") -> None:
+        """One report seen (any report: with hop evidence or not). seq 0: not numbered, ignored.
+        `account`: the account it came in on (pooled routes carry one account per connection)."""
+        if seq <= 0 or ident in self._reports:
+            return
+        self._reports[ident] = (server_id, seq, account)
+        if self._fixed:
+            return
+        runs = self._servers.get(server_id)
+        if runs is None:
+            runs = self._servers[server_id] = _ServerRuns()
+        runs.add(seq, ts_ns, now)
+        if self._bounded:
+            self._fifo.append((now, ident))
+
+    def expire(self, now: float) -> None:
+        horizon = now - self.retention_s
+        fifo, reports = self._fifo, self._reports
+        expired = False
+        while fifo and (fifo[0][0] < horizon or len(fifo) > self.capacity):
+            reports.pop(fifo.popleft()[1], None)
+            expired = True
+        if expired:
+            for server_id in list(self._servers):
+                runs = self._servers[server_id]
+                runs.expire(horizon)
+                if not runs.firsts:
+                    del self._servers[server_id]
+
+    def account(self, ident: bytes) -> str | None:
+        """The account a report came in on, if it was observed."""
+        found = self._reports.get(ident)
+        return None if found is None else found[2]
+
+    def complete(self, first: bytes, last: bytes, since_ns: int | None = None) -> bool:
+        """True when `first` and `last` are reports of one server with every report between
+        them seen, and (with `since_ns`) every report of that server since then too."""
+        a, b = self._reports.get(first), self._reports.get(last)
+        if a is None or b is None or a[0] != b[0]:
+            return False
+        runs = self._servers.get(a[0])
+        if runs is None:
+            return False
+        at = runs.run_of(min(a[1], b[1]))
+        if at < 0 or runs.lasts[at] < max(a[1], b[1]):
+            return False
+        return since_ns is None or runs.since_ns[at] <= since_ns
+
+
+def report_runs(reports: Iterable[tuple[str, int, int]]) -> dict[str, tuple[tuple[int, int, int], ...]]:
+    """The runs of a whole input's reports, given as (server id, seq, report time): what
+    `ReportLedger.use_runs` takes (the backfill works them out over all contexts at once)."""
+    ledger = ReportLedger(capacity=0, retention_s=0.0, bounded=False)
+    for number, (server_id, seq, ts_ns) in enumerate(reports):
+        ledger.observe(number.to_bytes(8, "big"), server_id, seq, ts_ns)
+    return ledger.runs()

@@ -30,7 +30,9 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import nats.errors
 
 from nats_otel.core.evidence import (
     EvidenceError,
@@ -43,7 +45,10 @@ from nats_otel.core.evidence import (
 )
 from nats_otel.core.pipeline import Prepared
 
-__all__ = ["SENDER_HEADER", "SIGNATURE_HEADER", "LinkExchange"]
+if TYPE_CHECKING:
+    from nats_otel.bridge.settings import BridgeSettings
+
+__all__ = ["SENDER_HEADER", "SIGNATURE_HEADER", "LinkExchange", "Recorder", "exchange_for"]
 
 log = logging.getLogger("nats_otel.bridge.exchange")
 
@@ -55,6 +60,31 @@ _PENDING_BATCHES = 256
 _LOG_EVERY_S = 10.0
 
 
+class Recorder(Protocol):
+    """What records evidence in the link window and tells the latencies learned there
+    (`processor.Processor`, in its conversion thread)."""
+
+    def observe_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate] = ()
+                         ) -> None: ...
+
+    def link_latencies(self) -> list[tuple[str, str, int, int]]: ...
+
+
+def exchange_for(settings: BridgeSettings, metrics: Any, processor: Recorder, pool: Any,
+                 workers: bool) -> LinkExchange | None:
+    """The bridge's exchange (`link.exchange`), or None: off, or with worker processes, whose
+    link windows live in the workers (not exchanged there: logged)."""
+    subject = settings.exchange_subject
+    if subject is None:
+        return None
+    if workers:
+        log.warning("link.exchange %s is off with batch.workers > 1: hops whose reports reach other "
+                    "bridges stay unlinked", subject)
+        return None
+    return LinkExchange(subject, settings.exchange_key(), metrics, processor.observe_evidence, pool,
+                        processor.link_latencies)
+
+
 class LinkExchange:
     """Publishes this bridge's evidence and records the others' (see the module docstring).
 
@@ -63,7 +93,7 @@ class LinkExchange:
 
     def __init__(self, subject: str, key: bytes | None, metrics: Any,
                  record: Callable[[Sequence[HopEvidence], Sequence[LinkLatencyEstimate]], None], pool: Any,
-                 latencies: Callable[[], list[tuple[str, str, int, int]]] | None = None) -> None:
+                 latencies: Callable[[], list[tuple[str, str, int, int]]]) -> None:
         self.subject, self._key, self._metrics, self._record, self._pool = subject, key, metrics, record, pool
         self._latencies = latencies
         # Unique per process and start: a bridge skips its own batches (NATS echoes them).
@@ -77,6 +107,17 @@ class LinkExchange:
         self._nc = nc
         self._sub = await nc.subscribe(self.subject, cb=self._on_msg, pending_msgs_limit=_PENDING_BATCHES * 4)
         log.info("link evidence exchanged on %s", self.subject)
+
+    async def attach(self, nc: Any, settings: BridgeSettings) -> bool:
+        """Start on the bridge's (first source's) connection once connected, and in JetStream
+        mode keep the evidence in its stream; False when there is no connection (logged)."""
+        if nc is None:
+            log.warning("link exchange not started: the first source has no connection")
+            return False
+        await self.start(nc)
+        if settings.mode == "jetstream":
+            await self.keep(nc, f"NATS_OTEL_LINKS_{settings.jetstream.durable}", settings.link.retention)
+        return True
 
     async def keep(self, nc: Any, stream: str, retention_s: float) -> int:
         """JetStream mode: the stream that keeps the evidence (created if missing), and its
@@ -101,15 +142,18 @@ class LinkExchange:
                 config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since,
                                       ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True))
         except Exception as exc:  # noqa: BLE001 - the bridge runs on without what was kept
-            log.warning("link evidence not kept in stream %s (%s: %s): a restarted bridge starts without it",
-                        stream, type(exc).__name__, exc)
+            self._count("unkept", f"stream {stream}: {type(exc).__name__}: {exc}; a restarted bridge starts "
+                        "without it")
             return 0
         replayed = 0
         try:
             while True:
                 try:
                     msgs = await consumer.fetch(256, timeout=1.0)
-                except Exception:  # noqa: BLE001 - a fetch timeout: nothing (more) to replay
+                except nats.errors.TimeoutError:
+                    break  # nothing (more) to replay
+                except Exception as exc:  # noqa: BLE001 - the bridge runs on with what it has
+                    self._count("unkept", f"replaying stream {stream}: {type(exc).__name__}: {exc}")
                     break
                 for msg in msgs:
                     recording = self._accept(msg)
@@ -126,20 +170,10 @@ class LinkExchange:
         log.info("link evidence replayed", extra={"fields": {"stream": stream, "batches": replayed}})
         return replayed
 
-    async def stop(self) -> None:
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - the connection may be closing; nothing to keep
-                pass
-            self._sub = None
-
-    def outgoing(self, prepared: Sequence[Prepared], shard: Callable[[Prepared], bytes] | None = None) -> bytes:
+    def outgoing(self, prepared: Sequence[Prepared]) -> bytes:
         """The batch to publish for reports this bridge observed (conversion thread)."""
-        reports = [evidence_of(p, shard(p) if shard is not None else b"") for p in prepared]
-        if not reports:
-            return b""
-        return encode_batch(self.sender, reports, self._latencies() if self._latencies is not None else ())
+        reports = [evidence_of(p) for p in prepared]
+        return encode_batch(self.sender, reports, self._latencies()) if reports else b""
 
     async def publish(self, data: bytes) -> None:
         if not data or self._nc is None or not self._nc.is_connected:

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from nats_otel import gc_tuning
 from nats_otel.bridge.accounting import BatchAccounting
-from nats_otel.bridge.exchange import LinkExchange
+from nats_otel.bridge.exchange import exchange_for
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
@@ -52,8 +52,6 @@ _FETCH_TIMEOUT_S = 1.0
 # Batches waiting out `link.wait`: a rate times the wait, a few dozen at most in practice;
 # this only bounds the pathological case (then intake backs up, and drops are counted).
 _DELAYED_BATCHES = 4096
-# How many times one downstream report may be held for its upstream's evidence (`_holdable`).
-_HOLDS = 2
 _GIVE_UP_CHECK_S = 0.25
 # After the drain deadline, time for the batch in flight to come back (exports stop retrying
 # at the deadline), so that it is counted exported or failed, not lost uncounted.
@@ -100,18 +98,8 @@ class Bridge:
         self._js_failures = 0
         self._js_pause_until = 0.0
         self._fatal: str | None = None
-        # Hop evidence shared with the other bridges of a queue group or durable (`exchange`);
-        # with worker processes the link windows live in the workers: not exchanged there.
-        self.exchange: LinkExchange | None = None
-        # Until then, downstream reports left unlinked may be held (`_holdable`): set at start.
-        self._hold_until = 0.0
-        subject = settings.exchange_subject
-        if subject is not None and self.workers is None:
-            self.exchange = LinkExchange(subject, settings.exchange_key(), self.metrics,
-                                         self.processor.observe_evidence, self._pool, self.processor.link_latencies)
-        elif subject is not None:
-            log.warning("link.exchange %s is off with batch.workers > 1: hops whose reports reach other "
-                        "bridges stay unlinked", subject)
+        # Hop evidence shared with the other bridges of a queue group or durable.
+        self.exchange = exchange_for(settings, self.metrics, self.processor, self._pool, self.workers is not None)
 
     # -- health ----------------------------------------------------------------------------
 
@@ -219,9 +207,8 @@ class Bridge:
             return 2
         if not all(started):
             return 0  # stopped while connecting
-        await self._start_exchange()
-        if s.mode == "jetstream":
-            self._hold_until = time.monotonic() + s.link.wait + s.jetstream.ack_wait + 1.0
+        if self.exchange is not None and not await self.exchange.attach(getattr(self.sources[0], "nc", None), s):
+            self.exchange = None
         self._started = True
         log.info("bridge running", extra={"fields": {"mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
@@ -263,20 +250,6 @@ class Bridge:
         log.info("drained", extra={"fields": {"seconds": round(time.monotonic() - started, 3)}})
         return 0
 
-    async def _start_exchange(self) -> None:
-        """Subscribe the evidence subject on the first source's connection (once connected)."""
-        if self.exchange is None:
-            return
-        nc = getattr(self.sources[0], "nc", None)
-        if nc is None:
-            log.warning("link exchange not started: the first source has no connection")
-            self.exchange = None
-            return
-        await self.exchange.start(nc)
-        if self.settings.mode == "jetstream":
-            await self.exchange.keep(nc, f"NATS_OTEL_LINKS_{self.settings.jetstream.durable}",
-                                     self.settings.link.retention)
-
     def _deadline(self) -> float | None:
         return getattr(self, "_drain_deadline", None) if self._intake_done else None
 
@@ -287,15 +260,14 @@ class Bridge:
         per_converter = 1 + self.settings.batch.exports_in_flight
         return per_converter if self.workers is None else per_converter * self.workers.size
 
-    async def _process(self, deliveries: Sequence[Delivery]
+    async def _process(self, deliveries: Sequence[Delivery], holdable: frozenset[int] = frozenset()
                        ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]:
         """Convert, export, count one batch; returns what to (ack, nak, term, hold) (JetStream
-        mode; core mode settles nothing: empty)."""
+        mode, `holdable`: `JetStreamSource.holdable`; core mode settles nothing: empty)."""
         raws = [d.raw for d in deliveries]
         if self.workers is None:
             loop = asyncio.get_running_loop()
-            converted = await loop.run_in_executor(self._pool, self.processor.convert, raws,
-                                                   self._holdable(deliveries))
+            converted = await loop.run_in_executor(self._pool, self.processor.convert, raws, holdable)
             outcome = await loop.run_in_executor(self._export_pool, self.processor.export, converted,
                                                  self._deadline())
             self.accounting.account(outcome)
@@ -316,24 +288,6 @@ class Bridge:
             term += t
         gc_tuning.after_batch()
         return ack, nak, term, []
-
-    def _holdable(self, deliveries: Sequence[Delivery]) -> frozenset[int]:
-        """JetStream mode, for `link.wait` plus an ack wait after the bridge started: what it
-        fetched first may have its upstream report still waiting for redelivery (taken by a
-        bridge killed before it could share the evidence). A downstream report left unlinked
-        then is held (nak'ed until after that) at most `_HOLDS` times, instead of exported
-        unlinked; the held ones are counted (`nats_otel_link_held_total`)."""
-        if self.settings.mode != "jetstream" or time.monotonic() >= self._hold_until:
-            return frozenset()
-        holdable = []
-        for position, delivery in enumerate(deliveries):
-            try:
-                delivered = delivery.msg.metadata.num_delivered
-            except Exception:  # noqa: BLE001 - not a JetStream message: never held
-                continue
-            if delivered <= _HOLDS:
-                holdable.append(position)
-        return frozenset(holdable)
 
     def _worker_died(self, reason: str) -> None:
         """A worker process crashed or was killed: stop (exit code 2) so that a supervisor
@@ -483,7 +437,7 @@ class Bridge:
         while (item := await batches.get()) is not None:
             ripe_at, deliveries = item
             await self._until(ripe_at)
-            ack, nak, term, hold = await self._process(deliveries)
+            ack, nak, term, hold = await self._process(deliveries, source.holdable(deliveries))
             delay = 0.0
             if nak:
                 self._js_failures += 1
@@ -493,14 +447,13 @@ class Bridge:
                 self._js_failures = 0
             await source.settle(ack, nak, term, delay)
             if hold:
-                self.metrics.link_held.inc(len(hold))
-                await source.settle((), hold, (), max(1.0, self._hold_until - time.monotonic() + js.ack_wait / 5))
+                await source.hold(hold)
 
     # -- the error policy, in one place ------------------------------------------------------
 
     def _policy(self, deliveries: Sequence[Delivery], outcome: BatchOutcome
                 ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]:
-        """Decide each delivery's fate: (ack, nak, term). Core mode only counts: what a
+        """Decide each delivery's fate: (ack, nak, term, hold). Core mode only counts: what a
         JetStream bridge would nak is lost there (`dropped{reason="export_failed"}`)."""
         ack: list[Delivery] = []
         nak: list[Delivery] = []

@@ -235,10 +235,9 @@ class LinkSettingsModel(_Model):
     capacity: int = Field(1_000_000, ge=100, description="egresses and arrivals remembered (oldest dropped first, "
                           "counted)")
     retention: float = Field(30.0, gt=0, description="seconds an egress or arrival is remembered")
-    exchange: str = Field("auto", min_length=1, max_length=200, description="subject on which bridges that share "
-                          "a cluster's traces exchange hop evidence (bridge/exchange.py): 'auto' (on with a queue "
-                          "group, nats-otel.links.<queue>, and in JetStream mode, nats-otel.links.<durable>), "
-                          "'off', or a subject")
+    exchange: str = Field("auto", min_length=1, max_length=200, description="subject on which bridges sharing the "
+                          "traces exchange hop evidence: 'auto' (a queue group: nats-otel.links.<queue>; JetStream "
+                          "mode: nats-otel.links.<durable>), 'off', or a subject (bridge/exchange.py)")
     exchange_key_file: Path | None = Field(None, description="file holding a shared key: evidence batches are "
                                            "signed with it, and unsigned or badly signed ones are dropped")
 
@@ -308,21 +307,18 @@ class BridgeSettings(_Model):
 
     @property
     def exchange_subject(self) -> str | None:
-        """Where this bridge exchanges hop evidence (`link.exchange`), or None: off. 'auto' is
-        on wherever bridges share the traces: a queue group, or JetStream mode (several
-        bridges may share the durable; one alone only publishes what nobody reads)."""
+        """Where this bridge exchanges hop evidence (`link.exchange`), or None: off. 'auto' is on
+        where bridges may share the traces: a queue group, or JetStream mode (a shared durable)."""
         chosen = self.link.exchange
-        if chosen == "off":
-            return None
         if chosen != "auto":
-            return chosen
+            return None if chosen == "off" else chosen
         if self.mode == "jetstream":
             return f"nats-otel.links.{self.jetstream.durable}"
         queue = next((source.queue for source in self.sources if source.queue), None)
         return f"nats-otel.links.{queue}" if queue else None
 
     def exchange_key(self) -> bytes | None:
-        """The shared key of `link.exchange_key_file` (read once at start), or None."""
+        """The shared key of `link.exchange_key_file` (checked at load, read at start), or None."""
         path = self.link.exchange_key_file
         return None if path is None else path.read_bytes().strip()
 
@@ -345,10 +341,13 @@ class BridgeSettings(_Model):
         subject = self.exchange_subject
         if subject is not None and (any(c.isspace() for c in subject) or ">" in subject or "*" in subject):
             raise ValueError(f"link.exchange: {subject!r} is not a plain subject (no wildcards or spaces)")
-        key = self.link.exchange_key_file
-        if key is not None and (not key.is_file() or len(key.read_bytes().strip()) < 16):
-            raise ValueError(f"link.exchange_key_file: {key} must be a readable file holding a key of 16 bytes "
-                             "or more")
+        try:
+            key = self.exchange_key()
+        except OSError:
+            key = b""
+        if key is not None and len(key) < 16:
+            raise ValueError(f"link.exchange_key_file: {self.link.exchange_key_file} must be a readable file "
+                             "holding a key of 16 bytes or more")
         return self
 
 

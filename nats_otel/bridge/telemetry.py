@@ -96,7 +96,8 @@ class Metrics:
         self.link_evidence = Counter(
             "nats_otel_link_evidence",
             "Link-evidence batches exchanged with other bridges, by result: published, received, unpublished, "
-            "dropped (this bridge behind), and rejected as malformed, invalid, format (another version) or forged "
+            "dropped (this bridge behind), unkept (its stream unusable: JetStream mode), and rejected as "
+            "malformed, invalid, format (another version) or forged "
             "(bad or missing signature, or naming this bridge as sender)", ["result"], registry=r)
         self.link_evidence_reports = Counter(
             "nats_otel_link_evidence_reports", "Reports' hop evidence recorded from other bridges", registry=r)

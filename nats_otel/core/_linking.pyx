@@ -402,10 +402,7 @@ cdef class Linker:
                 index._add(True, key, <tuple>_new(_Egress, (field(event, EG.ts_ns), size, ident,
                                                             _event_span_id(ctx, ident, position))), now)
         if _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None:
-            adhoc = self._adhoc_arrivals
-            adhoc[ident] = arrival
-            if self._bounded and len(adhoc) > index.settings.capacity:
-                del adhoc[next(iter(adhoc))]
+            self.note_adhoc(ident, arrival)
 
     def note_adhoc(self, ident, arrival):
         """An ad-hoc report's arrival (None at its origin): the walk to its origin's identity."""

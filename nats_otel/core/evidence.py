@@ -67,8 +67,6 @@ class HopEvidence(Struct, array_like=True, frozen=True, gc=False):
     #: Where it came from (hop id, upstream server name), or None at the origin.
     arrival: _Hop | None
     egresses: Annotated[tuple[_Hop, ...], Meta(max_length=_MAX_EGRESSES)] = ()
-    #: The worker shard key of its trace (`bridge.workers.shard_key`), for bridges with workers.
-    shard: _Bytes = b""
 
 
 class LinkLatencyEstimate(Struct, array_like=True, frozen=True, gc=False):
@@ -95,7 +93,7 @@ class EvidenceError(ValueError):
         self.reason, self.detail = reason, detail
 
 
-def evidence_of(prepared: Any, shard: bytes = b"") -> HopEvidence:
+def evidence_of(prepared: Any) -> HopEvidence:
     """The evidence of a decoded report (`pipeline.Prepared`)."""
     msg = prepared.msg
     arrival = None
@@ -107,7 +105,7 @@ def evidence_of(prepared: Any, shard: bytes = b"") -> HopEvidence:
                      if type(event) is EgressEvent and event.forwards)
     return HopEvidence(prepared.ident, msg.server.id, msg.server.name, msg.ingress.account, msg.server.seq,
                        msg.ingress.ts_ns,
-                       prepared.ctx.id_fields, prepared.ctx.adhoc_key is not None, arrival, egresses, shard)
+                       prepared.ctx.id_fields, prepared.ctx.adhoc_key is not None, arrival, egresses)
 
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterable
@@ -212,3 +214,14 @@ async def publish_traced(url: str, count: int, subject: str = "app.work") -> lis
         await sub.next_msg(timeout=5)
     await nc.close()
     return trace_ids
+
+
+def terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM a process started by a test (a bridge drains), SIGKILL it if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

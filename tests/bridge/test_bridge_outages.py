@@ -31,7 +31,7 @@ from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver, OTLPHttpReceiver
 from nats_otel.devkit.server_config import free_ports
 from nats_otel.devkit.topology import single_server
-from tests.bridge.bridge_helpers import publish_traced, scrape, stop_bridge, wait_until
+from tests.bridge.bridge_helpers import publish_traced, scrape, stop_bridge, terminate, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -61,16 +61,6 @@ def bridge_process(log: Path, *args: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "nats_otel.cli", "bridge", "--subject", "trace.a",
                                  "--metrics-port", "0", *args],
                                 stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 # --------------------------------------------------------------------------- the OTLP backend
@@ -179,7 +169,7 @@ async def test_unreachable_nats_url_text_logs_readyz_backoff_and_give_up(tmp_pat
             assert status == 503 and url in why and "OTLP" not in why  # the backend was proven
             assert await asyncio.to_thread(proc.wait, 20) == 3
         finally:
-            stop_process(proc)
+            terminate(proc)
     failures = [line for line in _lines(log) if "NATS connect failed" in line]
     assert len(failures) >= 3, _lines(log)
     for line in failures:
@@ -214,7 +204,7 @@ async def test_wrong_credentials_are_called_authorization_json_logs(server, tmp_
             assert status == 503 and plain in why and "authorization violation" in why and SECRET not in why
             assert await asyncio.to_thread(proc.wait, 20) == 3
         finally:
-            stop_process(proc)
+            terminate(proc)
     text = log.read_text()
     assert SECRET not in text
     records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]

@@ -154,3 +154,23 @@ def test_service_name_flag_with_an_unknown_field_is_a_usage_error() -> None:
                            "-"], input=b"", capture_output=True, timeout=60)
     assert done.returncode == 2
     assert b"may use only {server}, {cluster}, {domain}" in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_link_exchange_subject_and_key(tmp_path: Path) -> None:
+    def load(*argv: str) -> BridgeSettings:
+        return load_settings(overrides=flags("--subject", "t", *argv), env={})
+
+    assert load().exchange_subject is None  # one bridge: no new setting, nothing exchanged
+    assert load("--queue", "g").exchange_subject == "nats-otel.links.g"
+    assert load("--mode", "jetstream", "--durable", "d").exchange_subject == "nats-otel.links.d"
+    assert load("--queue", "g", "--link-exchange", "off").exchange_subject is None
+    assert load("--link-exchange", "links.here").exchange_subject == "links.here"
+    with pytest.raises(SettingsError, match="not a plain subject"):
+        load("--link-exchange", "links.>")
+    short, good = tmp_path / "short.key", tmp_path / "good.key"
+    short.write_bytes(b"too short\n")
+    good.write_bytes(b"0123456789abcdef0123\n")
+    for path in (short, tmp_path / "missing.key"):
+        with pytest.raises(SettingsError, match="16 bytes or more"):
+            load("--queue", "g", "--link-exchange-key", str(path))
+    assert load("--queue", "g", "--link-exchange-key", str(good)).exchange_key() == b"0123456789abcdef0123"

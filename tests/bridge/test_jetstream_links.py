@@ -31,7 +31,7 @@ from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.server_config import free_ports
 from nats_otel.devkit.topology import demo_topology
-from tests.bridge.bridge_helpers import scrape, wait_until
+from tests.bridge.bridge_helpers import scrape, terminate, wait_until
 
 RUNS = int(os.environ.get("LINK_TEST_RUNS", "2"))
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120 * RUNS + 60)]
@@ -137,10 +137,4 @@ async def test_a_sigkill_and_an_outage_lose_no_link(tmp_path: Path, run: int, mo
                 assert counts["right"] >= 0.95 * 3 * 120, counts
             assert result().conflicting_duplicates == 0
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+            terminate(proc)

@@ -40,6 +40,7 @@ from tests.bridge.bridge_helpers import (
     scrape,
     start_bridge,
     stop_bridge,
+    terminate,
     traceparent,
     wait_until,
 )
@@ -134,12 +135,7 @@ def server_from_config(directory: Path, client: int, text: str) -> Iterator[str]
                 time.sleep(0.05)
         yield f"127.0.0.1:{client}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        terminate(proc)
         log.close()
 
 

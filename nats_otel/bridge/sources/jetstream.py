@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +37,9 @@ from nats_otel.bridge.telemetry import Metrics
 __all__ = ["Held", "JetStreamSetupError", "JetStreamSource"]
 
 log = logging.getLogger("nats_otel.jetstream")
+
+# How many times one downstream report may be held for its upstream's evidence (`holdable`).
+_HOLDS = 2
 
 
 class Held:
@@ -139,8 +143,11 @@ class JetStreamSource:
     """Fetches batches from the durable consumer of one source's account and settles them."""
 
     def __init__(self, source: NatsSource, settings: JetStreamSettings, metrics: Metrics,
-                 nats_settings: NatsSettings | None = None, held: Held | None = None) -> None:
+                 nats_settings: NatsSettings | None = None, held: Held | None = None, link_wait: float = 0.0) -> None:
         self.source = source
+        # Until then, a downstream report left unlinked may be held (`holdable`): set at start.
+        self._hold_until = 0.0
+        self._link_wait = link_wait
         self.held = held or Held(256 * 1024 * 1024)
         self.settings = settings
         self.metrics = metrics
@@ -160,7 +167,8 @@ class JetStreamSource:
         held = Held(settings.batch.queue_bytes)
         metrics.queue_depth.set_function(lambda: held.messages)
         metrics.queue_bytes.set_function(lambda: held.bytes)
-        return [cls(src, settings.jetstream, metrics, settings.nats, held) for src in settings.sources]
+        return [cls(src, settings.jetstream, metrics, settings.nats, held, settings.link.wait)
+                for src in settings.sources]
 
     @property
     def connected(self) -> bool:
@@ -180,6 +188,7 @@ class JetStreamSource:
         puller = _Puller(self.nc, s.stream, s.durable)
         await puller.start(pending_limit=4 * max(s.max_ack_pending, s.fetch_batch) + 1024)
         self._sub = puller
+        self._hold_until = time.monotonic() + self._link_wait + s.ack_wait + 1.0
         log.info("consuming", extra={"fields": {"source": self.source.name, "stream": s.stream, "durable": s.durable}})
         return True
 
@@ -227,6 +236,29 @@ class JetStreamSource:
             return
         self._sub.consumer_gone = None
         self._recreated.inc()
+
+    def holdable(self, deliveries: Sequence[Delivery]) -> frozenset[int]:
+        """For `link.wait` plus an ack wait after the start, what this source fetches first
+        may have its upstream report still waiting for redelivery (taken by a bridge killed
+        before it could share the evidence): the positions of the deliveries that may be
+        held (delivered at most `_HOLDS` times) if left unlinked, instead of exported so."""
+        if time.monotonic() >= self._hold_until:
+            return frozenset()
+        found = []
+        for position, item in enumerate(deliveries):
+            try:
+                delivered = item.msg.metadata.num_delivered
+            except Exception:  # noqa: BLE001 - not a JetStream message (no metadata): never held
+                continue
+            if delivered <= _HOLDS:
+                found.append(position)
+        return frozenset(found)
+
+    async def hold(self, deliveries: Sequence[Delivery]) -> None:
+        """Nak what was held until after the hold window (`holdable`), counted."""
+        self.metrics.link_held.inc(len(deliveries))
+        delay = max(1.0, self._hold_until - time.monotonic() + self.settings.ack_wait / 5)
+        await self.settle((), deliveries, (), delay)
 
     async def settle(self, ack: Sequence[Delivery], nak: Sequence[Delivery], term: Sequence[Delivery],
                      nak_delay: float) -> None:

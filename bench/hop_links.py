@@ -125,7 +125,8 @@ class Archiver:
 class Bridge:
     """`nats-otel bridge` as its own process on one server, writing OTLP/JSON lines."""
 
-    def __init__(self, workdir: Path, server: str, url: str, subjects: list[str], queue: str | None) -> None:
+    def __init__(self, workdir: Path, server: str, url: str, subjects: list[str], queue: str | None,
+                 workers: int = 1) -> None:
         self.server = server
         self.output = workdir / f"spans-{server}.otlp.jsonl"
         self.port = free_ports(1)[0]
@@ -137,6 +138,8 @@ class Bridge:
             argv += ["--subject", subject]
         if queue:
             argv += ["--queue", queue]
+        if workers > 1:
+            argv += ["--workers", str(workers)]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -221,7 +224,8 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
         bridge_servers = [f"east-{i}" for i in range(1, args.bridges + 1)]
         queue = "nats-otel" if args.bridges > 1 else None
         for server in bridge_servers:
-            bridges.append(Bridge(workdir, server, topo.client_url(server, USER), subjects, queue))
+            bridges.append(Bridge(workdir, server, topo.client_url(server, USER), subjects, queue,
+                                  getattr(args, "workers", 1)))
         for bridge in bridges:
             bridge.wait_ready()
         # Every server must know of the bridges' and the archiver's interest in the trace
@@ -280,6 +284,8 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
     outputs = [line for b in bridges if b.output.exists() for line in b.output.read_bytes().splitlines()]
     result = score(truth, read_otlp_json_lines(outputs))
     layout = "one bridge" if args.bridges == 1 else f"{args.bridges} bridges, one queue group (sidecars)"
+    if getattr(args, "workers", 1) > 1:
+        layout += f", {args.workers} workers each"
     label = f"{layout}, {traffic_label(options)}"
     row = Row(label, result, time.monotonic() - started, notes, sum(metrics, Counter()))
     print(f"  row time {row.seconds:.1f} s (traffic and bridges {traffic_s:.1f} s)", flush=True)
@@ -369,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bridges", type=int, choices=(1, 2, 3), default=1,
                         help="bridge processes, on east-1.. (more than one: one queue group)")
     parser.add_argument("--mode", choices=MODES, default="per_message")
+    parser.add_argument("--workers", type=int, default=1, help="each bridge's --workers (worker processes)")
     parser.add_argument("--messages", type=int, default=1000, help="traced messages published (3 hops each)")
     parser.add_argument("--batch-size", type=int, default=100, help="messages per traceparent (batch, back_to_back)")
     parser.add_argument("--gap-ms", type=float, default=2.0, help="between messages (not back_to_back)")

@@ -16,6 +16,11 @@ bridge that starts - after a SIGKILL, in a rolling restart - replays them before
 so a downstream report redelivered to it finds the evidence of an upstream report that the
 killed bridge had already settled, as an unkilled bridge would.
 
+With worker processes (`batch.workers`) each worker observes its shard of the traces: it
+encodes its evidence batch and the parent publishes it (`publish_soon`); a received batch is
+checked here once, then each report goes to the worker whose link window holds its trace
+(`WorkerPool.record_evidence`).
+
 Received batches are checked (`evidence.decode_batch`): a malformed, oversized, badly signed
 (with `link.exchange_key_file`) or foreign-format one is dropped whole, counted by reason in
 `nats_otel_link_evidence{result}` and logged (rate-limited); it never stops the bridge.
@@ -29,21 +34,12 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import nats.errors
 
-from nats_otel.core.evidence import (
-    EvidenceError,
-    HopEvidence,
-    LinkLatencyEstimate,
-    decode_batch_with_latencies,
-    encode_batch,
-    evidence_of,
-    sign,
-)
-from nats_otel.core.pipeline import Prepared
+from nats_otel.core.evidence import EvidenceError, HopEvidence, LinkLatencyEstimate, decode_batch_with_latencies, sign
 
 if TYPE_CHECKING:
     from nats_otel.bridge.settings import BridgeSettings
@@ -61,50 +57,41 @@ _LOG_EVERY_S = 10.0
 
 
 class Recorder(Protocol):
-    """What records evidence in the link window and tells the latencies learned there
-    (`processor.Processor`, in its conversion thread)."""
+    """What records evidence in the link window: `processor.Processor.observe_evidence` (in
+    its conversion thread), or with worker processes `workers.WorkerPool.record_evidence`
+    (each report to the worker whose link window holds its trace)."""
 
-    def observe_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate] = ()
-                         ) -> None: ...
-
-    def link_latencies(self) -> list[tuple[str, str, int, int]]: ...
+    def __call__(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate]) -> None: ...
 
 
-def exchange_for(settings: BridgeSettings, metrics: Any, processor: Recorder, pool: Any,
-                 workers: bool) -> LinkExchange | None:
-    """The bridge's exchange (`link.exchange`), or None: off, or with worker processes, whose
-    link windows live in the workers (not exchanged there: logged)."""
+def exchange_for(settings: BridgeSettings, metrics: Any, record: Recorder, pool: Any) -> LinkExchange | None:
+    """The bridge's exchange (`link.exchange`), or None when it is off."""
     subject = settings.exchange_subject
     if subject is None:
         return None
-    if workers:
-        log.warning("link.exchange %s is off with batch.workers > 1: hops whose reports reach other "
-                    "bridges stay unlinked", subject)
-        return None
-    return LinkExchange(subject, settings.exchange_key(), metrics, processor.observe_evidence, pool,
-                        processor.link_latencies)
+    return LinkExchange(subject, settings.exchange_key(), metrics, record, pool)
 
 
 class LinkExchange:
     """Publishes this bridge's evidence and records the others' (see the module docstring).
 
-    `record` runs in the conversion thread (`run_in_executor(pool, record, reports)`): the
-    link window is only ever touched there."""
+    `record` runs in `pool`'s thread (`run_in_executor(pool, record, reports, latencies)`):
+    the conversion thread, the only one that touches the link window (with worker
+    processes, the thread that hands the evidence to them)."""
 
-    def __init__(self, subject: str, key: bytes | None, metrics: Any,
-                 record: Callable[[Sequence[HopEvidence], Sequence[LinkLatencyEstimate]], None], pool: Any,
-                 latencies: Callable[[], list[tuple[str, str, int, int]]]) -> None:
+    def __init__(self, subject: str, key: bytes | None, metrics: Any, record: Recorder, pool: Any) -> None:
         self.subject, self._key, self._metrics, self._record, self._pool = subject, key, metrics, record, pool
-        self._latencies = latencies
         # Unique per process and start: a bridge skips its own batches (NATS echoes them).
         self.sender = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
         self._nc: Any = None
         self._sub: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._publishing: set[asyncio.Task[None]] = set()
         self._pending = 0
         self._last_log: dict[str, float] = {}
 
     async def start(self, nc: Any) -> None:
-        self._nc = nc
+        self._nc, self._loop = nc, asyncio.get_running_loop()
         self._sub = await nc.subscribe(self.subject, cb=self._on_msg, pending_msgs_limit=_PENDING_BATCHES * 4)
         log.info("link evidence exchanged on %s", self.subject)
 
@@ -170,10 +157,18 @@ class LinkExchange:
         log.info("link evidence replayed", extra={"fields": {"stream": stream, "batches": replayed}})
         return replayed
 
-    def outgoing(self, prepared: Sequence[Prepared]) -> bytes:
-        """The batch to publish for reports this bridge observed (conversion thread)."""
-        reports = [evidence_of(p) for p in prepared]
-        return encode_batch(self.sender, reports, self._latencies()) if reports else b""
+    def publish_soon(self, data: bytes) -> None:
+        """`publish` from another thread (a worker process's evidence, read by its pipe's
+        reader thread); before `start`, counted as unpublished."""
+        if self._loop is None:
+            self._count("unpublished", "the exchange has not started")
+            return
+        self._loop.call_soon_threadsafe(self._publish_task, data)
+
+    def _publish_task(self, data: bytes) -> None:
+        task = asyncio.ensure_future(self.publish(data))
+        self._publishing.add(task)  # a task nobody holds may be collected before it runs
+        task.add_done_callback(self._publishing.discard)
 
     async def publish(self, data: bytes) -> None:
         if not data or self._nc is None or not self._nc.is_connected:

@@ -99,7 +99,10 @@ class Bridge:
         self._js_pause_until = 0.0
         self._fatal: str | None = None
         # Hop evidence shared with the other bridges of a queue group or durable.
-        self.exchange = exchange_for(settings, self.metrics, self.processor, self._pool, self.workers is not None)
+        self.exchange = exchange_for(settings, self.metrics, self.processor.observe_evidence
+                                     if self.workers is None else self.workers.record_evidence, self._pool)
+        if self.exchange is not None and self.workers is not None:
+            self.workers.sender, self.workers.on_evidence = self.exchange.sender, self.exchange.publish_soon
 
     # -- health ----------------------------------------------------------------------------
 
@@ -273,21 +276,18 @@ class Bridge:
             self.accounting.account(outcome)
             gc_tuning.after_batch()
             return self._policy(deliveries, outcome)
-        ack: list[Delivery] = []
-        nak: list[Delivery] = []
-        term: list[Delivery] = []
-        for positions, result in await self.workers.process(raws, self._deadline()):
+        settled: tuple[list[Delivery], ...] = ([], [], [], [])
+        for positions, result in await self.workers.process(raws, self._deadline(), holdable):
             part = [deliveries[p] for p in positions]
             if isinstance(result, BaseException):
                 result = self._failed_batch(part, result)
             else:
                 self.accounting.account(result)
-            a, n, t, _ = self._policy(part, result)
-            ack += a
-            nak += n
-            term += t
+            for kept, decided in zip(settled, self._policy(part, result), strict=True):
+                kept += decided
         gc_tuning.after_batch()
-        return ack, nak, term, []
+        ack, nak, term, hold = settled
+        return ack, nak, term, hold
 
     def _worker_died(self, reason: str) -> None:
         """A worker process crashed or was killed: stop (exit code 2) so that a supervisor
@@ -348,8 +348,8 @@ class Bridge:
         hop are known when the downstream span's parent is decided (core/linking.py)."""
         raws = [d.raw for d in deliveries]
         if self.workers is None:
-            shared = await asyncio.get_running_loop().run_in_executor(self._pool, self.processor.observe, raws,
-                                                                      self.exchange)
+            shared = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.processor.observe, raws, None if self.exchange is None else self.exchange.sender)
             if shared and self.exchange is not None:
                 await self.exchange.publish(shared)
         else:

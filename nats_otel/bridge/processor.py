@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from nats_otel.archive import archive_record
 from nats_otel.bridge.export.file import FileExporter
@@ -21,14 +21,18 @@ from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core import accel
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
-from nats_otel.core.evidence import HopEvidence, LinkLatencyEstimate, observe_evidence
+from nats_otel.core.evidence import (
+    HopEvidence,
+    LinkLatencyEstimate,
+    encode_batch,
+    evidence_of,
+    observe_evidence,
+    observe_ledger,
+)
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 from nats_otel.core.pipeline import Converted, Converter, Rejected, observed
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import encode_request
-
-if TYPE_CHECKING:
-    from nats_otel.bridge.exchange import LinkExchange
 
 __all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]
 
@@ -111,15 +115,23 @@ class Processor:
         self._expired_seen: dict[str, int] = {}
         self.implementation = log_core()
 
-    def observe(self, raws: Sequence[RawTraceMessage], exchange: LinkExchange | None = None) -> bytes:
+    def observe(self, raws: Sequence[RawTraceMessage], sender: str | None = None) -> bytes:
         """Record the hop evidence of messages that just arrived (mapped `link.wait` later);
-        with an `exchange`, also the batch of it to publish for the other bridges."""
+        with the exchange's `sender` name, also the batch of it to publish for the other
+        bridges (with the link latencies learned here)."""
         self.converter.observe_many(raws, time.monotonic())
-        return b"" if exchange is None else exchange.outgoing(observed(self.converter, raws))
+        if sender is None:
+            return b""
+        reports = [evidence_of(p) for p in observed(self.converter, raws)]
+        return encode_batch(sender, reports, self.link_latencies()) if reports else b""
 
     def observe_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate] = ()) -> None:
         """Record other bridges' hop evidence (the link exchange), in this thread."""
         observe_evidence(self.converter.linker, reports, time.monotonic(), latencies)
+
+    def observe_ledger(self, reports: Sequence[HopEvidence]) -> None:
+        """Record only the event numbers of reports whose traces another worker links."""
+        observe_ledger(self.converter.linker, reports, time.monotonic())
 
     def link_latencies(self) -> list[tuple[str, str, int, int]]:
         """The link latencies this bridge learned (shared with the evidence)."""

@@ -3,8 +3,8 @@ off the event loop's process, so one bridge uses more than one core.
 
 Each worker is a spawned process running the same `Processor` as the one-thread bridge
 (its own `Converter`, exporters and gRPC channel). The parent only receives, routes and
-settles. A batch is split by `shard_key` - the traceparent's trace id, or the arrival
-subject for ad-hoc traces and unusable traceparents - so every message of one trace goes
+settles. A batch is split by `sharding.shard_key` - the traceparent's trace id, or the
+arrival subject for ad-hoc traces and unusable traceparents - so every message of one trace goes
 to the same worker, in arrival order, and each worker's linker sees all of them (hop
 evidence first, `observe`, then the batch `link.wait` later). A worker answers each
 sub-batch with a slim `BatchOutcome` (results without span records, the export results),
@@ -30,7 +30,6 @@ import logging
 import multiprocessing
 import os
 import queue
-import re
 import signal
 import threading
 import zlib
@@ -42,21 +41,21 @@ from typing import Any
 from nats_otel import gc_tuning
 from nats_otel.bridge.processor import BatchOutcome, ConvertedBatch, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
+from nats_otel.bridge.sharding import evidence_shard, shard_key
 from nats_otel.core import accel
-from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decompress
-from nats_otel.core.ids import parse_traceparent
+from nats_otel.core.decode import DecodeLimits, RawTraceMessage
+from nats_otel.core.evidence import HopEvidence, LinkLatencyEstimate, decode_batch_with_latencies, encode_batch
 from nats_otel.core.network import HopSample, NetworkSample
 from nats_otel.core.pipeline import Converted, Rejected
 
-__all__ = ["WorkerDied", "WorkerPool", "shard_key", "shard_of"]
+__all__ = ["WorkerDied", "WorkerPool"]
 
 log = logging.getLogger("nats_otel.bridge.workers")
 
-# nats-server writes the traced message's headers as `"<name>":["<value>",...]`; the name's
-# case is the publisher's (2.14+).
-_TRACEPARENT = re.compile(rb'"traceparent"\s*:\s*\[\s*"([^"]{1,128})"', re.IGNORECASE)
 _READY = "ready"
 _OBSERVE = "observe"  # a message that only records hop evidence: no answer
+_EVIDENCE = "evidence"  # a worker's evidence batch: for its siblings, and the link exchange
+_RECORD = "record"  # evidence for a worker: a sibling's (its ledger) or other bridges'
 # Observed sub-batches are sent once: `process` names them by token. The parent remembers
 # this many observed batches (older ones are sent whole again), a worker more, so that
 # every token the parent sends is still there.
@@ -69,51 +68,19 @@ class WorkerDied(RuntimeError):
     """A worker process exited (crash, OOM kill) with batches outstanding."""
 
 
-def shard_key(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> bytes:
-    """What must reach one worker together: the trace id of a usable traceparent, else the
-    arrival subject (ad-hoc traces are correlated by it, DESIGN §4). Never raises."""
-    payload = raw.payload
-    encoding = raw.header("Content-Encoding")
-    if encoding and encoding.lower() != "identity":
-        try:
-            payload = decompress(payload, encoding, limits)
-        except DecodeError:
-            return (raw.subject or "").encode()
-    # How nats-server writes it (Go's encoding/json: no spaces), with the name as publishers
-    # almost always spell it: found without copying the payload in lower case. (Which
-    # occurrence is used only has to be the same for every report of one message.)
-    start = payload.find(b'"traceparent":["')
-    if start >= 0:
-        start += 16
-        value: bytes | None = payload[start : payload.find(b'"', start)]
-    else:
-        lowered = payload.lower()
-        start = lowered.find(b'"traceparent":["')
-        if start >= 0:
-            start += 16
-            value = lowered[start : lowered.find(b'"', start)]
-        else:
-            match = _TRACEPARENT.search(lowered) if b"traceparent" in lowered else None
-            value = match.group(1) if match is not None else None
-    if value:
-        try:
-            trace_id, _, _ = parse_traceparent(value.decode("ascii", "replace"))
-            return trace_id
-        except DecodeError:
-            pass
-    return (raw.subject or "").encode()
-
-
-def shard_of(raw: RawTraceMessage, workers: int) -> int:
-    """The worker (0..workers-1) that handles `raw`."""
-    return zlib.crc32(shard_key(raw)) % workers
-
-
 # --------------------------------------------------------------------------- the child side
 
 
-def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: Any) -> None:
+def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: Any, workers: int = 1,
+                 sender: str = "") -> None:
     """A worker process: a `Processor` fed sub-batches until it reads None (or EOF).
+
+    Each worker sees its shard of the traces, but deciding a crowded hop in order needs
+    every report a server published (`report_ledger`): so each observed sub-batch's
+    evidence goes back to the parent, which hands it to the sibling workers (`_RECORD`,
+    their ledgers and learned latencies) and, with the link exchange (`sender`: its name),
+    publishes it; other bridges' evidence comes the same way, recorded whole by the worker
+    of its trace and in the ledger by the others.
 
     As in the one-process bridge, batches are exported in `batch.exports_in_flight` threads
     while the next one is converted (no more at once: what waits is bounded); those threads
@@ -124,6 +91,8 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     settings = BridgeSettings.model_validate(settings_doc)
     processor = Processor(settings, make_exporters(settings))
+    if workers > 1:  # the ledger numbers every worker's reports (the window holds this one's)
+        processor.converter.linker.index.sequences.ledger.capacity = settings.link.capacity * workers
     gc_tuning.tune_gc_for_throughput()
     outbox.send((_READY, accel.implementation()))  # the parent logs which core each worker runs
     observed: dict[int, list[RawTraceMessage]] = {}
@@ -142,16 +111,29 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
             if message[0] == _OBSERVE:
                 _, token, items = message
                 raws = observed[token] = [RawTraceMessage(*item) for item in items]
-                processor.observe(raws)
+                shared = processor.observe(raws, sender) if workers > 1 else b""
+                if shared:
+                    with answering:
+                        outbox.send((_EVIDENCE, shared))
                 if len(observed) > _WORKER_KEPT:
                     del observed[next(iter(observed))]
                 continue
-            batch_id, items, deadline = message
+            if message[0] == _RECORD:
+                # A sibling's (its reports are all another worker's), or other bridges' (checked
+                # by the parent's `LinkExchange`, re-encoded there): every report goes into the
+                # ledger, those of this worker's traces into the link window too.
+                _, reports, latencies = decode_batch_with_latencies(message[1])
+                processor.observe_evidence([] if message[2] else
+                                           [r for r in reports if evidence_shard(r, workers) in (None, index)],
+                                           latencies)
+                processor.observe_ledger(reports)
+                continue
+            batch_id, items, deadline, holdable = message
             converted: ConvertedBatch | str
             try:
                 # A token names a sub-batch observed earlier (sent once); else the items themselves.
                 raws = observed.pop(items) if isinstance(items, int) else [RawTraceMessage(*item) for item in items]
-                converted = processor.convert(raws)
+                converted = processor.convert(raws, holdable)
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
                 converted = f"worker {index}: {type(exc).__name__}: {exc}"
             while len(exporting) >= in_flight or (exporting and exporting[0].done()):
@@ -172,7 +154,7 @@ def _export_and_answer(processor: Processor, batch_id: int, converted: Converted
             outcome = processor.export(converted, deadline)
             # Span records stay here: the parent needs counts, issues and export results.
             answer = (_pack(outcome.results), outcome.exports, outcome.durations, outcome.evicted,
-                      outcome.expired_unmatched, outcome.span_count, outcome.poisoned)
+                      outcome.expired_unmatched, outcome.span_count, outcome.poisoned, outcome.held)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
             answer = f"worker {index}: {type(exc).__name__}: {exc}"
     with answering:  # one writer at a time on the pipe
@@ -223,8 +205,8 @@ def _unpack(packed: Sequence[Any]) -> list[Converted | Rejected]:
 
 
 def _outcome(message: tuple[Any, ...]) -> Any:
-    packed, exports, durations, evicted, expired_unmatched, spans, poisoned = message
-    return BatchOutcome(_unpack(packed), exports, durations, evicted, expired_unmatched, spans, poisoned)
+    packed, exports, durations, evicted, expired_unmatched, spans, poisoned, held = message
+    return BatchOutcome(_unpack(packed), exports, durations, evicted, expired_unmatched, spans, poisoned, held)
 
 
 # --------------------------------------------------------------------------- the parent side
@@ -237,15 +219,16 @@ def _item(raw: RawTraceMessage) -> tuple[Any, ...]:
 class _Worker:
     """One worker process with its pipes, sender thread and reader thread."""
 
-    def __init__(self, ctx: Any, settings_doc: dict[str, Any], index: int,
-                 on_death: Callable[[str], object]) -> None:
+    def __init__(self, ctx: Any, settings_doc: dict[str, Any], index: int, on_death: Callable[[str], object],
+                 workers: int, sender: str, on_evidence: Callable[[int, bytes], object]) -> None:
         self.index = index
         self._on_death = on_death
+        self._on_evidence = on_evidence
         self._closing = False
         child_in, self._to_child = ctx.Pipe(duplex=False)
         self._from_child, child_out = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(target=_worker_main, args=(settings_doc, index, child_in, child_out),
-                                   name=f"nats-otel-worker-{index}", daemon=True)
+        self.process = ctx.Process(target=_worker_main, name=f"nats-otel-worker-{index}", daemon=True,
+                                   args=(settings_doc, index, child_in, child_out, workers, sender))
         self.process.start()
         child_in.close()
         child_out.close()
@@ -268,19 +251,24 @@ class _Worker:
         threading.Thread(target=self._send_loop, name=f"nats-otel-worker-{self.index}-tx", daemon=True).start()
         threading.Thread(target=self._recv_loop, name=f"nats-otel-worker-{self.index}-rx", daemon=True).start()
 
-    def submit(self, batch_id: int, items: list[tuple[Any, ...]] | int, deadline: float | None) -> Future[Any]:
+    def submit(self, batch_id: int, items: list[tuple[Any, ...]] | int, deadline: float | None,
+               holdable: frozenset[int]) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
             if self.dead:
                 future.set_exception(WorkerDied(f"worker {self.index} is not running"))
                 return future
             self._pending[batch_id] = future
-        self._outgoing.put((batch_id, items, deadline))
+        self._outgoing.put((batch_id, items, deadline, holdable))
         return future
 
     def send_observe(self, token: int, items: list[tuple[Any, ...]]) -> None:
         if not self.dead:
             self._outgoing.put((_OBSERVE, token, items))
+
+    def send_evidence(self, batch: bytes, sibling: bool) -> None:
+        if not self.dead:
+            self._outgoing.put((_RECORD, batch, sibling))
 
     def _send_loop(self) -> None:
         while True:
@@ -300,6 +288,9 @@ class _Worker:
             except (EOFError, OSError):
                 self._fail_all()
                 return
+            if batch_id == _EVIDENCE:
+                self._on_evidence(self.index, result)
+                continue
             with self._lock:
                 future = self._pending.pop(batch_id, None)
             if future is None or not future.set_running_or_notify_cancel():
@@ -354,12 +345,17 @@ class WorkerPool:
         #: Called (from a reader thread) when a worker dies other than by `close`: a crash or
         #: an OOM kill. The bridge stops on it, so that its supervisor restarts it.
         self.on_death: Callable[[str], object] = lambda reason: None
+        #: The link exchange's sender name and its `publish_soon` (set before `start`):
+        #: called with each worker's evidence batch (from a reader thread).
+        self.sender = ""
+        self.on_evidence: Callable[[bytes], object] = lambda batch: None
 
     def start(self) -> None:
         """Spawn the workers and wait until each has built its exporters (blocking)."""
         ctx = multiprocessing.get_context("spawn")
         try:
-            self._workers = [_Worker(ctx, self._doc, i, self._died) for i in range(self.size)]
+            self._workers = [_Worker(ctx, self._doc, i, self._died, self.size, self.sender, self._evidence)
+                             for i in range(self.size)]
             for worker in self._workers:
                 worker.wait_ready(_START_TIMEOUT_S)
         except BaseException:
@@ -368,6 +364,22 @@ class WorkerPool:
         log.info("worker processes started", extra={"fields": {
             "workers": self.size, "pids": [w.process.pid for w in self._workers], "parent": os.getpid(),
             "core": [w.implementation for w in self._workers]}})
+
+    def _evidence(self, index: int, batch: bytes) -> None:
+        """A worker's evidence: to its siblings' ledgers, and to the exchange."""
+        for worker in self._workers:
+            if worker.index != index:
+                worker.send_evidence(batch, sibling=True)
+        self.on_evidence(batch)
+
+    def record_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate]) -> None:
+        """Hand other bridges' evidence (checked by the exchange) to every worker, re-encoded
+        once: each records whole the reports of its traces (`evidence_shard`) and ad-hoc
+        ones, the others in its ledger."""
+        known = [(k.upstream, k.downstream, k.latency_ns, k.tolerance_ns) for k in latencies]
+        batch = encode_batch("", reports, known)
+        for worker in self._workers:
+            worker.send_evidence(batch, sibling=False)
 
     def _died(self, reason: str) -> None:
         log.error("worker process died", extra={"fields": {"reason": reason}})
@@ -414,9 +426,11 @@ class WorkerPool:
             return None
         return shards, tokens
 
-    async def process(self, raws: Sequence[RawTraceMessage], deadline: float | None
-                      ) -> list[tuple[list[int], Any]]:
-        """(positions in `raws`, BatchOutcome or the exception) per worker that got some."""
+    async def process(self, raws: Sequence[RawTraceMessage], deadline: float | None,
+                      holdable: frozenset[int] = frozenset()) -> list[tuple[list[int], Any]]:
+        """(positions in `raws`, BatchOutcome or the exception) per worker that got some; the
+        positions in `holdable` (JetStream mode) may be held (`BatchOutcome.held`, by the
+        position in the worker's part)."""
         recalled = self._recall(raws)
         shards, tokens = recalled if recalled is not None else (self._shards(raws), [None] * self.size)
         futures = []
@@ -424,7 +438,9 @@ class WorkerPool:
             if not positions:
                 continue
             items = token if token is not None else [_item(raws[p]) for p in positions]
-            futures.append((positions, asyncio.wrap_future(worker.submit(next(self._ids), items, deadline))))
+            part_holdable = frozenset(i for i, p in enumerate(positions) if p in holdable) if holdable else holdable
+            futures.append((positions, asyncio.wrap_future(worker.submit(next(self._ids), items, deadline,
+                                                                         part_holdable))))
         out: list[tuple[list[int], Any]] = []
         for positions, future in futures:
             try:

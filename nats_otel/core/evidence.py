@@ -30,7 +30,7 @@ from nats_otel.core.linking import Arrival, Egress
 from nats_otel.core.model import Egress as EgressEvent
 
 __all__ = ["EVIDENCE_FORMAT", "EvidenceError", "HopEvidence", "LinkLatencyEstimate", "decode_batch",
-           "decode_batch_with_latencies", "encode_batch", "evidence_of", "observe_evidence", "sign"]
+           "decode_batch_with_latencies", "encode_batch", "evidence_of", "observe_evidence", "observe_ledger", "sign"]
 
 # Bumped when the layout changes: a bridge rejects another format instead of misreading it.
 EVIDENCE_FORMAT = 1
@@ -172,3 +172,11 @@ def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0
                                          event_span_id(ctx, report.ident, egress.position)), now)
         if report.adhoc:
             linker.note_adhoc(report.ident, arrival)
+
+
+def observe_ledger(linker: Any, reports: Iterable[HopEvidence], now: float = 0.0) -> None:
+    """Record only which reports each server published (the ledger, `sequences`): what a
+    worker needs of the reports whose traces another worker links."""
+    index = linker.index
+    for report in reports:
+        index.observe_report(report.ident, report.server_id, report.seq, report.ts_ns, now, report.account)

@@ -53,8 +53,8 @@ def test_observed_batches_are_processed_by_token_and_others_whole(corpus_raws):
         sent: list[object] = []
         for worker in pool._workers:  # record what goes down each pipe
             original = worker.submit
-            worker.submit = (lambda batch_id, items, deadline, original=original:  # type: ignore[method-assign]
-                             sent.append(items) or original(batch_id, items, deadline))
+            worker.submit = (lambda batch_id, items, deadline, holdable, original=original:  # type: ignore[method-assign]
+                             sent.append(items) or original(batch_id, items, deadline, holdable))
         observed, unobserved = list(corpus_raws), list(corpus_raws)
         pool.observe(observed)
         first = asyncio.run(pool.process(observed, None))

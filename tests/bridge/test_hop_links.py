@@ -30,7 +30,8 @@ def hop_links():
 
 
 def _run(hop_links, tmp_path: Path, **options):
-    args = argparse.Namespace(bridges=3, mode="per_message", messages=300, batch_size=50, gap_ms=2.0, seed=29)
+    args = argparse.Namespace(bridges=3, mode="per_message", messages=300, batch_size=50, gap_ms=2.0, seed=29,
+                              workers=1)
     vars(args).update(options)
     return asyncio.run(hop_links.live_run(args, tmp_path))
 
@@ -57,3 +58,15 @@ def test_sidecars_never_link_a_span_under_another_message(hop_links, tmp_path, m
     # The same archive through `convert`, a tenth of its trace messages lost: still none wrong.
     converted = hop_links.convert_row(truth, archive, 0.1, 29, tmp_path)
     assert converted.result.counts["wrong"] == 0, converted.result.counts
+
+
+def test_sidecars_with_worker_processes_link_as_without(hop_links, tmp_path):
+    """`--workers 2` in each sidecar: every worker records its traces' evidence from the
+    other bridges and its siblings' event numbers (the ledger): batches link as without."""
+    row, truth, _ = _run(hop_links, tmp_path, mode="batch", workers=2)
+    assert not truth.problems and not row.notes, (truth.problems, row.notes)
+    counts = row.result.counts
+    assert counts["wrong"] == 0 and counts["missing"] == 0, counts
+    assert counts["right"] >= 0.8 * row.result.hops, counts
+    published = row.metrics["nats_otel_link_evidence_total{result=\"published\"}"]
+    assert published > 0, row.metrics

@@ -8,7 +8,7 @@ import json
 import cramjam
 import pytest
 
-from nats_otel.bridge.workers import shard_key, shard_of
+from nats_otel.bridge.sharding import shard_key, shard_of
 from nats_otel.core.decode import RawTraceMessage
 
 TID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -51,3 +51,26 @@ def test_same_trace_same_worker_and_spread() -> None:
             for i in range(1, 200)]
     counts = [sum(1 for r in many if shard_of(r, 2) == w) for w in range(2)]
     assert min(counts) > 60, counts
+
+
+def test_other_bridges_evidence_reaches_the_worker_of_its_trace(corpus_raws) -> None:
+    """With the link exchange and worker processes, a report another bridge observed must
+    be recorded by the worker that maps its trace (`evidence_shard` agrees with `shard_of`);
+    ad-hoc evidence (sharded by a subject it does not carry) goes to every worker."""
+    from nats_otel.bridge.sharding import evidence_shard
+    from nats_otel.core.decode import DecodeError
+    from nats_otel.core.evidence import evidence_of
+    from nats_otel.core.pipeline import prepare
+
+    checked = adhoc = 0
+    for raw in corpus_raws:
+        try:
+            report = evidence_of(prepare(raw))
+        except DecodeError:
+            continue
+        for workers in (2, 3, 7):
+            want = None if report.adhoc else shard_of(raw, workers)
+            assert evidence_shard(report, workers) == want, (raw.subject, workers)
+        checked += 1
+        adhoc += report.adhoc
+    assert checked > 50 and 0 < adhoc < checked, (checked, adhoc)

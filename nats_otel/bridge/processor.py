@@ -25,9 +25,11 @@ from nats_otel.core.evidence import (
     HopEvidence,
     LinkLatencyEstimate,
     encode_batch,
+    encode_numbers,
     evidence_of,
     observe_evidence,
     observe_ledger,
+    observe_numbers,
 )
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 from nats_otel.core.pipeline import Converted, Converter, Rejected, observed
@@ -132,6 +134,14 @@ class Processor:
     def observe_ledger(self, reports: Sequence[HopEvidence]) -> None:
         """Record only the event numbers of reports whose traces another worker links."""
         observe_ledger(self.converter.linker, reports, time.monotonic())
+
+    def report_numbers(self, raws: Sequence[RawTraceMessage]) -> bytes:
+        """The event numbers of just-observed messages, for the sibling worker processes."""
+        return encode_numbers(observed(self.converter, raws), self.link_latencies())
+
+    def observe_numbers(self, data: bytes) -> None:
+        """Record a sibling worker's `report_numbers` (its latencies where none is known)."""
+        observe_numbers(self.converter.linker, data, time.monotonic())
 
     def link_latencies(self) -> list[tuple[str, str, int, int]]:
         """The link latencies this bridge learned (shared with the evidence)."""

@@ -54,8 +54,9 @@ log = logging.getLogger("nats_otel.bridge.workers")
 
 _READY = "ready"
 _OBSERVE = "observe"  # a message that only records hop evidence: no answer
-_EVIDENCE = "evidence"  # a worker's evidence batch: for its siblings, and the link exchange
-_RECORD = "record"  # evidence for a worker: a sibling's (its ledger) or other bridges'
+_EVIDENCE = "evidence"  # a worker's (evidence batch for the exchange, event numbers for its siblings)
+_RECORD = "record"  # other bridges' evidence, for a worker
+_NUMBERS = "numbers"  # a sibling worker's event numbers, for a worker's ledger
 # Observed sub-batches are sent once: `process` names them by token. The parent remembers
 # this many observed batches (older ones are sent whole again), a worker more, so that
 # every token the parent sends is still there.
@@ -76,11 +77,11 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     """A worker process: a `Processor` fed sub-batches until it reads None (or EOF).
 
     Each worker sees its shard of the traces, but deciding a crowded hop in order needs
-    every report a server published (`report_ledger`): so each observed sub-batch's
-    evidence goes back to the parent, which hands it to the sibling workers (`_RECORD`,
-    their ledgers and learned latencies) and, with the link exchange (`sender`: its name),
-    publishes it; other bridges' evidence comes the same way, recorded whole by the worker
-    of its trace and in the ledger by the others.
+    every report a server published (`report_ledger`): so each observed sub-batch's event
+    numbers go back to the parent, which hands them to the sibling workers (`_NUMBERS`,
+    with the latencies learned here), and so does its evidence with the link exchange
+    (`sender`: its name), which the parent publishes; other bridges' evidence (`_RECORD`)
+    is recorded whole by the worker of its trace and in the ledger by the others.
 
     As in the one-process bridge, batches are exported in `batch.exports_in_flight` threads
     while the next one is converted (no more at once: what waits is bounded); those threads
@@ -111,20 +112,23 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
             if message[0] == _OBSERVE:
                 _, token, items = message
                 raws = observed[token] = [RawTraceMessage(*item) for item in items]
-                shared = processor.observe(raws, sender) if workers > 1 else b""
-                if shared:
+                shared = processor.observe(raws, sender or None)
+                numbers = processor.report_numbers(raws) if workers > 1 else b""
+                if shared or numbers:
                     with answering:
-                        outbox.send((_EVIDENCE, shared))
+                        outbox.send((_EVIDENCE, (shared, numbers)))
                 if len(observed) > _WORKER_KEPT:
                     del observed[next(iter(observed))]
                 continue
+            if message[0] == _NUMBERS:
+                processor.observe_numbers(message[1])
+                continue
             if message[0] == _RECORD:
-                # A sibling's (its reports are all another worker's), or other bridges' (checked
-                # by the parent's `LinkExchange`, re-encoded there): every report goes into the
-                # ledger, those of this worker's traces into the link window too.
+                # Other bridges' (checked by the parent's `LinkExchange`, re-encoded there):
+                # every report goes into the ledger, those of this worker's traces (and ad-hoc
+                # ones) into the link window too.
                 _, reports, latencies = decode_batch_with_latencies(message[1])
-                processor.observe_evidence([] if message[2] else
-                                           [r for r in reports if evidence_shard(r, workers) in (None, index)],
+                processor.observe_evidence([r for r in reports if evidence_shard(r, workers) in (None, index)],
                                            latencies)
                 processor.observe_ledger(reports)
                 continue
@@ -220,7 +224,7 @@ class _Worker:
     """One worker process with its pipes, sender thread and reader thread."""
 
     def __init__(self, ctx: Any, settings_doc: dict[str, Any], index: int, on_death: Callable[[str], object],
-                 workers: int, sender: str, on_evidence: Callable[[int, bytes], object]) -> None:
+                 workers: int, sender: str, on_evidence: Callable[[int, tuple[bytes, bytes]], object]) -> None:
         self.index = index
         self._on_death = on_death
         self._on_evidence = on_evidence
@@ -266,9 +270,10 @@ class _Worker:
         if not self.dead:
             self._outgoing.put((_OBSERVE, token, items))
 
-    def send_evidence(self, batch: bytes, sibling: bool) -> None:
+    def send_evidence(self, kind: str, data: bytes) -> None:
+        """`_RECORD` other bridges' evidence, or `_NUMBERS` a sibling's event numbers."""
         if not self.dead:
-            self._outgoing.put((_RECORD, batch, sibling))
+            self._outgoing.put((kind, data))
 
     def _send_loop(self) -> None:
         while True:
@@ -365,12 +370,15 @@ class WorkerPool:
             "workers": self.size, "pids": [w.process.pid for w in self._workers], "parent": os.getpid(),
             "core": [w.implementation for w in self._workers]}})
 
-    def _evidence(self, index: int, batch: bytes) -> None:
-        """A worker's evidence: to its siblings' ledgers, and to the exchange."""
-        for worker in self._workers:
-            if worker.index != index:
-                worker.send_evidence(batch, sibling=True)
-        self.on_evidence(batch)
+    def _evidence(self, index: int, shared: tuple[bytes, bytes]) -> None:
+        """A worker's evidence to the exchange, its event numbers to its siblings."""
+        evidence, numbers = shared
+        if numbers:
+            for worker in self._workers:
+                if worker.index != index:
+                    worker.send_evidence(_NUMBERS, numbers)
+        if evidence:
+            self.on_evidence(evidence)
 
     def record_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate]) -> None:
         """Hand other bridges' evidence (checked by the exchange) to every worker, re-encoded
@@ -379,7 +387,7 @@ class WorkerPool:
         known = [(k.upstream, k.downstream, k.latency_ns, k.tolerance_ns) for k in latencies]
         batch = encode_batch("", reports, known)
         for worker in self._workers:
-            worker.send_evidence(batch, sibling=False)
+            worker.send_evidence(_RECORD, batch)
 
     def _died(self, reason: str) -> None:
         log.error("worker process died", extra={"fields": {"reason": reason}})

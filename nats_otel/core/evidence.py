@@ -30,7 +30,8 @@ from nats_otel.core.linking import Arrival, Egress
 from nats_otel.core.model import Egress as EgressEvent
 
 __all__ = ["EVIDENCE_FORMAT", "EvidenceError", "HopEvidence", "LinkLatencyEstimate", "decode_batch",
-           "decode_batch_with_latencies", "encode_batch", "evidence_of", "observe_evidence", "observe_ledger", "sign"]
+           "decode_batch_with_latencies", "encode_batch", "encode_numbers", "evidence_of", "observe_evidence",
+           "observe_ledger", "observe_numbers", "sign"]
 
 # Bumped when the layout changes: a bridge rejects another format instead of misreading it.
 EVIDENCE_FORMAT = 1
@@ -85,6 +86,14 @@ class _Batch(Struct, array_like=True, frozen=True, gc=False):
     latencies: Annotated[tuple[LinkLatencyEstimate, ...], Meta(max_length=1024)] = ()
 
 
+class _Numbers(Struct, array_like=True, frozen=True, gc=False):
+    """Between the worker processes of one bridge: the event numbers of the reports one
+    worker observed, (server id, seq, report time), and the link latencies it learned."""
+
+    reports: tuple[tuple[str, int, int], ...]
+    latencies: tuple[LinkLatencyEstimate, ...] = ()
+
+
 class EvidenceError(ValueError):
     """A published batch that cannot be used; `reason` is a metric label."""
 
@@ -110,6 +119,7 @@ def evidence_of(prepared: Any) -> HopEvidence:
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(_Batch)
+_NUMBERS = msgspec.msgpack.Decoder(_Numbers)
 
 
 def encode_batch(sender: str, reports: Sequence[HopEvidence],
@@ -172,6 +182,26 @@ def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0
                                          event_span_id(ctx, report.ident, egress.position)), now)
         if report.adhoc:
             linker.note_adhoc(report.ident, arrival)
+
+
+def encode_numbers(prepared: Iterable[Any], latencies: Sequence[tuple[str, str, int, int]] = ()) -> bytes:
+    """The event numbers of decoded reports (`pipeline.Prepared`) for the sibling workers,
+    whose traces are others but whose ledgers need every report (`observe_numbers`): a
+    few bytes a report, where their whole evidence is ~260."""
+    reports = tuple((p.msg.server.id, p.msg.server.seq, p.msg.ingress.ts_ns) for p in prepared)
+    return _ENCODER.encode(_Numbers(reports, tuple(LinkLatencyEstimate(*known) for known in latencies[:1024])))
+
+
+def observe_numbers(linker: Any, data: bytes, now: float = 0.0) -> None:
+    """Record a sibling worker's event numbers (`encode_numbers`) in the ledger, and adopt
+    its learned latencies where this linker has none."""
+    numbers = _NUMBERS.decode(data)
+    sequences = linker.index.sequences
+    for known in numbers.latencies:
+        sequences.latency.adopt((known.upstream, known.downstream), known.latency_ns, known.tolerance_ns)
+    ledger = sequences.ledger
+    for server_id, seq, ts_ns in numbers.reports:
+        ledger.observe_number(server_id, seq, ts_ns, now)
 
 
 def observe_ledger(linker: Any, reports: Iterable[HopEvidence], now: float = 0.0) -> None:

@@ -116,6 +116,18 @@ class ReportLedger:
         if self._bounded:
             self._fifo.append((now, ident))
 
+    def observe_number(self, server_id: str, seq: int, ts_ns: int, now: float = 0.0) -> None:
+        """A report seen elsewhere (a sibling worker's, whose traces this one never links):
+        only its number, for the runs."""
+        if seq <= 0 or self._fixed:
+            return
+        runs = self._servers.get(server_id)
+        if runs is None:
+            runs = self._servers[server_id] = _ServerRuns()
+        runs.add(seq, ts_ns, now)
+        if self._bounded:
+            self._fifo.append((now, b""))  # no identity: expires the runs like any other
+
     def expire(self, now: float) -> None:
         horizon = now - self.retention_s
         fifo, reports = self._fifo, self._reports

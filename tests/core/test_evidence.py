@@ -80,3 +80,19 @@ def test_egress_span_ids_are_worked_out_not_read(corpus_raws):
     fresh = Converter()
     evidence.observe_evidence(fresh.linker, [forged])
     assert not any(egresses for _, egresses, _ in fresh.linker.index.held())
+
+
+def test_a_sibling_workers_numbers_complete_the_ledger(corpus_raws):
+    """Worker processes split a server's reports by trace: a sibling's event numbers
+    (`encode_numbers`) give each worker's ledger the runs one process would see."""
+    one, mine, sibling = Converter(), Converter(), Converter()
+    one.observe_many(corpus_raws)
+    ours, theirs = corpus_raws[::2], corpus_raws[1::2]
+    mine.observe_many(ours)
+    sibling.observe_many(theirs)
+    ledger = mine.linker.index.sequences.ledger
+    alone = ledger.runs()
+    evidence.observe_numbers(mine.linker, evidence.encode_numbers(observed(sibling, theirs)))
+    whole = one.linker.index.sequences.ledger.runs()
+    assert ledger.runs() == whole != alone
+    assert len(ledger) == len(observed(mine, ours))  # identities: only this worker's reports

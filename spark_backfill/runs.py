@@ -21,9 +21,9 @@ from typing import Any
 
 __all__ = ["SHIFT", "RunIndex", "Runs", "report_runs"]
 
-# Which reports of each server an input holds: (first seq, last seq, earliest report time)
-# of each run, per server id (what `convert_batch` takes as `report_runs`).
-Runs = dict[str, Sequence[tuple[int, int, int]]]
+# Which reports of each server an input holds: (first seq, last seq, earliest and latest
+# report times) of each run, per server id (what `convert_batch` takes as `report_runs`).
+Runs = dict[str, Sequence[tuple[int, int, int, int]]]
 
 # Seqs and report times are uint64 (a server's counter; ns up to the year 2554): Spark's
 # long is signed, so they travel as `value - SHIFT`, which keeps their order and their
@@ -38,22 +38,24 @@ def report_runs(reports: Any, bucket_bits: int = 20) -> Runs:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    seq, first, last, since = F.col("seq"), F.col("first"), F.col("last"), F.col("since")
+    seq, first, last, since, until = F.col("seq"), F.col("first"), F.col("last"), F.col("since"), F.col("until")
     numbered = reports.where(seq.isNotNull()).withColumn("bucket", F.shiftright(seq, bucket_bits))
     # dense_rank: a seq seen twice (a redelivery) is numbered once. seq - rank >= the
     # bucket's lowest possible seq, never below the long's minimum.
     island = seq - F.dense_rank().over(Window.partitionBy("server_id", "bucket").orderBy(seq))
     pieces = numbered.withColumn("island", island).groupBy("server_id", "bucket", "island").agg(
-        F.min(seq).alias("first"), F.max(seq).alias("last"), F.min("ts_ns").alias("since"))
+        F.min(seq).alias("first"), F.max(seq).alias("last"), F.min("ts_ns").alias("since"),
+        F.max("ts_ns").alias("until"))
     by_first = Window.partitionBy("server_id").orderBy(first)
     starts = F.when(F.lag(last).over(by_first) == first - 1, 0).otherwise(1)
     run = F.sum(starts).over(by_first.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     rows = pieces.withColumn("run", run).groupBy("server_id", "run").agg(
-        F.min(first).alias("first"), F.max(last).alias("last"), F.min(since).alias("since")).collect()
-    found: dict[str, list[tuple[int, int, int]]] = {}
+        F.min(first).alias("first"), F.max(last).alias("last"), F.min(since).alias("since"),
+        F.max(until).alias("until")).collect()
+    found: dict[str, list[tuple[int, int, int, int]]] = {}
     for row in rows:
         found.setdefault(row["server_id"], []).append((row["first"] + SHIFT, row["last"] + SHIFT,
-                                                       row["since"] + SHIFT))
+                                                       row["since"] + SHIFT, row["until"] + SHIFT))
     return {server_id: tuple(sorted(server_runs)) for server_id, server_runs in sorted(found.items())}
 
 
@@ -73,7 +75,7 @@ class RunIndex:
 
     def covering(self, reports: Iterable[tuple[str, int]]) -> Runs:
         """The runs holding some of `reports` (server id, seq)."""
-        found: dict[str, set[tuple[int, int, int]]] = {}
+        found: dict[str, set[tuple[int, int, int, int]]] = {}
         for server_id, seq in reports:
             firsts = self._firsts.get(server_id)
             if firsts is None:

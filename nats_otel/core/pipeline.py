@@ -384,7 +384,7 @@ def convert_batch(
     options: MappingOptions = MappingOptions(),
     limits: DecodeLimits = DecodeLimits(),
     link: LinkSettings = LinkSettings(),
-    report_runs: dict[str, Sequence[tuple[int, int, int]]] | None = None,
+    report_runs: dict[str, Sequence[tuple[int, int, int, int]]] | None = None,
 ) -> list[Converted | Rejected]:
     """Whole-input conversion (`convert`, backfill): the result ignores the input order.
 

@@ -13,15 +13,16 @@ __all__ = ["ReportLedger", "report_runs"]
 
 class _ServerRuns:
     """The seqs seen from one server as runs of consecutive numbers, sorted: parallel lists
-    of each run's first and last seq, its earliest report time and when it was last
-    extended (`now`, for expiry)."""
+    of each run's first and last seq, its earliest and latest report times and when it was
+    last extended (`now`, for expiry)."""
 
-    __slots__ = ("firsts", "lasts", "since_ns", "touched")
+    __slots__ = ("firsts", "lasts", "since_ns", "touched", "until_ns")
 
     def __init__(self) -> None:
         self.firsts: list[int] = []
         self.lasts: list[int] = []
         self.since_ns: list[int] = []
+        self.until_ns: list[int] = []
         self.touched: list[float] = []
 
     def add(self, seq: int, ts_ns: int, now: float) -> None:
@@ -34,22 +35,26 @@ class _ServerRuns:
         if joins_left and joins_right:
             lasts[at] = lasts[at + 1]
             self.since_ns[at] = min(self.since_ns[at], self.since_ns[at + 1], ts_ns)
+            self.until_ns[at] = max(self.until_ns[at], self.until_ns[at + 1], ts_ns)
             self.touched[at] = now
-            for column in (firsts, lasts, self.since_ns, self.touched):
+            for column in (firsts, lasts, self.since_ns, self.until_ns, self.touched):
                 del column[at + 1]
-        elif joins_left:
-            lasts[at] = seq
-            self.since_ns[at] = min(self.since_ns[at], ts_ns)
-            self.touched[at] = now
-        elif joins_right:
-            firsts[at + 1] = seq
-            self.since_ns[at + 1] = min(self.since_ns[at + 1], ts_ns)
-            self.touched[at + 1] = now
-        else:
-            firsts.insert(at + 1, seq)
-            lasts.insert(at + 1, seq)
-            self.since_ns.insert(at + 1, ts_ns)
-            self.touched.insert(at + 1, now)
+            return
+        if joins_left or joins_right:
+            run = at if joins_left else at + 1
+            if joins_left:
+                lasts[at] = seq
+            else:
+                firsts[at + 1] = seq
+            self.since_ns[run] = min(self.since_ns[run], ts_ns)
+            self.until_ns[run] = max(self.until_ns[run], ts_ns)
+            self.touched[run] = now
+            return
+        for column in (firsts, lasts):
+            column.insert(at + 1, seq)
+        self.since_ns.insert(at + 1, ts_ns)
+        self.until_ns.insert(at + 1, ts_ns)
+        self.touched.insert(at + 1, now)
 
     def run_of(self, seq: int) -> int:
         """Index of the run holding `seq`, or -1."""
@@ -78,7 +83,7 @@ class ReportLedger:
         self._fifo: deque[tuple[float, bytes]] = deque()
         self._fixed = False
 
-    def use_runs(self, runs: dict[str, Sequence[tuple[int, int, int]]]) -> None:
+    def use_runs(self, runs: dict[str, Sequence[tuple[int, int, int, int]]]) -> None:
         """Take every server's runs as given (`report_runs` of a whole input), for a part of
         that input (the backfill converts one trace context at a time): then only the
         identities of the reports observed here are recorded."""
@@ -86,15 +91,16 @@ class ReportLedger:
         self._servers = {}
         for server_id, server_runs in runs.items():
             into = self._servers[server_id] = _ServerRuns()
-            for first, last, since_ns in sorted(server_runs):
+            for first, last, since_ns, until_ns in sorted(server_runs):
                 into.firsts.append(first)
                 into.lasts.append(last)
                 into.since_ns.append(since_ns)
+                into.until_ns.append(until_ns)
                 into.touched.append(0.0)
 
-    def runs(self) -> dict[str, tuple[tuple[int, int, int], ...]]:
-        """Every server's runs: (first seq, last seq, earliest report time)."""
-        return {server_id: tuple(zip(runs.firsts, runs.lasts, runs.since_ns, strict=True))
+    def runs(self) -> dict[str, tuple[tuple[int, int, int, int], ...]]:
+        """Every server's runs: (first seq, last seq, earliest and latest report times)."""
+        return {server_id: tuple(zip(runs.firsts, runs.lasts, runs.since_ns, runs.until_ns, strict=True))
                 for server_id, runs in sorted(self._servers.items())}
 
     def __len__(self) -> int:
@@ -147,9 +153,11 @@ class ReportLedger:
         found = self._reports.get(ident)
         return None if found is None else found[2]
 
-    def complete(self, first: bytes, last: bytes, since_ns: int | None = None) -> bool:
+    def complete(self, first: bytes, last: bytes, since_ns: int | None = None, until_ns: int | None = None
+                 ) -> bool:
         """True when `first` and `last` are reports of one server with every report between
-        them seen, and (with `since_ns`) every report of that server since then too."""
+        them seen, and (with `since_ns`, `until_ns`) every report of that server from then,
+        to then, too."""
         a, b = self._reports.get(first), self._reports.get(last)
         if a is None or b is None or a[0] != b[0]:
             return False
@@ -159,10 +167,11 @@ class ReportLedger:
         at = runs.run_of(min(a[1], b[1]))
         if at < 0 or runs.lasts[at] < max(a[1], b[1]):
             return False
-        return since_ns is None or runs.since_ns[at] <= since_ns
+        return (since_ns is None or runs.since_ns[at] <= since_ns) and (until_ns is None
+                                                                        or runs.until_ns[at] >= until_ns)
 
 
-def report_runs(reports: Iterable[tuple[str, int, int]]) -> dict[str, tuple[tuple[int, int, int], ...]]:
+def report_runs(reports: Iterable[tuple[str, int, int]]) -> dict[str, tuple[tuple[int, int, int, int], ...]]:
     """The runs of a whole input's reports, given as (server id, seq, report time): what
     `ReportLedger.use_runs` takes (the backfill works them out over all contexts at once)."""
     ledger = ReportLedger(capacity=0, retention_s=0.0, bounded=False)

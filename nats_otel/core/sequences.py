@@ -51,6 +51,9 @@ MAX_WALK = 64
 MATCHED, AMBIGUOUS = "matched", "ambiguous"
 
 
+# A cluster vouches for its own start (`HopSequences._closed`) up to this many arrivals:
+# a batch's worth; each check walks the cluster once.
+_CLUSTER_MAX = 1024
 # Matched pairs kept per link to vouch for a cluster's start (`HopSequences._preceded`).
 _LINK_PAIRS = 32
 # Nothing learned on a link yet: the arrivals this far on either side of one show what its
@@ -256,12 +259,38 @@ class HopSequences:
         if not egress[0] - self.skew_ns <= arrival[0] <= egress[0] + self.latency_ns:
             return None
         ledger = self.ledger
-        if since_up is not None and self._preceded(key, anchor_egress, anchor):
-            since_up = since_down = None  # an earlier pair on the link vouches for the start
+        if since_up is not None and (self._preceded(key, anchor_egress, anchor)
+                                     or self._closed(egresses, arrivals, anchor_at, lo)):
+            since_up = since_down = None  # an earlier pair on the link, or the cluster itself, vouches
         if not (ledger.complete(anchor[2], arrival[2], since_down)
                 and ledger.complete(anchor_egress[2], egress[2], since_up)):
             return None
         return egress
+
+    def _closed(self, egresses: Sequence[Any], arrivals: Sequence[Any], start: int, lo: int) -> bool:
+        """The cluster starting at `arrivals[start]` (its first egress `egresses[lo]`) vouches
+        for its own start: as many egresses as arrivals, every report of both servers seen
+        from its first entry to a whole window past its last. Then no report of it was lost
+        inside or after it; one lost before the bridge first saw either server would leave
+        one side longer, and two such losses cannot cancel: per connection the order holds,
+        so a lost first egress with a seen arrival and a seen egress with a lost arrival
+        would each have to come before the other. (What makes the first cluster a bridge
+        sees, and batches sent back to back, countable.) Bounded: `_CLUSTER_MAX` arrivals."""
+        wide = self.latency_ns + self.skew_ns
+        end = start + 1
+        while end < len(arrivals) and arrivals[end][0] - arrivals[end - 1][0] <= wide:
+            end += 1
+            if end - start > _CLUSTER_MAX:
+                return False
+        last_arrival = arrivals[end - 1]
+        _, hi = in_window(egresses, egresses[lo][0], last_arrival[0] + self.skew_ns)
+        if hi - lo != end - start:
+            return False
+        last_egress = egresses[hi - 1]
+        # An egress's arrival comes at most the window's latency after it; an arrival's
+        # egress left at most the skew after it.
+        return (self.ledger.complete(arrivals[start][2], last_arrival[2], None, last_egress[0] + self.latency_ns)
+                and self.ledger.complete(egresses[lo][2], last_egress[2], None, last_arrival[0] + self.skew_ns))
 
     def _by_time(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int) -> Any:
         arrival = arrivals[position]

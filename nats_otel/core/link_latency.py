@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from statistics import median
 from typing import Any
 
-__all__ = ["LATENCY_SAMPLES", "LinkLatency", "estimate_latency", "in_window", "latency_from_times"]
+__all__ = ["LATENCY_SAMPLES", "LinkLatency", "estimate_latency", "in_window", "latency_from_numbers",
+           "latency_from_times"]
 
 # The learned tolerance around the link's latency: at least this (ns), at most the cap.
 _TOLERANCE_FLOOR_NS = 50_000
@@ -128,3 +129,53 @@ def latency_from_times(egresses: Sequence[Any], arrivals: Sequence[Any], latency
         if score(best) >= max(_PEAK_MIN, len(arrivals) / 2) and score(best) >= 2 * rival:
             return sorted(r for r in residuals if abs(r // bin_ns - best) <= 1)
     return None
+
+
+# `latency_from_numbers`: the smoothest distance must be this many times smoother than any
+# other, over at least `_PEAK_MIN` steps between adjacent messages.
+_SMOOTHER = 2
+
+
+def latency_from_numbers(egresses: Sequence[Any], arrivals: Sequence[Any], number: Callable[[bytes], int | None],
+                         latency_ns: int, skew_ns: int) -> list[int] | None:
+    """The latencies of the pairs one distance between report numbers gives, when that
+    distance is clearly the one of the true pairs; else None.
+
+    Each server numbers what it publishes, one report per message, so while neither
+    publishes anything else the two reports of one message lie a fixed distance apart
+    (`number(arrival) - number(egress)`), and a pairing shifted by k messages is the
+    distance plus k. Along the true distance, the latencies of adjacent messages differ
+    by the wire's jitter; along a shifted one, also by the publisher's uneven gaps between
+    messages. The distance whose adjacent latencies step least wins, when it does so
+    `_SMOOTHER` times less than any other: a strictly periodic publisher (every shift
+    alike) or one sending faster than the jitter gives None, and time does not decide.
+    """
+    by_number = {}
+    for egress in egresses:
+        found = number(egress[2])
+        if found is not None:
+            by_number[found] = egress
+    # distance -> {arrival number: latency}: each arrival against its nearest egresses.
+    pairs: dict[int, dict[int, int]] = {}
+    for arrival in arrivals:
+        arrival_number = number(arrival[2])
+        if arrival_number is None:
+            continue
+        lo, hi = in_window(egresses, arrival[0] - latency_ns, arrival[0] + skew_ns)
+        now_at = bisect_left(egresses, (arrival[0] + 1,))
+        for egress in egresses[max(lo, now_at - _NEAREST * 3 // 4):min(hi, now_at + _NEAREST // 4)]:
+            egress_number = number(egress[2])
+            if egress_number is not None:
+                pairs.setdefault(arrival_number - egress_number, {})[arrival_number] = arrival[0] - egress[0]
+    scores: list[tuple[int, int]] = []
+    for distance, latencies in pairs.items():
+        steps = [abs(latency - latencies[at - 1]) for at, latency in latencies.items() if at - 1 in latencies]
+        if len(steps) >= _PEAK_MIN:
+            scores.append((int(median(steps)), distance))
+    if len(scores) < 2:
+        return None
+    scores.sort()
+    (best, distance), (rival, _) = scores[0], scores[1]
+    if rival < _SMOOTHER * max(best, 1) or len(pairs[distance]) < max(_PEAK_MIN, len(arrivals) / 2):
+        return None
+    return sorted(pairs[distance].values())

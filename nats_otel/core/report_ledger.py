@@ -153,6 +153,11 @@ class ReportLedger:
         found = self._reports.get(ident)
         return None if found is None else found[2]
 
+    def number(self, ident: bytes) -> int | None:
+        """The report's `server.seq`, if it was observed."""
+        found = self._reports.get(ident)
+        return None if found is None else found[1]
+
     def complete(self, first: bytes, last: bytes, since_ns: int | None = None, until_ns: int | None = None
                  ) -> bool:
         """True when `first` and `last` are reports of one server with every report between

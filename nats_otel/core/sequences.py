@@ -38,6 +38,7 @@ from nats_otel.core.link_latency import (
     LinkLatency,
     estimate_latency,
     in_window,
+    latency_from_numbers,
     latency_from_times,
 )
 from nats_otel.core.report_ledger import ReportLedger
@@ -59,6 +60,12 @@ _LINK_PAIRS = 32
 # Nothing learned on a link yet: the arrivals this far on either side of one show what its
 # key's own times agree on.
 _RECENT = 16
+# A moved distance is confirmed by a neighbour's egress at most this many egresses away.
+_CONFIRM = 4
+# A key's latency near an arrival: from at most this many decided pairs on either side of
+# it, and only from at least this many in all.
+_LOCAL_SAMPLES = 16
+_LOCAL_MIN = 6
 
 
 def _arrival_time(pair: tuple[Any, Any, bytes]) -> int:
@@ -179,11 +186,12 @@ class HopSequences:
                     egresses[0][0] - self.skew_ns <= arrivals[0][0] <= egresses[0][0] + self.latency_ns):
                 self._mark(key, egresses[0], arrivals[0])
         for key, egresses, arrivals in held:
-            found = latency_from_times(egresses, arrivals, self.latency_ns, self.skew_ns)
+            found = (latency_from_times(egresses, arrivals, self.latency_ns, self.skew_ns)
+                     or latency_from_numbers(egresses, arrivals, self.ledger.number, self.latency_ns, self.skew_ns))
             self._key_latency[key] = None if found is None else estimate_latency(found)
         # Order first, everywhere it holds; then time where reports were lost, between the
         # order's decisions (never crossing them); then order again from those.
-        for by_time in (False, True):
+        for by_time in (False, True, True):
             for key, egresses, arrivals in held:
                 for position in range(len(arrivals)):
                     self._decide(key, egresses, arrivals, position, by_time)
@@ -208,7 +216,10 @@ class HopSequences:
             if self._bounded:
                 self.latency.learn((key[2], key[3]), arrival[0] - egress[0])
         elif by_time:
-            egress = self._by_time(key, egresses, arrivals, position)
+            if not self._bounded:
+                egress = self._by_numbers(key, egresses, arrivals, position)
+            if egress is None:
+                egress = self._by_time(key, egresses, arrivals, position)
         if egress is not None:
             self._decided.setdefault(key, {})[arrival] = egress
             self._mark(key, egress, arrival)
@@ -321,6 +332,11 @@ class HopSequences:
         # Never crossing what was decided: per connection, the order holds.
         if not self._between_decided(key, egresses, arrivals, position, lo):
             return None
+        # Nor moving the distance between report numbers the decided pairs beside it keep
+        # (`_by_numbers`) unless a neighbour confirms the move: a lost egress's neighbour,
+        # taken by a latency spike, would move it alone.
+        if not self._distance_holds(key, egresses, arrivals, position, lo, latency_ns, tolerance_ns):
+            return None
         # Inside the wide window too: a learned latency never widens what `linking` allows.
         if not egress[0] - self.skew_ns <= arrival[0] <= egress[0] + self.latency_ns:
             return None
@@ -331,6 +347,117 @@ class HopSequences:
                 or (_far_apart(egresses, lo, 8 * tolerance_ns) and _far_apart(arrivals, back_lo, 8 * tolerance_ns))):
             return None
         return egress
+
+    def _by_numbers(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int) -> Any:
+        """Whole input: the egress whose report number is as far from the arrival's as at
+        the decided arrivals on both sides of it.
+
+        Each server numbers what it publishes (`server.seq`), one report per message it
+        handles, so along a stretch where neither server published anything else (its own
+        advisories, other traffic) the two reports of one message lie a fixed distance
+        apart, whatever was lost between: lost reports keep their numbers. When the
+        decided pairs before and after the arrival lie the same distance apart, nothing
+        else was published on either side between them (or as much on both); the arrival's
+        egress is then the one at that distance, found by its number, not by time.
+        Time only checks it: within the window, and near the link's latency."""
+        decided = self._decided.get(key)
+        if not decided:
+            return None
+        number = self.ledger.number
+        arrival_number = number(arrivals[position][2])
+        if arrival_number is None:
+            return None
+        distances = set()
+        bounds = [-1, len(egresses)]
+        for side, (step, limit) in enumerate(((-1, max(position - MAX_WALK, -1)),
+                                              (1, min(position + MAX_WALK, len(arrivals))))):
+            anchor = next((arrivals[other] for other in range(position + step, limit, step)
+                           if arrivals[other] in decided), None)
+            if anchor is None:
+                continue
+            anchor_egress = decided[anchor]
+            anchor_number, anchor_egress_number = number(anchor[2]), number(anchor_egress[2])
+            if anchor_number is None or anchor_egress_number is None:
+                return None
+            distances.add(anchor_number - anchor_egress_number)
+            bounds[side] = bisect_left(egresses, anchor_egress)
+        if len(distances) != 1:
+            return None  # none decided near, or something else was published between
+        wanted = arrival_number - distances.pop()
+        # Between the decided pairs' egresses (never crossing them): at most MAX_WALK.
+        first = max(bounds[0] + 1, bounds[1] - MAX_WALK) if bounds[0] < 0 else bounds[0] + 1
+        for at in range(first, min(bounds[1], first + MAX_WALK)):
+            egress = egresses[at]
+            if number(egress[2]) == wanted:
+                arrival = arrivals[position]
+                if not egress[0] - self.skew_ns <= arrival[0] <= egress[0] + self.latency_ns:
+                    return None
+                if bounds[0] < 0 or bounds[1] >= len(egresses):
+                    # One side only: something published after the decided pair would move
+                    # the distance by one message unseen; then the egress found is a
+                    # neighbour's, a message's spacing off the link's latency.
+                    estimate = self._local_estimate(key, arrivals, position)
+                    if estimate is None or abs(arrival[0] - egress[0] - estimate[0]) > estimate[1]:
+                        return None
+                return egress
+        return None
+
+    def _local_estimate(self, key: Any, arrivals: Sequence[Any], position: int) -> tuple[int, int] | None:
+        """(latency, tolerance) from the key's own decided pairs nearest to
+        `arrivals[position]` (a link's latency drifts: the near ones say most)."""
+        decided = self._decided.get(key) or {}
+        found: list[int] = []
+        for step, limit in ((-1, max(position - MAX_WALK, -1)), (1, min(position + MAX_WALK, len(arrivals)))):
+            taken = 0
+            for other in range(position + step, limit, step):
+                egress = decided.get(arrivals[other])
+                if egress is not None:
+                    found.append(arrivals[other][0] - egress[0])
+                    taken += 1
+                    if taken == _LOCAL_SAMPLES:
+                        break
+        return estimate_latency(found) if len(found) >= _LOCAL_MIN else None
+
+    def _distance_holds(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int,
+                        at: int, latency_ns: int, tolerance_ns: int) -> bool:
+        """`egresses[at]` as the egress of `arrivals[position]` keeps the distance between
+        report numbers of the nearest decided pair on each side (within `MAX_WALK`), or an
+        adjacent arrival confirms the new distance: its egress at that distance is seen and
+        within the tolerance of the latency too. (Something published between two messages
+        moves the distance for every message after it; a spike taking a neighbour's egress
+        moves it for one.)"""
+        decided = self._decided.get(key)
+        if not decided:
+            return True
+        number = self.ledger.number
+        arrival_number, egress_number = number(arrivals[position][2]), number(egresses[at][2])
+        if arrival_number is None or egress_number is None:
+            return True  # not numbered (a report not kept): time alone
+        distance = arrival_number - egress_number
+        moved = False
+        for step, limit in ((-1, max(position - MAX_WALK, -1)), (1, min(position + MAX_WALK, len(arrivals)))):
+            anchor = next((arrivals[other] for other in range(position + step, limit, step)
+                           if arrivals[other] in decided), None)
+            if anchor is not None:
+                anchor_number, anchor_egress_number = number(anchor[2]), number(decided[anchor][2])
+                if anchor_number is None or anchor_egress_number is None or (
+                        anchor_number - anchor_egress_number != distance):
+                    moved = True
+        if not moved:
+            return True
+        for neighbour in (position - 1, position + 1):
+            if not 0 <= neighbour < len(arrivals):
+                continue
+            neighbour_number = number(arrivals[neighbour][2])
+            if neighbour_number is None:
+                continue
+            wanted = neighbour_number - distance
+            for other in range(max(0, at - _CONFIRM), min(len(egresses), at + _CONFIRM + 1)):
+                if other != at and number(egresses[other][2]) == wanted:
+                    if abs(arrivals[neighbour][0] - egresses[other][0] - latency_ns) <= tolerance_ns:
+                        return True
+                    break
+        return False
 
     def _between_decided(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int,
                          at: int) -> bool:

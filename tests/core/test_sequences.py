@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from nats_otel.core import linking
-from nats_otel.core.link_latency import latency_from_times
+from nats_otel.core.link_latency import latency_from_numbers, latency_from_times
 from nats_otel.core.linking import MATCHED, Arrival, Egress, LinkSettings
 from nats_otel.core.report_ledger import ReportLedger, report_runs
 
@@ -220,3 +220,27 @@ def test_one_context_at_a_time_with_the_whole_inputs_runs_links_as_the_whole(ind
         blind.update(links_of(index_class(LinkSettings(), bounded=False), alone))
     matched = [sum(link.result == MATCHED for link in links.values()) for links in (whole, blind)]
     assert matched[0] > matched[1] + 40
+
+
+def _sorted_sides(hops: Hops) -> tuple[list, list, ReportLedger]:
+    ledger = ReportLedger(capacity=0, retention_s=0.0, bounded=False)
+    for _side, ident, server, seq, ts, _entry in hops.reports:
+        ledger.observe(ident, server, seq, ts)
+    egresses = sorted(e for side, *_, e in hops.reports if side == "egress")
+    arrivals = sorted(a for side, *_, a in hops.reports if side == "arrival")
+    return egresses, arrivals, ledger
+
+
+def test_the_distance_between_report_numbers_gives_a_latency_only_when_it_is_the_smoothest():
+    """Along the true distance adjacent messages' latencies step by the wire's jitter; along
+    a shifted one also by the publisher's uneven gaps (`latency_from_numbers`)."""
+    egresses, arrivals, ledger = _sorted_sides(batch(100, 2_000_000, drop=0.1, seed=1, jitter_ns=40_000,
+                                                     publisher_jitter_ns=700_000))
+    found = latency_from_numbers(egresses, arrivals, ledger.number, 500_000_000, 100_000_000)
+    assert found is not None and 300_000 <= sorted(found)[len(found) // 2] <= 340_000
+    # Strictly periodic: every shift steps alike, no distance stands out.
+    egresses, arrivals, ledger = _sorted_sides(batch(100, 2_000_000, drop=0.1, seed=1, publisher_jitter_ns=0))
+    assert latency_from_numbers(egresses, arrivals, ledger.number, 500_000_000, 100_000_000) is None
+    # Not numbered: nothing to go by.
+    assert latency_from_numbers(egresses, arrivals, lambda ident: None, 500_000_000, 100_000_000) is None
+    assert ledger.number(arrivals[0].ident) is not None and ledger.number(b"never seen") is None

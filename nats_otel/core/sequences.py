@@ -12,6 +12,10 @@ of servers; there the window holds many candidates, and the servers' own evidenc
   report was lost. An arrival is matched by order from an *anchor* (the nearest earlier
   arrival of the key already matched, or the start of the key's cluster) when both
   servers' reports are complete from the anchor to it.
+* **report numbers** (whole input): a lost report keeps its number out of the sequence, so
+  while neither server publishes anything else the two reports of one message lie a fixed
+  distance apart; where the decided pairs beside an arrival keep one distance, its egress
+  is the one at that distance (`_by_numbers`).
 * **latency**: where a report was lost, time decides if it can. The link's latency (wire
   time plus the two servers' clock offset) drifts slowly; `LinkLatency` learns it per pair of
   servers from the matches themselves. An arrival is matched by time when exactly one egress
@@ -189,8 +193,9 @@ class HopSequences:
             found = (latency_from_times(egresses, arrivals, self.latency_ns, self.skew_ns)
                      or latency_from_numbers(egresses, arrivals, self.ledger.number, self.latency_ns, self.skew_ns))
             self._key_latency[key] = None if found is None else estimate_latency(found)
-        # Order first, everywhere it holds; then time where reports were lost, between the
-        # order's decisions (never crossing them); then order again from those.
+        # Order first, everywhere it holds; then report numbers and time where reports were
+        # lost, between the order's decisions (never crossing them), and order again from
+        # those; a second such pass finds decided pairs on both sides of what is left.
         for by_time in (False, True, True):
             for key, egresses, arrivals in held:
                 for position in range(len(arrivals)):
@@ -350,7 +355,8 @@ class HopSequences:
 
     def _by_numbers(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int) -> Any:
         """Whole input: the egress whose report number is as far from the arrival's as at
-        the decided arrivals on both sides of it.
+        the decided arrivals beside it: on both sides, or on one side when the pair's
+        latency also agrees with the key's decided pairs near it (`_local_estimate`).
 
         Each server numbers what it publishes (`server.seq`), one report per message it
         handles, so along a stretch where neither server published anything else (its own

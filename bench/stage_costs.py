@@ -59,14 +59,14 @@ def core_stages(messages: int, rounds: int) -> dict[str, float]:
     """Microseconds of CPU per message of the pure core's stages, GC off (measured apart)."""
     from corpus_replay import replicate
 
-    from nats_otel.core import accel
+    from nats_otel.core import choice
     from nats_otel.core.mapping import MappingOptions
     from nats_otel.core.pipeline import Linker, prepare
     from nats_otel.core.span_bytes import EncodedSpans, encode_request, map_encode
 
     raws = replicate(messages)
     options = MappingOptions()
-    out: dict[str, float] = {"implementation": accel.implementation()}  # type: ignore[dict-item]
+    out: dict[str, float] = {"implementation": choice.implementation()}  # type: ignore[dict-item]
     gc.disable()
     prepared = [prepare(raw) for raw in raws]
     out["decode"] = _best(rounds, lambda: [prepare(raw) for raw in raws])

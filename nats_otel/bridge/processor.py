@@ -19,7 +19,7 @@ from nats_otel.bridge.export.file import FileExporter
 from nats_otel.bridge.export.otlp import make_otlp_exporter
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import BridgeSettings
-from nats_otel.core import accel
+from nats_otel.core import accel, choice
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.evidence import (
     HopEvidence,
@@ -235,13 +235,13 @@ class Processor:
 def log_core() -> str:
     """Log which core converts in this process (at start, by the bridge and each worker's parent);
     a warning when the compiled core was expected but could not be imported."""
-    implementation = accel.implementation()
+    implementation = choice.implementation()
     fields: dict[str, object] = {"implementation": implementation, "pid": os.getpid()}
     if implementation == "compiled" or accel.NO_EXTENSIONS:
         log.info("core implementation", extra={"fields": fields | {"forced_python": accel.NO_EXTENSIONS}})
     else:
         log.warning("the compiled core is not available: converting with the pure-Python core (correct, slower)",
-                    extra={"fields": fields | {"unavailable": accel.unavailable()}})
+                    extra={"fields": fields | {"unavailable": choice.unavailable()}})
     return implementation
 
 

@@ -42,7 +42,7 @@ from nats_otel import gc_tuning
 from nats_otel.bridge.processor import BatchOutcome, ConvertedBatch, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sharding import evidence_shard, shard_key
-from nats_otel.core import accel
+from nats_otel.core import choice
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.evidence import HopEvidence, LinkLatencyEstimate, decode_batch_with_latencies, encode_batch
 from nats_otel.core.network import HopSample, NetworkSample
@@ -95,7 +95,7 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     if workers > 1:  # the ledger numbers every worker's reports (the window holds this one's)
         processor.converter.linker.index.sequences.ledger.capacity = settings.link.capacity * workers
     gc_tuning.tune_gc_for_throughput()
-    outbox.send((_READY, accel.implementation()))  # the parent logs which core each worker runs
+    outbox.send((_READY, choice.implementation()))  # the parent logs which core each worker runs
     observed: dict[int, list[RawTraceMessage]] = {}
     in_flight = settings.batch.exports_in_flight
     exports = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="nats-otel-export")

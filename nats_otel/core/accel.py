@@ -1,10 +1,13 @@
-"""Which implementation of the core's hot path runs: the compiled twins or pure Python.
+"""The choice between the core's compiled twins and pure Python, made where each is used.
 
 As in aiohttp and multidict: a compiled module (`nats_otel/core/_<name>.pyx`, built by
 `pip install`) stands beside the pure-Python module of the same job and is chosen when
 that module is imported, unless the environment variable `NATS_OTEL_NO_EXTENSIONS` is set
 (to anything but "" or "0"). The pure-Python modules are the reference (the golden files,
 and tests that both give the same bytes) and the fallback where the build could not run.
+
+This module imports nothing of the core: the modules that choose import it. Which core
+runs, once they all have chosen, is `core.choice`'s to say (it imports them).
 """
 
 from __future__ import annotations
@@ -14,15 +17,13 @@ import os
 from collections.abc import Callable
 from types import ModuleType
 
-__all__ = ["NO_EXTENSIONS", "compiled", "configured", "implementation", "note_unavailable", "unavailable"]
+__all__ = ["NO_EXTENSIONS", "compiled", "configured", "note_unavailable", "refused"]
 
 #: Read once, at import: the choice holds for the life of the process (and its workers,
 #: which inherit the environment).
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
 
-# The compiled twins the core uses, and why one could not be imported (name -> error).
-TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping", "_linking", "_prepare", "_network",
-         "_pipeline")
+# Why a compiled twin could not be imported, or is not used (name -> reason).
 _unavailable: dict[str, str] = {}
 
 
@@ -60,25 +61,7 @@ def configured(name: str, configure: Callable[[ModuleType], None],
     return module
 
 
-def _load_all() -> None:
-    # The modules that choose a twin at import: importing them makes the record complete.
-    importlib.import_module("nats_otel.core.otlp_wire")
-    importlib.import_module("nats_otel.core.timestamps")
-    importlib.import_module("nats_otel.core.model")
-    importlib.import_module("nats_otel.core.ids")
-    importlib.import_module("nats_otel.core.span_bytes")
-    importlib.import_module("nats_otel.core.linking")
-    importlib.import_module("nats_otel.core.network")
-    importlib.import_module("nats_otel.core.pipeline")
-
-
-def implementation() -> str:
-    """"compiled" when every compiled twin of the core is in use, else "python"."""
-    _load_all()
-    return "python" if NO_EXTENSIONS or any(name in _unavailable for name in TWINS) else "compiled"
-
-
-def unavailable() -> dict[str, str]:
-    """Compiled twins that could not be imported, with the import error (empty if forced off)."""
-    _load_all()
+def refused() -> dict[str, str]:
+    """The twins not imported or not used so far, with why (`choice.unavailable` once every
+    choosing module was imported)."""
     return dict(_unavailable)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from nats_otel.bridge.settings import load_settings
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.bridge.workers import WorkerPool
-from nats_otel.core import accel
+from nats_otel.core import choice
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 
@@ -37,7 +37,7 @@ def worker_pool(workers: int = 2) -> Iterator[WorkerPool]:
 
 def test_metrics_expose_the_core_in_use():
     metrics = Metrics()
-    running = accel.implementation()
+    running = choice.implementation()
     assert metrics.value(_CORE_INFO, {"implementation": running}) == 1.0
     other = "python" if running == "compiled" else "compiled"
     assert metrics.registry.get_sample_value(_CORE_INFO, {"implementation": other}) is None
@@ -45,7 +45,7 @@ def test_metrics_expose_the_core_in_use():
 
 def test_worker_processes_run_the_same_core_as_the_bridge():
     with worker_pool() as pool:
-        assert [w.implementation for w in pool._workers] == [accel.implementation()] * 2
+        assert [w.implementation for w in pool._workers] == [choice.implementation()] * 2
 
 
 def test_observed_batches_are_processed_by_token_and_others_whole(corpus_raws):

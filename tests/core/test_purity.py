@@ -63,6 +63,10 @@ def imported_modules(path: Path) -> set[str]:
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names if _is_module(f"{base}.{alias.name}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.add(node.args[0].value)  # importlib.import_module("a.b"): an import by name
     return names
 
 
@@ -122,6 +126,8 @@ def test_no_import_cycle():
     # The graph is not empty, and `from package import module` names the module.
     assert "nats_otel.bridge.loop" in graph["nats_otel.commands.bridge"]
     assert "nats_otel.core.accel" in graph["nats_otel.core.ids"]
+    # An import by name is an import: `accel` once imported the choosing modules so.
+    assert "nats_otel.core.ids" in graph["nats_otel.core.choice"]
     assert {"spark_backfill.checks", "spark_backfill.report"} <= graph["spark_backfill.__main__"]
     state: dict[str, int] = {}  # 1 on the path, 2 done
     cycles = []

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, encode, otlp_wire, span_bytes, timestamps
+from nats_otel.core import accel, choice, encode, otlp_wire, span_bytes, timestamps
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, convert_batch
@@ -65,11 +65,11 @@ def outcome(function, *args):
 
 def test_the_process_runs_the_core_it_was_asked_for():
     if accel.NO_EXTENSIONS:
-        assert accel.implementation() == "python"
+        assert choice.implementation() == "python"
         assert otlp_wire.encode_request is otlp_wire.python_encode_request
         assert timestamps.parse_rfc3339_ns is timestamps.python_parse_rfc3339_ns
     else:
-        assert accel.implementation() == "compiled", accel.unavailable()
+        assert choice.implementation() == "compiled", choice.unavailable()
         assert otlp_wire.encode_request is not otlp_wire.python_encode_request
         assert timestamps.parse_rfc3339_ns is not timestamps.python_parse_rfc3339_ns
 
@@ -417,7 +417,7 @@ def _map_encode_alike(mapper, raws, options=None) -> int:
 
 def test_the_mapper_is_the_compiled_one_unless_forbidden():
     running = span_bytes.IMPLEMENTATION
-    assert running == ("python" if accel.NO_EXTENSIONS else "compiled"), accel.unavailable()
+    assert running == ("python" if accel.NO_EXTENSIONS else "compiled"), choice.unavailable()
 
 
 def test_the_corpus_maps_to_the_same_bytes(mapper, corpus_raws):

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel
+from nats_otel.core import accel, choice
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, convert_batch
@@ -39,7 +39,7 @@ def test_the_process_runs_the_link_twins_it_was_asked_for():
     from nats_otel.core import linking, pipeline
 
     python = (linking.LinkIndex is linking.PythonLinkIndex, pipeline.Linker is pipeline.PythonLinker)
-    assert python == ((True, True) if accel.NO_EXTENSIONS else (False, False)), accel.unavailable()
+    assert python == ((True, True) if accel.NO_EXTENSIONS else (False, False)), choice.unavailable()
 
 
 def _index_state(index) -> tuple:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import force_setattr
 
-from nats_otel.core import accel, network
+from nats_otel.core import accel, choice, network
 from nats_otel.core.decode import DecodeError, RawTraceMessage
 from nats_otel.core.model import Egress, Ingress, JetStreamEvent, ServerInfo, SubjectMapping, TraceMessage
 from nats_otel.core.pipeline import prepare
@@ -53,7 +53,7 @@ def _samples_alike(twin: ModuleType, raws: list[RawTraceMessage]) -> int:
 
 def test_the_process_runs_the_network_twin_it_was_asked_for():
     compiled = network.network_sample is not network.python_network_sample
-    assert compiled == (not accel.NO_EXTENSIONS), accel.unavailable()
+    assert compiled == (not accel.NO_EXTENSIONS), choice.unavailable()
 
 
 def test_the_corpus_gives_the_same_samples(network_twin, corpus_raws):

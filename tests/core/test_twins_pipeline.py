@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, pipeline
+from nats_otel.core import accel, choice, pipeline
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.mapping import MappingOptions
@@ -34,7 +34,7 @@ def pipeline_twin() -> ModuleType:
 
 def test_the_process_runs_the_pipeline_twins_it_was_asked_for():
     python = (pipeline.Converter is pipeline.PythonConverter, pipeline.finish is pipeline.python_finish)
-    assert python == ((True, True) if accel.NO_EXTENSIONS else (False, False)), accel.unavailable()
+    assert python == ((True, True) if accel.NO_EXTENSIONS else (False, False)), choice.unavailable()
 
 
 def _play(converter, raws: list[RawTraceMessage], seed: int) -> list:
@@ -167,9 +167,9 @@ def test_a_twin_whose_configure_refuses_it_is_not_used_and_says_why(monkeypatch)
     assert accel.configured("_pipeline", refuse(TypeError("a field moved"))) is None
     assert accel.configured("_network", refuse(LayoutChanged("a slot moved")), (LayoutChanged,)) is None
     if accel.NO_EXTENSIONS:  # not imported at all: nothing to refuse
-        assert accel.unavailable() == {}
+        assert choice.unavailable() == {}
         return
-    assert accel.unavailable() == {"_pipeline": "not used: a field moved", "_network": "not used: a slot moved"}
+    assert choice.unavailable() == {"_pipeline": "not used: a field moved", "_network": "not used: a slot moved"}
     with pytest.raises(ValueError):  # anything else is a bug, not a refusal
         accel.configured("_pipeline", refuse(ValueError("bug")))
     assert accel.configured("_pipeline", lambda module: None) is not None

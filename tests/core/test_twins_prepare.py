@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, pipeline
+from nats_otel.core import accel, choice, pipeline
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage
 from tests.core import factories as f
 from tests.core.test_fuzz_decode import LIMITS, payloads
@@ -42,7 +42,7 @@ def outcome(prepare, raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()
 
 
 def test_the_process_runs_the_prepare_it_was_asked_for():
-    assert (pipeline.prepare is pipeline.python_prepare) == accel.NO_EXTENSIONS, accel.unavailable()
+    assert (pipeline.prepare is pipeline.python_prepare) == accel.NO_EXTENSIONS, choice.unavailable()
 
 
 def test_the_corpus_prepares_alike(twin, corpus_raws):

@@ -66,11 +66,18 @@ async def _stream_raws(url: str, stream: str) -> list[RawTraceMessage]:
                     raise
                 await asyncio.sleep(0.5)
         raws: list[RawTraceMessage] = []
+        unavailable = 0
         while True:
             try:
                 msgs = await sub.fetch(500, timeout=1.0)
             except nats.errors.TimeoutError:
                 break
+            except nats.js.errors.ServiceUnavailableError:  # a 503 on the pull too (2 of 30 runs)
+                unavailable += 1
+                if unavailable == 20:
+                    raise
+                await asyncio.sleep(0.5)
+                continue
             for msg in msgs:
                 raws.append(RawTraceMessage(msg.subject, {k: [v] for k, v in (msg.headers or {}).items()}, msg.data))
             if msgs[-1].metadata.num_pending == 0:

@@ -44,7 +44,9 @@ def _matched_per_context(inputs: list[str]) -> int:
 
 # Each archive apart: the two runs of the bench used the same traceparents.
 @pytest.mark.parametrize(("name", "drop", "at_least"), [
-    ("batches_2ms", 0.0, 750), ("batches_2ms", 0.1, 50),
+    # Measured: 1,699 of 1,800 whole (its first batch has nothing before it), 1,203 with a
+    # tenth lost (the report numbers' rules, docs/span-model.md).
+    ("batches_2ms", 0.0, 1650), ("batches_2ms", 0.1, 1150),
     # Back to back, a batch stays ambiguous in `convert` too (docs/hop-links.md): the same bytes.
     ("back_to_back", 0.0, 0), ("back_to_back", 0.1, 0),
 ])
@@ -61,5 +63,8 @@ def test_crowded_hops_are_linked_as_convert_links_them(spark, tmp_path, name, dr
     results = convert_batch(read_archive(inputs))
     assert linked == sum(isinstance(r, Converted) and r.link == MATCHED for r in results) >= at_least
     assert downstream == sum(isinstance(r, Converted) and r.link != "" for r in results) >= 500
-    if at_least >= 750:  # the runs of the other contexts' reports link what each context alone cannot
-        assert linked >= _matched_per_context(inputs) + 100
+    if name == "batches_2ms" and not drop:
+        # The runs of the other contexts' reports link what each context alone cannot
+        # (1,699 against 1,598: where nothing was lost, the report numbers alone already
+        # carry most of what the runs once did).
+        assert linked > _matched_per_context(inputs)

@@ -156,11 +156,6 @@ def latency_from_numbers(egresses: Sequence[Any], arrivals: Sequence[Any], numbe
     `_SMOOTHER` times less than any rival: a strictly periodic publisher (every shift
     alike) or one sending faster than the jitter gives None, and time does not decide.
     """
-    by_number = {}
-    for egress in egresses:
-        found = number(egress[2])
-        if found is not None:
-            by_number[found] = egress
     # distance -> {arrival number: latency}: each arrival against its nearest egresses.
     pairs: dict[int, dict[int, int]] = {}
     for arrival in arrivals:

@@ -373,19 +373,16 @@ class HopSequences:
         arrival_number = number(arrivals[position][2])
         if arrival_number is None:
             return None
-        distances = set()
+        distances: set[int] = set()
         bounds = [-1, len(egresses)]
-        for side, (step, limit) in enumerate(((-1, max(position - MAX_WALK, -1)),
-                                              (1, min(position + MAX_WALK, len(arrivals))))):
-            anchor = next((arrivals[other] for other in range(position + step, limit, step)
-                           if arrivals[other] in decided), None)
-            if anchor is None:
+        for side, anchor_at in enumerate(_decided_beside(decided, arrivals, position)):
+            if anchor_at is None:
                 continue
-            anchor_egress = decided[anchor]
-            anchor_number, anchor_egress_number = number(anchor[2]), number(anchor_egress[2])
-            if anchor_number is None or anchor_egress_number is None:
+            anchor_egress = decided[arrivals[anchor_at]]
+            distance = self._distance(arrivals[anchor_at], anchor_egress)
+            if distance is None:
                 return None
-            distances.add(anchor_number - anchor_egress_number)
+            distances.add(distance)
             bounds[side] = bisect_left(egresses, anchor_egress)
         if len(distances) != 1:
             return None  # none decided near, or something else was published between
@@ -435,22 +432,13 @@ class HopSequences:
         decided = self._decided.get(key)
         if not decided:
             return True
-        number = self.ledger.number
-        arrival_number, egress_number = number(arrivals[position][2]), number(egresses[at][2])
-        if arrival_number is None or egress_number is None:
+        distance = self._distance(arrivals[position], egresses[at])
+        if distance is None:
             return True  # not numbered (a report not kept): time alone
-        distance = arrival_number - egress_number
-        moved = False
-        for step, limit in ((-1, max(position - MAX_WALK, -1)), (1, min(position + MAX_WALK, len(arrivals)))):
-            anchor = next((arrivals[other] for other in range(position + step, limit, step)
-                           if arrivals[other] in decided), None)
-            if anchor is not None:
-                anchor_number, anchor_egress_number = number(anchor[2]), number(decided[anchor][2])
-                if anchor_number is None or anchor_egress_number is None or (
-                        anchor_number - anchor_egress_number != distance):
-                    moved = True
-        if not moved:
+        if all(anchor_at is None or self._distance(arrivals[anchor_at], decided[arrivals[anchor_at]]) == distance
+               for anchor_at in _decided_beside(decided, arrivals, position)):
             return True
+        number = self.ledger.number
         for neighbour in (position - 1, position + 1):
             if not 0 <= neighbour < len(arrivals):
                 continue
@@ -472,18 +460,28 @@ class HopSequences:
         decided = self._decided.get(key)
         if not decided:
             return True
-        for step, limit in ((-1, max(position - MAX_WALK, -1)), (1, min(position + MAX_WALK, len(arrivals)))):
-            for other in range(position + step, limit, step):
-                egress = decided.get(arrivals[other])
-                if egress is not None:
-                    other_at = bisect_left(egresses, egress)
-                    if (other_at - at) * step <= 0:
-                        return False
-                    break
+        for step, anchor_at in zip((-1, 1), _decided_beside(decided, arrivals, position), strict=True):
+            if anchor_at is not None and (bisect_left(egresses, decided[arrivals[anchor_at]]) - at) * step <= 0:
+                return False
         return True
+
+    def _distance(self, arrival: Any, egress: Any) -> int | None:
+        """How far apart the two reports' numbers lie (`_by_numbers`), if both are numbered."""
+        arrival_number, egress_number = self.ledger.number(arrival[2]), self.ledger.number(egress[2])
+        return None if arrival_number is None or egress_number is None else arrival_number - egress_number
 
     def _nothing_lost_around(self, entries: Sequence[Any], at: int) -> bool:
         return 0 < at < len(entries) - 1 and self.ledger.complete(entries[at - 1][2], entries[at + 1][2])
+
+
+def _decided_beside(decided: dict[Any, Any], arrivals: Sequence[Any], position: int) -> tuple[int | None, int | None]:
+    """The positions of the nearest decided arrivals before and after `arrivals[position]`
+    (each None when there is none within `MAX_WALK`)."""
+    before = next((other for other in range(position - 1, max(position - MAX_WALK, -1), -1)
+                   if arrivals[other] in decided), None)
+    after = next((other for other in range(position + 1, min(position + MAX_WALK, len(arrivals)))
+                  if arrivals[other] in decided), None)
+    return before, after
 
 
 def _far_apart(entries: Sequence[Any], at: int, gap_ns: int) -> bool:

@@ -15,8 +15,8 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-TWINS = ("_otlp_wire", "_timestamps", "_model", "_ids", "_mapping", "_linking", "_prepare", "_network",
-         "_pipeline")
+# The compiled core (`core/accel.py`): the leaf of primitives and the kernel, which cimports it.
+COMPILED = ("_primitives", "_kernel")
 # Compiled twins outside the core: the bridge's NATS frame scanner and network-view counting.
 BRIDGE_TWINS = ("nats_otel.bridge.sources._frames", "nats_otel.bridge._network_metrics")
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
@@ -51,7 +51,7 @@ def _extensions() -> list[Extension]:
     except ImportError:
         _warn("Cython is not installed: the compiled core is not built")
         return []
-    names = [f"nats_otel.core.{name}" for name in TWINS] + list(BRIDGE_TWINS)
+    names = [f"nats_otel.core.{name}" for name in COMPILED] + list(BRIDGE_TWINS)
     modules = [Extension(name, [name.replace(".", "/") + ".pyx"]) for name in names]
     return cythonize(modules, compiler_directives={"language_level": "3"}, quiet=True)
 

@@ -34,8 +34,9 @@ from typing import Any, NamedTuple
 import orjson
 
 from nats_otel.core.decode import DecodeError, DecodeLimits, parse_archive_line
+from nats_otel.core.engine import convert_batch, prepare
 from nats_otel.core.mapping import MappingOptions
-from nats_otel.core.pipeline import Converted, Rejected, convert_batch, prepare
+from nats_otel.core.pipeline import Converted, Rejected
 from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord
 from spark_backfill import runs
 from spark_backfill.fragments import span_pieces

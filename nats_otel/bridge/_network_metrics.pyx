@@ -10,19 +10,14 @@ from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 
 DEF MAX_BOUNDS = 64  # more buckets than this: every sample goes to the reference
 
-cdef type _Sample = None
-cdef type _Hop = None
+from nats_otel.core.network import HopSample as _Hop, NetworkSample as _Sample
 
-
-def configure(sample_type, hop_type):
-    """The sample and hop types (`core.network`'s NamedTuples) whose fields this reads by position."""
-    global _Sample, _Hop
-    if tuple(sample_type._fields[:7]) != ("server", "account", "subject", "in_server_ns", "failed", "hop",
-                                          "failed_hops"):
-        raise TypeError(f"NetworkSample's fields are {sample_type._fields}: the compiled counting reads others")
-    if tuple(hop_type._fields[:4]) != ("from_server", "to_server", "kind", "latency_ns"):
-        raise TypeError(f"HopSample's fields are {hop_type._fields}: the compiled counting reads others")
-    _Sample, _Hop = sample_type, hop_type
+# Read by position below: a change of their fields makes this module refuse to import (and
+# `accel` then records why, and the Python loop counts every sample).
+if tuple(_Sample._fields[:7]) != ("server", "account", "subject", "in_server_ns", "failed", "hop", "failed_hops"):
+    raise ImportError(f"NetworkSample's fields are {_Sample._fields}: the compiled counting reads others")
+if tuple(_Hop._fields[:4]) != ("from_server", "to_server", "kind", "latency_ns"):
+    raise ImportError(f"HopSample's fields are {_Hop._fields}: the compiled counting reads others")
 
 
 cdef Py_ssize_t _fill(list bounds, long long* out) except -2:
@@ -91,10 +86,10 @@ def record_known(list samples, dict server_rows, dict hop_rows, list server_boun
     cdef list rest = [], latency, errors, hop_latency = None
     cdef tuple rows, hop_rows_of = None
     cdef object sample, hop, failed, failed_hops
-    if ns < 0 or nh < 0 or _Sample is None:
+    if ns < 0 or nh < 0:
         return samples
     for sample in samples:
-        if type(sample) is not _Sample:  # its first fields are those `configure` checked
+        if type(sample) is not _Sample:  # its first fields are those checked at import
             rest.append(sample)
             continue
         failed = <object>PyTuple_GET_ITEM(sample, 4)

@@ -32,6 +32,9 @@ class BatchAccounting:
             metrics.spans_rejected.labels(name)
             metrics.export_failures.labels(name)
         self.network = NetworkMetrics(metrics.registry, telemetry.network_labels, telemetry.network_max_series)
+        self._handed_logged: set[str] = set()  # stages whose hand-off to the reference was logged
+        for stage in ("prepare", "map", "network", "request"):  # at 0 from the start, as above
+            metrics.core_reference.labels(stage)
 
     def account(self, outcome: BatchOutcome) -> None:
         """Count one batch's results and export results; log what was lost or odd."""
@@ -66,6 +69,13 @@ class BatchAccounting:
             m.link_evicted.inc(outcome.evicted)
             log.warning("link window full: hop evidence forgotten early (raise link.capacity)",
                         extra={"fields": {"evicted": outcome.evicted}})
+        for stage, count in outcome.handed.items():
+            m.core_reference.labels(stage).inc(count)
+            if stage not in self._handed_logged:  # once per stage: the metric counts the rest
+                self._handed_logged.add(stage)
+                log.info("the compiled kernel handed trace messages to the pure-Python reference (converted all the "
+                         "same; counted in nats_otel_core_reference_total)",
+                         extra={"fields": {"stage": stage, "count": count}})
         for error in outcome.poisoned.values():
             m.dropped.labels("export_invalid").inc()
             log.warning("trace message dropped: the backend refused its spans as invalid",

@@ -15,14 +15,13 @@ import logging
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nats_otel.core import accel
-from nats_otel.core.network import HopSample, NetworkSample
+from nats_otel.core.network import NetworkSample
 
 __all__ = ["HOP_LATENCY_BUCKETS", "SERVER_LATENCY_BUCKETS", "NetworkMetrics", "PythonNetworkMetrics"]
 
@@ -116,10 +115,7 @@ def _le(bound: float) -> str:
 
 
 def _compiled_record_known() -> Callable[..., list[NetworkSample]] | None:
-    def configure(module: Any) -> None:
-        module.configure(NetworkSample, HopSample)
-
-    compiled = accel.configured("nats_otel.bridge._network_metrics", configure)
+    compiled = accel.compiled("nats_otel.bridge._network_metrics")
     return None if compiled is None else compiled.record_known
 
 

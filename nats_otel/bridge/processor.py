@@ -19,8 +19,9 @@ from nats_otel.bridge.export.file import FileExporter
 from nats_otel.bridge.export.otlp import make_otlp_exporter
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import BridgeSettings
-from nats_otel.core import accel, choice
+from nats_otel.core import accel, engine
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
+from nats_otel.core.engine import Converter, encode_request, observed
 from nats_otel.core.evidence import (
     HopEvidence,
     LinkLatencyEstimate,
@@ -32,9 +33,8 @@ from nats_otel.core.evidence import (
     observe_numbers,
 )
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from nats_otel.core.pipeline import Converted, Converter, Rejected, observed
+from nats_otel.core.pipeline import Converted, Rejected
 from nats_otel.core.records import SpanRecord
-from nats_otel.core.span_bytes import encode_request
 
 __all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]
 
@@ -77,6 +77,10 @@ class BatchOutcome:
     #: Positions of downstream reports not linked while redeliveries may still bring their
     #: upstream's evidence (JetStream mode, after a start): not exported, redelivered later.
     held: frozenset[int] = frozenset()
+    #: Messages (batches, for "request") the compiled kernel handed whole to the pure-Python
+    #: reference since the last batch, by stage (`engine.handed_to_reference`): what it does
+    #: not take. Empty on the pure-Python core, which hands nothing on.
+    handed: dict[str, int] = field(default_factory=dict)
 
     @property
     def span_count(self) -> int:
@@ -115,6 +119,7 @@ class Processor:
         self._archive = open(settings.archive, "ab", buffering=0) if settings.archive else None  # noqa: SIM115
         self._evicted_seen = 0
         self._expired_seen: dict[str, int] = {}
+        self._handed_seen: dict[str, int] = {}
         self.implementation = log_core()
 
     def observe(self, raws: Sequence[RawTraceMessage], sender: str | None = None) -> bytes:
@@ -166,6 +171,11 @@ class Processor:
         outcome.expired_unmatched = {side: count - self._expired_seen.get(side, 0)
                                      for side, count in index.expired_unmatched.items()}
         self._expired_seen = dict(index.expired_unmatched)
+        handed = engine.handed_to_reference()
+        if handed != self._handed_seen:  # rare: the kernel takes what servers send
+            outcome.handed = {stage: count - self._handed_seen.get(stage, 0) for stage, count in handed.items()
+                              if count != self._handed_seen.get(stage, 0)}
+            self._handed_seen = handed
         if holdable:
             outcome.held = frozenset(i for i in holdable if i < len(outcome.results)
                                      and getattr(outcome.results[i], "link", "") in _UNLINKED)
@@ -235,13 +245,13 @@ class Processor:
 def log_core() -> str:
     """Log which core converts in this process (at start, by the bridge and each worker's parent);
     a warning when the compiled core was expected but could not be imported."""
-    implementation = choice.implementation()
+    implementation = engine.implementation()
     fields: dict[str, object] = {"implementation": implementation, "pid": os.getpid()}
     if implementation == "compiled" or accel.NO_EXTENSIONS:
         log.info("core implementation", extra={"fields": fields | {"forced_python": accel.NO_EXTENSIONS}})
     else:
         log.warning("the compiled core is not available: converting with the pure-Python core (correct, slower)",
-                    extra={"fields": fields | {"unavailable": choice.unavailable()}})
+                    extra={"fields": fields | {"unavailable": engine.unavailable()}})
     return implementation
 
 

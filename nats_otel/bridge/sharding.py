@@ -8,8 +8,8 @@ import re
 import zlib
 
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decompress
+from nats_otel.core.engine import parse_traceparent
 from nats_otel.core.evidence import HopEvidence
-from nats_otel.core.ids import parse_traceparent
 
 __all__ = ["evidence_shard", "shard_key", "shard_of"]
 

@@ -19,7 +19,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from nats_otel.core import choice
+from nats_otel.core import engine
 
 __all__ = ["DROP_REASONS", "HealthServer", "JsonFormatter", "Metrics", "ReceivedCounter", "Tally", "TextFormatter",
            "configure_logging"]
@@ -146,7 +146,12 @@ class Metrics:
         # NATS_OTEL_NO_EXTENSIONS set). Exported as nats_otel_core_info{implementation=...} 1.
         self.core = Info("nats_otel_core", "The implementation of the core's hot path in use",
                          registry=r)
-        self.core.info({"implementation": choice.implementation()})
+        self.core.info({"implementation": engine.implementation()})
+        self.core_reference = Counter(
+            "nats_otel_core_reference",
+            "Trace messages the compiled kernel handed whole to the pure-Python reference, by stage (prepare, "
+            "map, network; request: export batches): what it does not take (converted all the same)",
+            ["stage"], registry=r)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Current value of a sample (tests and logs); 0.0 if it was never set."""

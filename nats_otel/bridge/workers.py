@@ -42,7 +42,7 @@ from nats_otel import gc_tuning
 from nats_otel.bridge.processor import BatchOutcome, ConvertedBatch, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sharding import evidence_shard, shard_key
-from nats_otel.core import choice
+from nats_otel.core import engine
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.evidence import HopEvidence, LinkLatencyEstimate, decode_batch_with_latencies, encode_batch
 from nats_otel.core.network import HopSample, NetworkSample
@@ -95,7 +95,7 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     if workers > 1:  # the ledger numbers every worker's reports (the window holds this one's)
         processor.converter.linker.index.sequences.ledger.capacity = settings.link.capacity * workers
     gc_tuning.tune_gc_for_throughput()
-    outbox.send((_READY, choice.implementation()))  # the parent logs which core each worker runs
+    outbox.send((_READY, engine.implementation()))  # the parent logs which core each worker runs
     observed: dict[int, list[RawTraceMessage]] = {}
     in_flight = settings.batch.exports_in_flight
     exports = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="nats-otel-export")
@@ -158,7 +158,7 @@ def _export_and_answer(processor: Processor, batch_id: int, converted: Converted
             outcome = processor.export(converted, deadline)
             # Span records stay here: the parent needs counts, issues and export results.
             answer = (_pack(outcome.results), outcome.exports, outcome.durations, outcome.evicted,
-                      outcome.expired_unmatched, outcome.span_count, outcome.poisoned, outcome.held)
+                      outcome.expired_unmatched, outcome.span_count, outcome.poisoned, outcome.held, outcome.handed)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the batch
             answer = f"worker {index}: {type(exc).__name__}: {exc}"
     with answering:  # one writer at a time on the pipe
@@ -209,8 +209,9 @@ def _unpack(packed: Sequence[Any]) -> list[Converted | Rejected]:
 
 
 def _outcome(message: tuple[Any, ...]) -> Any:
-    packed, exports, durations, evicted, expired_unmatched, spans, poisoned, held = message
-    return BatchOutcome(_unpack(packed), exports, durations, evicted, expired_unmatched, spans, poisoned, held)
+    packed, exports, durations, evicted, expired_unmatched, spans, poisoned, held, handed = message
+    return BatchOutcome(_unpack(packed), exports, durations, evicted, expired_unmatched, spans, poisoned, held,
+                        handed)
 
 
 # --------------------------------------------------------------------------- the parent side

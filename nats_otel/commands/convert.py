@@ -18,9 +18,10 @@ import orjson
 from nats_otel.archive import expand_inputs, read_archive
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage
 from nats_otel.core.encode import MAX_SPANS_PER_REQUEST, to_otlp_json_line
+from nats_otel.core.engine import Linker, convert_batch, finish, prepare
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions, check_service_name
-from nats_otel.core.pipeline import Converted, Linker, Rejected, convert_batch, finish, prepare
+from nats_otel.core.pipeline import Converted, Rejected
 from nats_otel.core.records import SpanRecord
 
 HELP = "convert archived trace messages (JSON Lines) to OTLP/JSON, one request per trace"

@@ -1,35 +1,37 @@
-"""The choice between the core's compiled twins and pure Python, made where each is used.
+"""Whether a compiled module may run, and the import of one: the one place the choice between
+compiled code and pure Python is made.
 
-As in aiohttp and multidict: a compiled module (`nats_otel/core/_<name>.pyx`, built by
-`pip install`) stands beside the pure-Python module of the same job and is chosen when
-that module is imported, unless the environment variable `NATS_OTEL_NO_EXTENSIONS` is set
-(to anything but "" or "0"). The pure-Python modules are the reference (the golden files,
-and tests that both give the same bytes) and the fallback where the build could not run.
+As in aiohttp and multidict: the compiled modules (`nats_otel/core/_kernel.pyx` and the
+leaf of primitives `_primitives.pyx`; the bridge's `_frames` and `_network_metrics`) are
+built by `pip install` and imported where they are chosen (`engine` for the kernel; the
+decoding modules for the leaf's hooks), unless the environment variable
+`NATS_OTEL_NO_EXTENSIONS` is set (to anything but "" or "0"). The pure-Python modules are
+the reference (the golden files, and tests that both give the same bytes) and the
+fallback where the build could not run, or where a compiled module refuses to import
+(the kernel does when a record is not laid out as it reads it).
 
-This module imports nothing of the core: the modules that choose import it. Which core
-runs, once they all have chosen, is `core.choice`'s to say (it imports them).
+This module imports nothing of the core.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
 from types import ModuleType
 
-__all__ = ["NO_EXTENSIONS", "compiled", "configured", "note_unavailable", "refused"]
+__all__ = ["NO_EXTENSIONS", "compiled", "refused"]
 
 #: Read once, at import: the choice holds for the life of the process (and its workers,
 #: which inherit the environment).
 NO_EXTENSIONS = os.environ.get("NATS_OTEL_NO_EXTENSIONS", "") not in ("", "0")
 
-# Why a compiled twin could not be imported, or is not used (name -> reason).
+# Why a compiled module could not be imported (name -> reason).
 _unavailable: dict[str, str] = {}
 
 
 def compiled(name: str) -> ModuleType | None:
-    """The compiled twin `nats_otel.core.<name>` (or the module `name`, when dotted: the
-    bridge's twins), or None: forbidden, or not built."""
+    """The compiled module `nats_otel.core.<name>` (or the module `name`, when dotted: the
+    bridge's), or None: forbidden, not built, or refusing to import (`refused` says why)."""
     if NO_EXTENSIONS:
         return None
     try:
@@ -39,29 +41,6 @@ def compiled(name: str) -> ModuleType | None:
         return None
 
 
-def note_unavailable(name: str, reason: str) -> None:
-    """A compiled twin that was built but is not used (its module says why)."""
-    _unavailable[name] = reason
-
-
-def configured(name: str, configure: Callable[[ModuleType], None],
-               refusals: tuple[type[Exception], ...] = ()) -> ModuleType | None:
-    """`compiled(name)`, handed what it uses by `configure`; None when it is not built, or
-    when `configure` refuses it with a TypeError (a record not laid out as the twin reads
-    it) or one of `refusals`: then the reference is used, and `unavailable()` says why."""
-    module = compiled(name)
-    if module is None:
-        return None
-    refused: tuple[type[Exception], ...] = (TypeError, *refusals)
-    try:
-        configure(module)
-    except refused as exc:
-        note_unavailable(name, f"not used: {exc}")
-        return None
-    return module
-
-
 def refused() -> dict[str, str]:
-    """The twins not imported or not used so far, with why (`choice.unavailable` once every
-    choosing module was imported)."""
+    """The compiled modules not imported so far, with why."""
     return dict(_unavailable)

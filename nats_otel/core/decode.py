@@ -265,8 +265,8 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
 # decides.
 
 
-# Their `__post_init__` hooks (the reference; `_model.pyx` holds the compiled twins, chosen
-# before the classes are made, as in `model`).
+# Their `__post_init__` hooks (the reference; `_primitives.pyx` holds the compiled twins,
+# chosen before the classes are made, as in `model`).
 def _request_post_init(self: Any) -> None:
     check_uint64("msgsize", self.msgsize)
 
@@ -275,9 +275,9 @@ def _document_post_init(self: Any) -> None:
     check_uint64("hops", self.hops)
 
 
-_compiled_hooks: Any = accel.compiled("_model")  # configured by `model`, imported above
-if _compiled_hooks is not None:
-    _request_post_init, _document_post_init = _compiled_hooks.request_post_init, _compiled_hooks.document_post_init
+_primitives: Any = accel.compiled("_primitives")
+if _primitives is not None:
+    _request_post_init, _document_post_init = _primitives.request_post_init, _primitives.document_post_init
 
 
 # Short-lived (one per decoded message) and without cycles: not tracked by the GC.

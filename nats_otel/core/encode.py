@@ -17,8 +17,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourceProto
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
+from nats_otel.core.engine import encode_spans
 from nats_otel.core.mapping import SCOPE_NAME, SCOPE_VERSION
-from nats_otel.core.otlp_wire import encode_request, encode_scope, group_by_resource
+from nats_otel.core.otlp_wire import encode_scope, group_by_resource
 from nats_otel.core.records import Attributes, AttrValue, SpanRecord
 
 __all__ = [
@@ -38,7 +39,7 @@ _SCOPE = encode_scope(SCOPE_NAME, SCOPE_VERSION)
 
 def to_protobuf_bytes(spans: Sequence[SpanRecord]) -> bytes:
     """The serialized OTLP export request holding the spans: what exporters send (fast path)."""
-    return encode_request(spans, _SCOPE)
+    return encode_spans(spans, _SCOPE)
 
 
 def to_protobuf(spans: Sequence[SpanRecord]) -> ExportTraceServiceRequest:

@@ -48,16 +48,17 @@ class TraceContextError(DecodeError):
     reason = "bad_traceparent"
 
 
-# TraceContext's `__post_init__` (one call per context): the reference; `_ids.pyx` holds its
-# compiled twin. msgspec reads the hook when the class is created, so it is chosen here.
+# TraceContext's `__post_init__` (one call per context): the reference; the leaf of
+# primitives (`_primitives.pyx`) holds its compiled twin. msgspec reads the hook when the
+# class is created, so it is chosen here.
 def _context_post_init(self: Any) -> None:
     if not self.id_fields:
         force_setattr(self, "id_fields", _context_fields(self.trace_id, self.parent_span_id))
 
 
-_compiled: Any = accel.compiled("_ids")
-if _compiled is not None:
-    _context_post_init = _compiled.context_post_init
+_primitives: Any = accel.compiled("_primitives")
+if _primitives is not None:
+    _context_post_init = _primitives.context_post_init
 
 
 class TraceContext(Struct, frozen=True, gc=False):
@@ -202,15 +203,3 @@ _POSITIONS = [_fields(str(position)) for position in range(256)]
 
 def _hash(role: bytes, *fields: str) -> bytes:
     return hashlib.blake2b(_role(role) + _fields(*fields), digest_size=16).digest()
-
-
-# The pure-Python functions are the reference; `_ids.pyx` holds their compiled twins
-# (BLAKE2b in C), chosen here when built (`accel`).
-python_fields, python_context_fields = _fields, _context_fields
-python_server_span_id, python_event_span_id, python_parse_traceparent = server_span_id, event_span_id, parse_traceparent
-if _compiled is not None:
-    _compiled.configure(_ROLE_PREFIX[b"server"], _ROLE_PREFIX[b"event"], _POSITIONS, python_fields,
-                        python_server_span_id, python_event_span_id, python_parse_traceparent)
-    _fields, _context_fields = _compiled.fields, _compiled.context_fields
-    server_span_id, event_span_id = _compiled.server_span_id, _compiled.event_span_id
-    parse_traceparent = _compiled.parse_traceparent

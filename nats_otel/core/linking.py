@@ -31,9 +31,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from nats_otel.core import accel
 from nats_otel.core.sequences import HopSequences
 
 __all__ = [
@@ -271,12 +270,6 @@ class PythonLinkIndex:
         self.sequences.expire(now)
 
 
-# The compiled twin (`_linking.pyx`: the same decisions with another layout), chosen here
-# when built (`accel`); the pure class stays the reference the tests compare it with.
-_compiled: Any = accel.compiled("_linking")
-if _compiled is not None:
-    _compiled.configure(Link, MATCHED, UNMATCHED, AMBIGUOUS, LinkSettings(), HopSequences)
-if TYPE_CHECKING:  # one interface: type checkers see the reference
-    LinkIndex = PythonLinkIndex
-else:
-    LinkIndex = PythonLinkIndex if _compiled is None else _compiled.LinkIndex
+# The reference; the kernel's `LinkIndex` (`_stage_link.pxi`: the same decisions with another
+# layout) is its compiled counterpart, which `engine` chooses.
+LinkIndex = PythonLinkIndex

@@ -86,8 +86,9 @@ UInt64 = Annotated[int, Meta(ge=0)]
 
 
 # The `__post_init__` hooks msgspec calls for each decoded struct. These are the reference;
-# `_model.pyx` holds their compiled twins, chosen here when built (`accel`). msgspec reads
-# the hook when the class is created, so the choice is made before the classes below.
+# the leaf of primitives (`_primitives.pyx`) holds their compiled twins, chosen here when
+# built (`accel`). msgspec reads the hook when the class is created, so the choice is made
+# before the classes below.
 def _event_post_init(self: Any) -> None:
     force_setattr(self, "ts_ns", _timestamp(self.ts))
 
@@ -103,11 +104,10 @@ def _server_post_init(self: Any) -> None:
         force_setattr(self, "time_ns", _timestamp(self.time))
 
 
-_compiled: Any = accel.compiled("_model")
-if _compiled is not None:
-    _compiled.configure(parse_rfc3339_ns, _timestamp, check_uint64)
+_primitives: Any = accel.compiled("_primitives")
+if _primitives is not None:
     _event_post_init, _connection_post_init, _server_post_init = (  # the compiled twins
-        _compiled.event_post_init, _compiled.connection_post_init, _compiled.server_post_init)
+        _primitives.event_post_init, _primitives.connection_post_init, _primitives.server_post_init)
 
 
 class _Wire(Struct, frozen=True, kw_only=True, gc=False):

@@ -9,20 +9,12 @@ egress); a side whose counterpart never came is counted by the link index instea
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from nats_otel.core import accel
-from nats_otel.core.mapping import _NOT_FAILURES, is_failure
+from nats_otel.core.mapping import is_failure
 from nats_otel.core.model import (
-    _KIND_LABELS,
-    FORWARDING_KINDS,
     Egress,
-    Ingress,
     JetStreamEvent,
-    ServerInfo,
-    ServiceImport,
-    StreamExport,
-    SubjectMapping,
     TraceMessage,
     kind_label,
 )
@@ -78,19 +70,5 @@ _WITH_ERRORS = (Egress, JetStreamEvent)
 _new = tuple.__new__
 
 
-# The pure `network_sample` is the reference; `_network.pyx` holds its compiled twin, chosen
-# here when built (`accel`).
+# The reference of the kernel's `network_sample` (`_stage_network.pxi`).
 python_network_sample = network_sample
-
-
-def configure_network(module: Any) -> None:
-    """Hand the compiled twin (`_network`) what it takes from the Python core (here, and in
-    the twin tests); raises TypeError when a field it reads is not a plain slot."""
-    module.configure(python_network_sample, _NOT_FAILURES, _KIND_LABELS, kind_label, FORWARDING_KINDS,
-                     (TraceMessage, ServerInfo, Ingress, Egress, JetStreamEvent),
-                     (SubjectMapping, StreamExport, ServiceImport), (HopSample, NetworkSample))
-
-
-_compiled = accel.configured("_network", configure_network)
-if _compiled is not None:
-    network_sample = _compiled.network_sample  # the compiled twin replaces the reference

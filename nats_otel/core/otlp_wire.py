@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from nats_otel.core import accel
 from nats_otel.core.mapping import HEADER_ATTRIBUTE_PREFIX
 from nats_otel.core.records import Attributes, AttrValue, Resource, SpanRecord
 
-__all__ = ["IMPLEMENTATION", "encode_export_request", "encode_request", "group_by_resource", "python_encode_request"]
+__all__ = ["encode_export_request", "encode_request", "group_by_resource", "python_encode_request"]
 
 _CACHE_LIMIT = 65_536
 # (key, value) -> encoded KeyValue entry, one cache per parent field number (9 in a Span,
@@ -159,10 +157,6 @@ def python_encode_request(spans: Iterable[SpanRecord], scope: bytes) -> bytes:
     return encode_export_request(group_by_resource(spans), scope)
 
 
-_compiled: Any = accel.compiled("_otlp_wire")
-if _compiled is not None:
-    # What the compiled twin hands back to Python: odd values, odd spans, resources (cached here).
-    _compiled.configure(_span, _key_value, _resource, _UNCACHED_PREFIX)
-#: `python_encode_request`, compiled when built: what the exporters call.
-encode_request = python_encode_request if _compiled is None else _compiled.encode_request
-IMPLEMENTATION = "python" if _compiled is None else "compiled"
+# The reference of the kernel's `encode_spans` (`_stage_wire.pxi`), which hands odd values,
+# odd spans and resources back to `_key_value`, `_span` and `_resource` here.
+encode_request = python_encode_request

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 
-from nats_otel.core import accel
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decode
 from nats_otel.core.ids import TraceContext, adhoc_trace_id, event_span_id, identity, trace_context, upstream_hop
 from nats_otel.core.linking import (
@@ -38,8 +36,8 @@ from nats_otel.core.linking import (
     body_size,
 )
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
-from nats_otel.core.model import FORWARDING_KINDS, ServerInfo, TraceMessage
 from nats_otel.core.model import Egress as EgressEvent
+from nats_otel.core.model import TraceMessage
 from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
@@ -142,29 +140,7 @@ def _arrival(msg: TraceMessage, ctx: TraceContext, ident: bytes, size: int) -> t
     return (ctx.id_fields, hop, ingress.name, msg.server.name), _new(Arrival, (ingress.ts_ns, size, ident))
 
 
-# The pure `prepare` is the reference; `_prepare.pyx` holds its compiled twin for the
-# common case (it hands everything else to the reference), chosen here when built (`accel`).
-python_prepare = prepare
-
-
-def configure_prepare(module: Any, reference: Any = None) -> None:
-    """Hand the compiled `prepare` (`_prepare`) what it uses: the reference, the decoder, the
-    record types and the id helpers in use (here, and in the tests that compare the twins).
-    It imports none of the core itself (no import cycles); `reference` decides the uncommon
-    cases (tests pass a replacement for `python_prepare`)."""
-    from nats_otel.core import decode as _decode
-    from nats_otel.core import ids as _ids
-    from nats_otel.core.model import Ingress
-
-    module.configure(reference or python_prepare, DecodeLimits(), _decode._DOCUMENT.decode, _decode.decompress,
-                     trace_context, Ingress, TraceMessage, TraceContext, Prepared, Arrival, _ids.parse_traceparent,
-                     _ids._context_fields, _ids._fields, FORWARDING_KINDS, _BAD_TRACEPARENT,
-                     (RawTraceMessage, _decode._Document, _decode._Request, ServerInfo))
-
-
-_compiled_prepare: Any = accel.configured("_prepare", configure_prepare)
-if _compiled_prepare is not None:
-    prepare = _compiled_prepare.prepare
+python_prepare = prepare  # the reference of the kernel's `prepare` (`_stage_prepare.pxi`)
 
 
 class PythonLinker:
@@ -234,18 +210,7 @@ class PythonLinker:
         return adhoc_trace_id(ctx, ident)
 
 
-def configure_linker(module: Any) -> None:
-    """Hand the compiled linker (`_linking`) what it uses (here, and in the twin tests)."""
-    module.configure_linker(Placement, Egress, EgressEvent, adhoc_trace_id, event_span_id, body_size, _MAX_DEPTH,
-                            FORWARDING_KINDS, (Prepared, TraceContext, TraceMessage, ServerInfo))
-
-
-# The compiled twin (with the compiled `LinkIndex`), chosen here when built (`accel`).
-_compiled_linker: Any = accel.configured("_linking", configure_linker)
-if TYPE_CHECKING:  # one interface: type checkers see the reference
-    Linker = PythonLinker
-else:
-    Linker = PythonLinker if _compiled_linker is None else _compiled_linker.Linker
+Linker = PythonLinker  # the reference of the kernel's `Linker` (`_stage_link.pxi`)
 
 
 def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded: bool = False) -> Converted:
@@ -345,25 +310,9 @@ class PythonConverter:
         return prepared
 
 
-# The pure `finish` and `PythonConverter` are the references; `_pipeline.pyx` holds their
-# compiled twins (the per-message glue around the compiled steps), chosen here when built.
+# The references of the kernel's `finish` and `Converter` (`_stage_convert.pxi`).
 python_finish = finish
-
-
-def configure_pipeline(module: Any) -> None:
-    """Hand the compiled twins (`_pipeline`) what they call (here, and in the twin tests)."""
-    module.configure(prepare, DecodeError, map_encode, map_message, network_sample, upstream_hop, Linker,
-                     (Converted, Rejected, EncodedSpans), (Prepared, Placement, Link), MATCHED,
-                     (MappingOptions(), DecodeLimits(), LinkSettings()))
-
-
-_compiled_pipeline: Any = accel.configured("_pipeline", configure_pipeline)
-if _compiled_pipeline is not None:
-    finish = _compiled_pipeline.finish
-if TYPE_CHECKING:  # one interface: type checkers see the reference
-    Converter = PythonConverter
-else:
-    Converter = PythonConverter if _compiled_pipeline is None else _compiled_pipeline.Converter
+Converter = PythonConverter
 
 
 def observed(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[Prepared]:

@@ -14,11 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from nats_otel.core import accel
-from nats_otel.core.ids import TraceContext, event_span_id, server_span_id
 from nats_otel.core.mapping import (
-    _NOT_FAILURES,
-    HEADER_ATTRIBUTE_PREFIX,
     SCOPE_NAME,
     SCOPE_VERSION,
     MappingOptions,
@@ -26,21 +22,12 @@ from nats_otel.core.mapping import (
     map_message,
 )
 from nats_otel.core.model import (
-    _KIND_LABELS,
-    FORWARDING_KINDS,
-    Egress,
-    Ingress,
-    JetStreamEvent,
-    ServerInfo,
-    ServiceImport,
-    StreamExport,
-    SubjectMapping,
     TraceMessage,
 )
 from nats_otel.core.otlp_wire import _field_bytes, _resource, _span, encode_scope
 from nats_otel.core.records import Resource
 
-__all__ = ["IMPLEMENTATION", "EncodedSpans", "encode_request", "map_encode", "python_encode_request",
+__all__ = ["EncodedSpans", "encode_request", "map_encode", "python_encode_request",
            "python_map_encode"]
 
 
@@ -78,39 +65,7 @@ def python_encode_request(items: Sequence[EncodedSpans]) -> bytes:
     )
 
 
-def configure_map_encode(module: Any) -> None:
-    """Hand the compiled twin (`_mapping`) what it takes from the Python core: the layouts,
-    the reference, the functions and tables mapping.py uses, the types it reads (here, and in
-    the tests that compare the twins). Raises `LayoutChanged` or TypeError when the twin
-    would not write what the reference does."""
-    from nats_otel.core.mapping import server_resource
-    from nats_otel.core.span_layout import ROLES, layouts
-
-    module.configure(layouts(), ROLES, python_map_encode, server_resource, server_span_id, event_span_id,
-                     HEADER_ATTRIBUTE_PREFIX, _NOT_FAILURES, _KIND_LABELS, FORWARDING_KINDS,
-                     (Egress, SubjectMapping, StreamExport, ServiceImport, JetStreamEvent),
-                     (TraceMessage, Ingress, TraceContext, Placement, ServerInfo))
-
-
-def _compiled_map_encode() -> Any:
-    from nats_otel.core.span_layout import LayoutChanged
-
-    compiled = accel.configured("_mapping", configure_map_encode, (LayoutChanged,))
-    return None if compiled is None else compiled.map_encode
-
-
-def _compiled_encode_request() -> Any:
-    def configure(module: Any) -> None:
-        module.configure_encoded(python_encode_request, _SCOPE, EncodedSpans)
-
-    compiled = accel.configured("_otlp_wire", configure)
-    return None if compiled is None else compiled.encode_encoded_request
-
-
-_compiled = _compiled_map_encode()
-#: `python_map_encode`, compiled when built: what the bridge's OTLP path calls.
-map_encode = python_map_encode if _compiled is None else _compiled
-IMPLEMENTATION = "python" if _compiled is None else "compiled"
-_compiled_request = _compiled_encode_request()
-#: `python_encode_request`, compiled when built (`_otlp_wire`): one request per batch.
-encode_request = python_encode_request if _compiled_request is None else _compiled_request
+# The references of the kernel's `map_encode` and `encode_request` (`_stage_map.pxi`,
+# `_stage_wire.pxi`), which hand what they do not take to these.
+map_encode = python_map_encode
+encode_request = python_encode_request

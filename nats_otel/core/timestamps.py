@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import calendar
 import re
-from typing import Any
-
-from nats_otel.core import accel
 
 __all__ = ["format_rfc3339_ns", "parse_rfc3339_ns", "python_parse_rfc3339_ns"]
 
@@ -56,11 +53,9 @@ def _parse_slow(text: str) -> int:
     return seconds * 1_000_000_000 + int(fraction.ljust(9, "0") or 0)
 
 
+# The reference of `_primitives.parse_rfc3339_ns`, which the decoding hooks use when built
+# (and which hands it the forms its C parser does not take).
 python_parse_rfc3339_ns = parse_rfc3339_ns
-_compiled: Any = accel.compiled("_timestamps")
-if _compiled is not None:
-    _compiled.configure(python_parse_rfc3339_ns)
-    parse_rfc3339_ns = _compiled.parse_rfc3339_ns  # the compiled twin, when built
 
 
 def format_rfc3339_ns(ns: int) -> str:

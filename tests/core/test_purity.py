@@ -1,11 +1,13 @@
 """The pure core imports no I/O: no NATS client, Spark, gRPC, OTel SDK or exporter,
 Prometheus client or asyncio; the layers import one way (core <- bridge, devkit); and no
-module of nats_otel or spark_backfill imports itself through others."""
+module of nats_otel or spark_backfill imports itself through others, the compiled modules
+(Cython: their imports, cimports and includes read from the source) among them."""
 
 from __future__ import annotations
 
 import ast
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,10 +66,24 @@ def imported_modules(path: Path) -> set[str]:
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names if _is_module(f"{base}.{alias.name}"))
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr == "import_module" and node.args
+              and node.func.attr in ("import_module", "compiled") and node.args
               and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-            names.add(node.args[0].value)  # importlib.import_module("a.b"): an import by name
+            # importlib.import_module("a.b") and accel.compiled("_kernel"): imports by name
+            name = node.args[0].value
+            names.add(name if "." in name or node.func.attr == "import_module" else f"nats_otel.core.{name}")
     return names
+
+
+_CYTHON_IMPORT = re.compile(r"^(?:from\s+([\w.]+)\s+c?import\b|c?import\s+([\w.]+))", re.M)
+_CYTHON_INCLUDE = re.compile(r'^include\s+"([^"]+)"', re.M)
+
+
+def cython_imports(path: Path) -> set[str]:
+    """The modules a compiled module (`.pyx`) imports or cimports, its includes' too."""
+    text = path.read_text()
+    for include in _CYTHON_INCLUDE.findall(text):
+        text += (path.parent / include).read_text()
+    return {a or b for a, b in _CYTHON_IMPORT.findall(text)}
 
 
 def layer_of(module: str) -> str | None:
@@ -107,12 +123,12 @@ def module_graph() -> dict[str, set[str]]:
     """Module -> the modules it imports (anywhere in the file, even for the type checker
     alone), over nats_otel and spark_backfill."""
     modules = {".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
-               for package in CHECKED_PACKAGES for p in package.rglob("*.py")}
+               for package in CHECKED_PACKAGES for suffix in ("*.py", "*.pyx") for p in package.rglob(suffix)}
     tops = {package.name for package in CHECKED_PACKAGES}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
-        for imported in imported_modules(path):
+        for imported in imported_modules(path) if path.suffix == ".py" else cython_imports(path):
             while imported and imported not in modules:
                 imported = imported.rpartition(".")[0]
             if imported and imported != name and imported not in tops:
@@ -126,8 +142,15 @@ def test_no_import_cycle():
     # The graph is not empty, and `from package import module` names the module.
     assert "nats_otel.bridge.loop" in graph["nats_otel.commands.bridge"]
     assert "nats_otel.core.accel" in graph["nats_otel.core.ids"]
-    # An import by name is an import: `accel` once imported the choosing modules so.
-    assert "nats_otel.core.ids" in graph["nats_otel.core.choice"]
+    # An import by name is an import: `engine` chooses the kernel so (and `accel` once
+    # imported the choosing modules so).
+    assert "nats_otel.core._kernel" in graph["nats_otel.core.engine"]
+    assert "nats_otel.core._primitives" in graph["nats_otel.core.model"]
+    # The compiled modules' imports are read: the kernel imports the pure modules (which
+    # must not import it back) and cimports the leaf of primitives.
+    assert {"nats_otel.core.pipeline", "nats_otel.core.sequences", "nats_otel.core._primitives"} <= graph[
+        "nats_otel.core._kernel"]
+    assert graph["nats_otel.core._primitives"] == {"nats_otel.core.timestamps"}
     assert {"spark_backfill.checks", "spark_backfill.report"} <= graph["spark_backfill.__main__"]
     state: dict[str, int] = {}  # 1 on the path, 2 done
     cycles = []

@@ -1,97 +1,16 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
-"""The compiled twin of `pipeline.prepare` (see there, and `decode.decode`,
-`ids.trace_context`, `ids.identity`, `linking.body_size`, `pipeline._arrival`, which it
-follows step by step) for the common case: msgspec's one-call decode succeeds (after the
-reference's `decompress` when the payload is compressed) and the traceparent is valid.
-Anything else - a payload `decompress` refuses, a document the fast decode refuses, a
-missing or broken traceparent - is handed to the Python code that decides it (the pure
-`prepare`, or `ids.trace_context` for an ad-hoc context), so every error and every unusual
-message is decided by the reference. Configured by pipeline.py with what it uses, so this
-module imports none of the core."""
+# The compiled twin of `pipeline.prepare` (see there, and `decode.decode`,
+# `ids.trace_context`, `ids.identity`, `linking.body_size`, `pipeline._arrival`, which it
+# follows step by step) for the common case: msgspec's one-call decode succeeds (after the
+# reference's `decompress` when the payload is compressed) and the traceparent is valid.
+# Anything else - a payload `decompress` refuses, a document the fast decode refuses, a
+# missing or broken traceparent - is handed to the Python code that decides it (the pure
+# `prepare`, or `ids.trace_context` for an ad-hoc context), so every error and every unusual
+# message is decided by the reference. Configured by pipeline.py with what it uses, so this
+# module imports none of the core.
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.long cimport PyLong_AsUnsignedLongLong
-from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
-from libc.string cimport memcpy
-
-cdef extern from "Python.h":
-    const char* PyUnicode_AsUTF8AndSize(object unicode, Py_ssize_t* size) except NULL
-    bint PyUnicode_IS_ASCII(object unicode)
-    unsigned char* PyUnicode_1BYTE_DATA(object unicode)
-    Py_ssize_t PyUnicode_GET_LENGTH(object unicode)
-    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
-    PyObject* PyDict_SetDefault(object d, object key, object default) except NULL
-
-cdef object _python_prepare = None
-cdef object _decode_document = None
-cdef object _decompress = None
-cdef object _trace_context = None
-cdef object _Ingress = None
-cdef object _TraceMessage = None
-cdef object _TraceContext = None
-cdef object _Prepared = None
-cdef object _Arrival = None
-cdef object _parse_traceparent = None
-cdef object _context_fields = None
-cdef object _fields = None
-cdef object _FORWARDING = None
-cdef tuple _BAD_TRACEPARENT = ()
-cdef object _DEFAULT_LIMITS = None
-cdef object _UNSET = object()
-cdef object _new = tuple.__new__
-cdef str _HOP_HEADER = "nats-trace-hop"
-cdef object _Document = None, _Request = None, _ServerInfo = None, _RawTraceMessage = None
-
-include "_fields.pxi"
-
-# Where the fields read per message are in their objects (`_fields.h`: a read is a load, not
-# an attribute look-up), found at configure; each read after an exact type check (msgspec
-# builds exactly these types; anything else goes to the reference).
-cdef struct RawFields:
-    Py_ssize_t headers, payload
-cdef struct DocumentFields:
-    Py_ssize_t server, events, request, hops
-cdef struct RequestFields:
-    Py_ssize_t header, msgsize
-cdef struct IngressFields:
-    Py_ssize_t ts_ns, cid, kind, name
-cdef struct ServerFields:
-    Py_ssize_t id, name
-cdef RawFields RAW
-cdef DocumentFields DOC
-cdef RequestFields REQ
-cdef IngressFields IN
-cdef ServerFields SRV
-
-
-def configure(python_prepare, default_limits, decode_document, decompress, trace_context, ingress, trace_message,
-              trace_context_type, prepared, arrival, parse_traceparent, context_fields, fields, forwarding_kinds,
-              bad_traceparent_issues, read_types):
-    """The reference `prepare` and its default `DecodeLimits`, `decode._DOCUMENT.decode` and
-    `decode.decompress`, `ids.trace_context`, the record types, the id helpers in use
-    (compiled when built), the issues of a broken traceparent with an ad-hoc destination, and
-    the types read (RawTraceMessage, decode's _Document and _Request, ServerInfo; raises
-    TypeError when a field read here is not a plain slot: then the reference is used)."""
-    global _python_prepare, _DEFAULT_LIMITS, _decode_document, _decompress, _trace_context
-    global _Ingress, _TraceMessage, _TraceContext, _Prepared, _Arrival
-    global _parse_traceparent, _context_fields, _fields, _FORWARDING, _BAD_TRACEPARENT
-    global _RawTraceMessage, _Document, _Request, _ServerInfo, RAW, DOC, REQ, IN, SRV
-    _RawTraceMessage, _Document, _Request, _ServerInfo = read_types
-    RAW = _offsets(_RawTraceMessage, "headers payload")
-    DOC = _offsets(_Document, "server events request hops")
-    REQ = _offsets(_Request, "header msgsize")
-    IN = _offsets(ingress, "ts_ns cid kind name")
-    SRV = _offsets(_ServerInfo, "id name")
-    _python_prepare, _DEFAULT_LIMITS = python_prepare, default_limits
-    _decode_document, _decompress, _trace_context = decode_document, decompress, trace_context
-    _Ingress, _TraceMessage, _TraceContext, _Prepared, _Arrival = (ingress, trace_message, trace_context_type,
-                                                                   prepared, arrival)
-    _parse_traceparent, _context_fields, _fields = parse_traceparent, context_fields, fields
-    _FORWARDING, _BAD_TRACEPARENT = forwarding_kinds, tuple(bad_traceparent_issues)
+cdef object _prepare_by_reference(object raw, object limits):
+    _handed[H_PREPARE] += 1
+    return _reference_prepare(raw, limits)
 
 
 def prepare(raw, limits=_UNSET):
@@ -99,42 +18,42 @@ def prepare(raw, limits=_UNSET):
     if limits is _UNSET:
         limits = _DEFAULT_LIMITS
     if type(raw) is not _RawTraceMessage:
-        return _python_prepare(raw, limits)
+        return _prepare_by_reference(raw, limits)
     headers = field(raw, RAW.headers)
     payload = field(raw, RAW.payload)
     if type(headers) is not dict or type(payload) is not bytes:
-        return _python_prepare(raw, limits)
+        return _prepare_by_reference(raw, limits)
     # decode.decode: RawTraceMessage.header("Content-Encoding"), then decompress. Without
     # the header only decompress's size check applies; with it, decompress itself runs.
     try:
         encoding = _content_encoding(<dict>headers) if headers else None
     except Exception:  # a header name that is not a string: the reference raises
-        return _python_prepare(raw, limits)
+        return _prepare_by_reference(raw, limits)
     if encoding is None and len(<bytes>payload) <= limits.max_payload_bytes:
         data = payload
     else:
         try:
             data = _decompress(payload, encoding, limits)
         except Exception:  # refused: the reference raises the same error
-            return _python_prepare(raw, limits)
+            return _prepare_by_reference(raw, limits)
     # decode._decode_fast
     try:
         doc = _decode_document(data)
     except Exception:  # not for the fast path: the reference words the error, or decodes it its way
-        return _python_prepare(raw, limits)
+        return _prepare_by_reference(raw, limits)
     if type(doc) is not _Document:
-        return _python_prepare(raw, limits)
+        return _prepare_by_reference(raw, limits)
     events = field(doc, DOC.events)
     if not events or len(events) > limits.max_events or type(events[0]) is not _Ingress:
-        return _python_prepare(raw, limits)
+        return _prepare_by_reference(raw, limits)
     cdef Py_ssize_t i
     for i in range(1, len(events)):
         if type(events[i]) is _Ingress:
-            return _python_prepare(raw, limits)
+            return _prepare_by_reference(raw, limits)
     request = field(doc, DOC.request)
     server = field(doc, DOC.server)
-    if type(request) is not _Request or type(server) is not _ServerInfo:
-        return _python_prepare(raw, limits)
+    if type(request) is not _DecodedRequest or type(server) is not _ServerInfo:
+        return _prepare_by_reference(raw, limits)
     message_headers = field(request, REQ.header)
     msg_size = field(request, REQ.msgsize)
     # model.first_values and linking.body_size, in one pass over the headers
@@ -165,12 +84,12 @@ def prepare(raw, limits=_UNSET):
     traceparent_p = PyDict_GetItem(index, "traceparent")
     if traceparent_p is not NULL:
         try:
-            trace_id, parent_id, flags = _parse_traceparent(<object>traceparent_p)
+            trace_id, parent_id, flags = parse_traceparent(<object>traceparent_p)
         except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
             pass
         else:
             trace_state = index.get("tracestate") or ""
-            id_fields = _context_fields(trace_id, parent_id)
+            id_fields = context_fields_c(trace_id, parent_id)
             ctx = _TraceContext(trace_id, parent_id, trace_state, bool(flags & 1), None, id_fields)
     if ctx is None:
         ctx = _trace_context(msg, raw.subject)
@@ -264,15 +183,15 @@ cdef bytes _identity(object server_id, object ts_ns, object cid):
     cdef unsigned long long ts_value, cid_value
     cdef char* p
     if type(server_id) is not str or type(ts_ns) is not int or type(cid) is not int:
-        return _fields(server_id, str(ts_ns), str(cid))
+        return _reference_fields(server_id, str(ts_ns), str(cid))
     try:
         ts_value = PyLong_AsUnsignedLongLong(ts_ns)
         cid_value = PyLong_AsUnsignedLongLong(cid)
         id_text = PyUnicode_AsUTF8AndSize(server_id, &id_size)
     except (OverflowError, UnicodeEncodeError):  # negative or over a uint64; lone surrogates
-        return _fields(server_id, str(ts_ns), str(cid))
+        return _reference_fields(server_id, str(ts_ns), str(cid))
     if id_size >= 0x100000000:
-        return _fields(server_id, str(ts_ns), str(cid))
+        return _reference_fields(server_id, str(ts_ns), str(cid))
     ts_size = _decimal(ts_value, ts_digits)
     cid_size = _decimal(cid_value, cid_digits)
     out = PyBytes_FromStringAndSize(NULL, 12 + id_size + ts_size + cid_size)

@@ -1,60 +1,9 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
-"""The compiled twins of `pipeline.finish` and `pipeline.PythonConverter` (see there, the
-references): the same steps in the same order, with the same results, counters and
-errors. They are glue - a few calls, checks and records per trace message - but as Python
-that glue was about a tenth of converting one. Configured by pipeline.py with what they
-call (its `prepare`, linker, mapping and network functions and record types), so this
-module imports none of the core."""
-
-cimport cython
-from cpython.dict cimport PyDict_GetItem
-from cpython.object cimport PyObject
-
-from itertools import islice
-
-cdef object _prepare = None
-cdef object _DecodeError = None
-cdef object _map_encode = None
-cdef object _map_message = None
-cdef object _network_sample = None
-cdef object _upstream_hop = None
-cdef object _Linker = None
-cdef object _Converted = None, _Rejected = None, _EncodedSpans = None
-cdef object _default_options = None, _default_limits = None, _default_link = None
-cdef str _MATCHED = "matched"
-cdef object _new = tuple.__new__
-cdef object _Prepared = None, _Placement = None, _Link = None
-
-include "_fields.pxi"
-
-# `Prepared`'s fields read per message, at their slot offsets (`_fields.h`, `_read`), found at
-# configure.
-cdef struct PreparedFields:
-    Py_ssize_t msg, ctx, issues
-cdef PreparedFields PREPARED
-
-
-def configure(prepare, decode_error, map_encode, map_message, network_sample, upstream_hop, linker, record_types,
-              read_types, matched, defaults):
-    """pipeline's `prepare` and `DecodeError`, the mapping and network functions, the linker
-    class, the record types built (Converted, Rejected, EncodedSpans) and read (Prepared,
-    Placement, Link; raises TypeError when one is not laid out as read here: then the
-    references are used), `linking.MATCHED`, and the default options, limits and link
-    settings (each function as chosen where it lives: compiled when built)."""
-    global _prepare, _DecodeError, _map_encode, _map_message, _network_sample, _upstream_hop, _Linker
-    global _Converted, _Rejected, _EncodedSpans, _MATCHED, _default_options, _default_limits, _default_link
-    global _Prepared, _Placement, _Link, PREPARED
-    _Prepared, _Placement, _Link = read_types
-    # Placement and Link are NamedTuples: read by position below
-    if _Placement._fields[3:5] != ("link", "candidates") or _Link._fields != ("result", "egress", "candidates",
-                                                                                "first"):
-        raise TypeError(f"Placement's or Link's fields changed: {_Placement._fields}, {_Link._fields}")
-    PREPARED = _offsets(_Prepared, "msg ctx issues")
-    _prepare, _DecodeError, _map_encode, _map_message = prepare, decode_error, map_encode, map_message
-    _network_sample, _upstream_hop, _Linker, _MATCHED = network_sample, upstream_hop, linker, matched
-    _Converted, _Rejected, _EncodedSpans = record_types
-    _default_options, _default_limits, _default_link = defaults
-
+# The compiled twins of `pipeline.finish` and `pipeline.PythonConverter` (see there, the
+# references): the same steps in the same order, with the same results, counters and
+# errors. They are glue - a few calls, checks and records per trace message - but as Python
+# that glue was about a tenth of converting one. Configured by pipeline.py with what they
+# call (its `prepare`, linker, mapping and network functions and record types), so this
+# module imports none of the core.
 
 def finish(prepared, linker, options, encoded=False):
     """As `pipeline.finish`: map an observed message where the linker places it."""
@@ -68,7 +17,7 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     cdef list spans = []
     encoding = None
     if encoded:
-        resource, data, count, map_issues = _map_encode(msg, ctx, placement, options)
+        resource, data, count, map_issues = map_encode(msg, ctx, placement, options)
         encoding = _new(_EncodedSpans, (resource, data, count))
     else:
         result = _map_message(msg, ctx, placement, options)
@@ -91,7 +40,7 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
         issues.append(f"hop_{placement_link}: no single upstream egress for hop "
                       f"{_upstream_hop(msg)} from {msg.ingress.name}"
                       + (f" ({candidates} candidates)" if candidates else ""))
-    return _Converted(spans, issues, placement_link, _network_sample(msg, egress_ns), encoding)
+    return _Converted(spans, issues, placement_link, network_sample(msg, egress_ns), encoding)
 
 
 @cython.final
@@ -105,9 +54,9 @@ cdef class Converter:
     cdef Py_ssize_t _pending_capacity
 
     def __init__(self, options=None, limits=None, link=None, Py_ssize_t pending_capacity=200_000):
-        self.options = _default_options if options is None else options
-        self.limits = _default_limits if limits is None else limits
-        self.linker = _Linker(_default_link if link is None else link)
+        self.options = _DEFAULT_OPTIONS if options is None else options
+        self.limits = _DEFAULT_LIMITS if limits is None else limits
+        self.linker = Linker(_DEFAULT_LINK if link is None else link)
         self._pending = {}
         self._pending_capacity = pending_capacity
 
@@ -154,8 +103,29 @@ cdef class Converter:
 
     cdef object _prepare_one(self, object raw, object now):
         try:
-            prepared = _prepare(raw, self.limits)
+            prepared = prepare(raw, self.limits)
         except _DecodeError as exc:
             return _Rejected(exc.reason, exc.detail, raw.subject)
         self.linker.observe(prepared, now)
         return prepared
+
+
+def convert_batch(raws, options=_DEFAULT_OPTIONS, limits=_DEFAULT_LIMITS, link=_DEFAULT_LINK, report_runs=None):
+    """As `pipeline.convert_batch`: whole-input conversion, the result ignoring input order."""
+    # The whole input is the window here: nothing is forgotten, nothing expires.
+    linker = Linker(link, bounded=False)
+    if report_runs is not None:
+        linker.index.sequences.ledger.use_runs(report_runs)
+    cdef list prepared = []
+    for raw in raws:
+        if isinstance(raw, _Rejected):
+            prepared.append(raw)
+            continue
+        try:
+            p = prepare(raw, limits)
+        except _DecodeError as exc:
+            prepared.append(_Rejected(exc.reason, exc.detail, raw.subject))
+            continue
+        linker.observe(p)
+        prepared.append(p)
+    return [p if isinstance(p, _Rejected) else _finish(p, linker, options, False) for p in prepared]

@@ -1,40 +1,16 @@
-# cython: language_level=3, wraparound=False
-"""The compiled twin of `linking.LinkIndex` (see there for the matching rules): the same
-decisions, counters and length, with another layout. Where `linking` keeps one dict per
-side by key, one by (key, size) and one set of claims, this keeps one `_Bucket` per key
-holding both sides (`_Side`: its time-sorted entries, its entries by size, its claims), so
-that adding or resolving hashes the key once. Timestamps stay Python ints: the window is
-worked out in C only when they fit comfortably in an int64 (every real one does), and
-with Python ints otherwise (a hostile report can carry any uint64).
-
-Bounds checking stays on (no `boundscheck=False`): an entry that is not the NamedTuple it
-should be raises, as in the pure twin, instead of reading past a tuple."""
-
-cimport cython
-from cpython.long cimport PyLong_AsLongLongAndOverflow
-
-from bisect import bisect_left
-from collections import deque
-
-cdef object _Link = None
-cdef object _new = tuple.__new__
-cdef str _MATCHED = "matched"
-cdef str _AMBIGUOUS = "ambiguous"
-cdef object _UNMATCHED_LINK = None
-cdef object _default_settings = None
-cdef object _HopSequences = None
+# The compiled twin of `linking.LinkIndex` (see there for the matching rules): the same
+# decisions, counters and length, with another layout. Where `linking` keeps one dict per
+# side by key, one by (key, size) and one set of claims, this keeps one `_Bucket` per key
+# holding both sides (`_Side`: its time-sorted entries, its entries by size, its claims), so
+# that adding or resolving hashes the key once. Timestamps stay Python ints: the window is
+# worked out in C only when they fit comfortably in an int64 (every real one does), and
+# with Python ints otherwise (a hostile report can carry any uint64).
+#
+# Bounds checking stays on here (`boundscheck(True)` on each class): an entry that is not the NamedTuple it
+# should be raises, as in the pure twin, instead of reading past a tuple.
 
 # Timestamps and window bounds within +-2**62 are added and compared in int64 without overflow.
 cdef long long _SMALL = 1 << 62
-
-
-def configure(link, matched, unmatched, ambiguous, default_settings, hop_sequences):
-    """`linking`'s `Link` NamedTuple, its three results, the default settings and
-    `sequences.HopSequences` (the crowded keys' decisions, shared with the reference)."""
-    global _Link, _MATCHED, _AMBIGUOUS, _UNMATCHED_LINK, _default_settings, _HopSequences
-    _Link, _MATCHED, _AMBIGUOUS, _default_settings = link, matched, ambiguous, default_settings
-    _HopSequences = hop_sequences
-    _UNMATCHED_LINK = link(unmatched)  # immutable: one for every unmatched arrival
 
 
 cdef inline bint _small(object value, long long* out):
@@ -55,6 +31,7 @@ cdef inline tuple _entry(object value):
 
 @cython.freelist(64)
 @cython.final
+@cython.boundscheck(True)
 cdef class _Side:
     """One side (egresses or arrivals) of one link key: `linking`'s by-key list, its
     by-(key, size) lists and its part of the claims."""
@@ -142,6 +119,7 @@ cdef class _Side:
 
 @cython.freelist(64)
 @cython.final
+@cython.boundscheck(True)
 cdef class _Bucket:
     """Both sides of one link key."""
 
@@ -167,6 +145,7 @@ cdef class _Bucket:
 
 
 @cython.final
+@cython.boundscheck(True)
 cdef class LinkIndex:
     """Both sides of every hop observed, by link key and size, time-sorted; bounded when
     `expire`d. The compiled twin of `linking.PythonLinkIndex`."""
@@ -184,7 +163,7 @@ cdef class LinkIndex:
     cdef bint _small_window  # both fit for C arithmetic
 
     def __init__(self, settings=None, bint bounded=True):
-        self.settings = _default_settings if settings is None else settings
+        self.settings = _DEFAULT_LINK if settings is None else settings
         self._latency_ns, self._skew_ns = self.settings.latency_ns, self.settings.skew_ns
         self._small_window = (type(self._latency_ns) is int and type(self._skew_ns) is int
                               and 0 <= self._latency_ns <= _SMALL and 0 <= self._skew_ns <= _SMALL)
@@ -310,57 +289,8 @@ cdef class LinkIndex:
 # The compiled twin of `pipeline.Linker` (see there): the same calls to the index, without
 # a Python call per egress, per index operation or per NamedTuple built.
 
-cdef object _Placement = None
-cdef object _Egress = None
-cdef object _EgressEvent = None
-cdef object _adhoc_trace_id = None
-cdef object _event_span_id = None
-cdef object _body_size = None
-cdef int _max_depth = 0
-cdef frozenset _forwarding_kinds = frozenset()
-cdef object _Prepared = None, _TraceContext = None, _TraceMessage = None, _ServerInfo = None
-
-include "_fields.pxi"
-
-# Where the fields read per message are in their objects (`_fields.h`: a read is a load, not
-# an attribute look-up), found at configure; read at an offset only from an object of
-# exactly that type (`_read`), by name from anything else.
-cdef struct PreparedFields:
-    Py_ssize_t msg, ctx, ident, arrival, size
-cdef struct ContextFields:
-    Py_ssize_t trace_id, parent_span_id, adhoc_key, id_fields
-cdef struct MessageFields:
-    Py_ssize_t server, events, msg_size, headers
-cdef struct EgressFields:
-    Py_ssize_t ts_ns, kind, name, hop
-cdef PreparedFields PREPARED
-cdef ContextFields CTX
-cdef MessageFields MSG
-cdef EgressFields EG
-cdef Py_ssize_t SERVER_NAME
-
-
-def configure_linker(placement, egress, egress_event, adhoc_trace_id, event_span_id, body_size, max_depth,
-                     forwarding_kinds, record_types):
-    """What `pipeline.Linker` uses: `Placement`, `Egress`, the model's egress event, the id
-    functions in use, `body_size`, the ad-hoc walk's depth bound, `FORWARDING_KINDS`, and the
-    records it reads (Prepared, TraceContext, TraceMessage, ServerInfo; raises TypeError when
-    a field read here is not a plain slot: then the reference linker is used)."""
-    global _Placement, _Egress, _EgressEvent, _adhoc_trace_id, _event_span_id, _body_size, _max_depth
-    global _forwarding_kinds, _Prepared, _TraceContext, _TraceMessage, _ServerInfo, PREPARED, CTX, MSG, EG
-    global SERVER_NAME
-    _Prepared, _TraceContext, _TraceMessage, _ServerInfo = record_types
-    PREPARED = _offsets(_Prepared, "msg ctx ident arrival size")
-    CTX = _offsets(_TraceContext, "trace_id parent_span_id adhoc_key id_fields")
-    MSG = _offsets(_TraceMessage, "server events msg_size headers")
-    EG = _offsets(egress_event, "ts_ns kind name hop")
-    SERVER_NAME = field_offset(_ServerInfo, "name")
-    _Placement, _Egress, _EgressEvent = placement, egress, egress_event
-    _forwarding_kinds = frozenset(forwarding_kinds)
-    _adhoc_trace_id, _event_span_id, _body_size, _max_depth = adhoc_trace_id, event_span_id, body_size, max_depth
-
-
 @cython.final
+@cython.boundscheck(True)
 cdef class Linker:
     """The hop evidence of observed messages, and where each message's spans go."""
 
@@ -391,16 +321,16 @@ cdef class Linker:
         for event in _read(msg, _TraceMessage, MSG.events, "events"):
             position += 1
             # `event.forwards`, without a call to the property (a Python frame per egress).
-            if type(event) is _EgressEvent and field(event, EG.hop) and field(event, EG.kind) in _forwarding_kinds:
+            if type(event) is _EgressEvent and field(event, EG.hop) and field(event, EG.kind) in _FORWARDING:
                 size = _read(prepared, _Prepared, PREPARED.size, "size")
                 if size < 0:
                     size = _body_size(_read(msg, _TraceMessage, MSG.msg_size, "msg_size"),
                                       _read(msg, _TraceMessage, MSG.headers, "headers"))
                 server = _read(msg, _TraceMessage, MSG.server, "server")
                 key = (_read(ctx, _TraceContext, CTX.id_fields, "id_fields"), field(event, EG.hop),
-                       _read(server, _ServerInfo, SERVER_NAME, "name"), field(event, EG.name))
-                index._add(True, key, <tuple>_new(_Egress, (field(event, EG.ts_ns), size, ident,
-                                                            _event_span_id(ctx, ident, position))), now)
+                       _read(server, _ServerInfo, SRV.name, "name"), field(event, EG.name))
+                index._add(True, key, <tuple>_new(_LinkEgress, (field(event, EG.ts_ns), size, ident,
+                                                            event_span_id(ctx, ident, position))), now)
         if _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None:
             self.note_adhoc(ident, arrival)
 
@@ -442,7 +372,7 @@ cdef class Linker:
 
     cdef object _adhoc_trace(self, object ctx, object ident):
         """The trace id of the ad-hoc message whose report `ident` is: its origin's."""
-        for _ in range(_max_depth):
+        for _ in range(_ADHOC_DEPTH):
             arrival = self._adhoc_arrivals.get(ident)
             if arrival is None:  # the origin (or forgotten: then this report names the trace)
                 break

@@ -1,40 +1,20 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The compiled twin of `otlp_wire` (see there): span records -> one serialized
-`ExportTraceServiceRequest`, written into one C buffer.
-
-The pure-Python `otlp_wire` is the reference: the same input gives the same bytes (tests
-check it on the corpus, on generated and on fuzzed input). The Python version builds a
-bytes object per field and joins them; here each span is written in place and only the
-cached (key, value) pairs are Python objects. Anything this file does not handle in C
-(a value of an unusual type, an int over 64 bits, a string with lone surrogates, a
-malformed record) is handed to the Python twin for that pair or span, so odd input gives
-the same bytes, or the same exception, on both paths.
-"""
-
-include "_protobuf.pxi"
-
-from cpython.dict cimport PyDict_SetItem, PyDict_Size
+# The compiled twin of `otlp_wire` (see there): span records -> one serialized
+# `ExportTraceServiceRequest`, written into one C buffer.
+#
+# The pure-Python `otlp_wire` is the reference: the same input gives the same bytes (tests
+# check it on the corpus, on generated and on fuzzed input). The Python version builds a
+# bytes object per field and joins them; here each span is written in place and only the
+# cached (key, value) pairs are Python objects. Anything this file does not handle in C
+# (a value of an unusual type, an int over 64 bits, a string with lone surrogates, a
+# malformed record) is handed to the Python twin for that pair or span, so odd input gives
+# the same bytes, or the same exception, on both paths.
+#
 
 
-cdef enum:
-    _CACHE_LIMIT = 65536
 
-
-# Set by `configure` (from otlp_wire, once its functions exist): the Python twin's pieces
-# that odd input goes to, and the prefix of attributes never cached.
-cdef object _py_span = None
-cdef object _py_key_value = None
-cdef object _py_resource = None
-cdef object _uncached_prefix = ""
 # (key, value) -> encoded KeyValue entry, per parent field number (1: Resource, 9: Span).
 cdef dict _pairs_resource = {}
 cdef dict _pairs_span = {}
-
-
-def configure(py_span, py_key_value, py_resource, uncached_prefix):
-    """Give the compiled encoder the Python twin's functions for what it does not do in C."""
-    global _py_span, _py_key_value, _py_resource, _uncached_prefix
-    _py_span, _py_key_value, _py_resource, _uncached_prefix = py_span, py_key_value, py_resource, uncached_prefix
 
 
 def cached_pairs(int number):
@@ -71,7 +51,7 @@ cdef int put_attributes(Buf* b, unsigned char number, object attributes) except 
         start = b.size
         if not put_key_value(b, number, <object>PyTuple_GET_ITEM(pair, 0), <object>PyTuple_GET_ITEM(pair, 1)):
             b.size = start
-            encoded = _py_key_value(number, <object>PyTuple_GET_ITEM(pair, 0), <object>PyTuple_GET_ITEM(pair, 1))
+            encoded = _reference_key_value(number, <object>PyTuple_GET_ITEM(pair, 0), <object>PyTuple_GET_ITEM(pair, 1))
             put_bytes(b, encoded)
         else:
             encoded = None
@@ -148,7 +128,7 @@ cdef int put_span(Buf* group, Buf* scratch, object span) except -1:
     scratch.size = 0
     if put_span_fields(scratch, span):
         return put_field(group, 2, scratch.data, scratch.size)
-    encoded = _py_span(span)  # the twin encodes it, or raises what the pure path raises
+    encoded = _reference_span(span)  # the twin encodes it, or raises what the pure path raises
     return put_field(group, 2, PyBytes_AS_STRING(encoded), PyBytes_GET_SIZE(encoded))
 
 
@@ -200,7 +180,7 @@ cdef class _Request:
     cdef char* p
 
     def __cinit__(self, list resources, bytes scope):
-        self.heads = [_py_resource(resource) for resource in resources]
+        self.heads = [_reference_resource(resource) for resource in resources]
         self.scope = scope
 
     cdef Py_ssize_t _inner(self, Py_ssize_t spans):
@@ -230,7 +210,7 @@ cdef class _Request:
         return 0
 
 
-def encode_request(spans, bytes scope):
+def encode_spans(spans, bytes scope):
     """`otlp_wire.encode_export_request(group_by_resource(spans), scope)`, in one pass over
     the spans (each encoded into its group's buffer), then one copy into the request."""
     cdef list resources = []
@@ -274,18 +254,12 @@ def encode_request(spans, bytes scope):
 
 # --- requests of spans already encoded (span_bytes) ---------------------------------------
 
-cdef object _py_encode_encoded = None
-cdef bytes _encoded_scope = b""
-cdef type _EncodedSpans = None
+cdef object _request_by_reference(object items):
+    _handed[H_REQUEST] += 1
+    return _reference_request(items)
 
 
-def configure_encoded(py_encode_encoded, bytes scope, type encoded_spans):
-    """`span_bytes`' reference (what odd items go to), its scope, and its item type."""
-    global _py_encode_encoded, _encoded_scope, _EncodedSpans
-    _py_encode_encoded, _encoded_scope, _EncodedSpans = py_encode_encoded, scope, encoded_spans
-
-
-def encode_encoded_request(items):
+def encode_request(items):
     """`span_bytes.python_encode_request(items)`: a list of each message's `EncodedSpans` in
     one request, grouped by resource as `encode_request` groups spans. Anything else (another
     container, an item of another type, data that is not bytes) goes to the reference, all of
@@ -301,7 +275,7 @@ def encode_encoded_request(items):
     cdef object item, data
     cdef _Request request
     if type(items) is not list:
-        return _py_encode_encoded(items)
+        return _request_by_reference(items)
     n = len(items)
     if n == 0:
         return b""
@@ -314,10 +288,10 @@ def encode_encoded_request(items):
         for i in range(n):
             item = items[i]
             if type(item) is not _EncodedSpans:
-                return _py_encode_encoded(items)
+                return _request_by_reference(items)
             data = <object>PyTuple_GET_ITEM(item, 1)
             if not PyBytes_CheckExact(data):
-                return _py_encode_encoded(items)
+                return _request_by_reference(items)
             group = group_of(resources, index, <object>PyTuple_GET_ITEM(item, 0))
             next_item[i] = -1
             if group == count:

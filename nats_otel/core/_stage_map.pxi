@@ -1,24 +1,17 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The compiled twin of `mapping.map_message` followed by `otlp_wire`'s span encoding (see
-`span_bytes.python_map_encode`, the reference): one decoded trace message -> its spans
-as encoded `ScopeSpans.spans` entries, with no span record, attribute dict or tuple built.
+# The compiled twin of `mapping.map_message` followed by `otlp_wire`'s span encoding (see
+# `span_bytes.python_map_encode`, the reference): one decoded trace message -> its spans
+# as encoded `ScopeSpans.spans` entries, with no span record, attribute dict or tuple built.
+#
+# The values and their order follow mapping.py; the attribute names and constant values
+# are not written here but taken from mapping.py (`span_layout`, which checks that the
+# layout is the one this file writes). Anything unusual (a string with lone surrogates, an
+# odd type, headers differing only in case) makes `map_encode` hand the whole message to
+# the Python twin, so the bytes are the pure path's in every case.
+#
 
-The values and their order follow mapping.py; the attribute names and constant values
-are not written here but taken from mapping.py (`span_layout`, which checks that the
-layout is the one this file writes). Anything unusual (a string with lone surrogates, an
-odd type, headers differing only in case) makes `map_encode` hand the whole message to
-the Python twin, so the bytes are the pure path's in every case.
-"""
-
-include "_protobuf.pxi"
-
-from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_Size
-
-include "_fields.pxi"
 
 
 cdef enum:
-    _CACHE_LIMIT = 65536
     SERVER = 0
     EGRESS = 1
     MAPPING = 2
@@ -58,70 +51,13 @@ cdef enum:
     J_NOTE = 6
     CLIENT = 0  # ConnectionKind.CLIENT
 
-cdef list _keys = []      # per role: the attribute names, from mapping.py
-cdef list _consts = []    # per role: the probe's values (the constants among them are written as they are)
-cdef list _caches = []    # per role, per position: value -> encoded KeyValue entry
-cdef object _py_map_encode = None
-cdef object _server_resource = None
-cdef object _server_span_id = None
-cdef object _event_span_id = None
-cdef object _header_prefix = None
-cdef tuple _not_failures = ()
-cdef dict _kind_labels = {}
-cdef frozenset _forwarding = frozenset()
-cdef object _Egress = None, _SubjectMapping = None, _StreamExport = None, _ServiceImport = None, _JetStream = None
-cdef object _TraceMessage = None, _Ingress = None, _TraceContext = None, _Placement = None, _ServerInfo = None
+cdef enum:
+    _CACHE_LIMIT = 65536  # entries per cache of encoded pairs: subjects and names are unbounded
+
+cdef list _keys = [[key for key, _ in _LAYOUTS[role]] for role in _ROLES]      # per role: the attribute names
+cdef list _consts = [[value for _, value in _LAYOUTS[role]] for role in _ROLES]  # per role: the probe's values
+cdef list _caches = [[{} for _ in _LAYOUTS[role]] for role in _ROLES]  # per role, position: value -> encoded pair
 cdef tuple _ON = ("1", "true", "on")
-
-
-# Where the fields read per message are in their objects (`_fields.h`: a read is a load, not
-# an attribute look-up), found at configure; each is read only after an exact type check.
-cdef struct MessageFields:
-    Py_ssize_t ingress, header_index, events, unknown_events, msg_size, hops, headers
-cdef struct IngressFields:
-    Py_ssize_t kind, cid, name, account, subject, error
-cdef struct EgressFields:
-    Py_ssize_t kind, cid, name, hop, account, subscription, queue, error
-cdef struct ContextFields:
-    Py_ssize_t trace_state, adhoc_key
-cdef MessageFields MSG
-cdef IngressFields IN
-cdef EgressFields EG
-cdef ContextFields CTX
-cdef struct ServerFields:
-    Py_ssize_t id, name, version, host, cluster, domain, tags, jetstream
-cdef ServerFields SRV
-cdef Py_ssize_t TS_NS  # every event's `ts_ns` (a field of their base class: one offset)
-
-
-def configure(layouts, roles, py_map_encode, server_resource, server_span_id, event_span_id, header_prefix,
-              not_failures, kind_labels, forwarding_kinds, event_types, record_types):
-    """What this file takes from the Python core: the layouts (names, constants), the Python
-    twin, the functions and tables mapping.py uses, and the types it reads (raises TypeError
-    when a field read here is not a plain slot: then the Python twin is used)."""
-    global _keys, _consts, _caches, _py_map_encode, _server_resource, _server_span_id, _event_span_id
-    global _header_prefix, _not_failures, _kind_labels, _forwarding
-    global _Egress, _SubjectMapping, _StreamExport, _ServiceImport, _JetStream
-    global _TraceMessage, _Ingress, _TraceContext, _Placement, _ServerInfo, MSG, IN, EG, CTX, TS_NS, SRV
-    _TraceMessage, _Ingress, _TraceContext, _Placement, _ServerInfo = record_types
-    SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream")
-    if _Placement._fields != ("ident", "trace_id", "parent_span_id", "link", "candidates"):
-        raise TypeError(f"Placement's fields changed: {_Placement._fields}")  # read by position below
-    MSG = _offsets(_TraceMessage, "ingress header_index events unknown_events msg_size hops headers")
-    IN = _offsets(_Ingress, "kind cid name account subject error")
-    EG = _offsets(event_types[0], "kind cid name hop account subscription queue error")
-    CTX = _offsets(_TraceContext, "trace_state adhoc_key")
-    TS_NS = field_offset(_Ingress, "ts_ns")
-    if any(field_offset(kind, "ts_ns") != TS_NS for kind in event_types):
-        raise TypeError("the event types' ts_ns fields are not one slot")
-    _keys = [[key for key, _ in layouts[role]] for role in roles]
-    _consts = [[value for _, value in layouts[role]] for role in roles]
-    _caches = [[{} for _ in layouts[role]] for role in roles]
-    _py_map_encode, _server_resource = py_map_encode, server_resource
-    _server_span_id, _event_span_id = server_span_id, event_span_id
-    _header_prefix, _not_failures = header_prefix, tuple(not_failures)
-    _kind_labels, _forwarding = dict(kind_labels), frozenset(forwarding_kinds)
-    _Egress, _SubjectMapping, _StreamExport, _ServiceImport, _JetStream = event_types
 
 
 cdef int put_pair(Buf* b, int role, int index, object value) except -1:
@@ -147,16 +83,16 @@ cdef inline int put_const(Buf* b, int role, int index) except -1:
 
 cdef inline bint _known_event(object event):
     kind = type(event)
-    return (kind is _Egress or kind is _SubjectMapping or kind is _StreamExport or kind is _ServiceImport
-            or kind is _JetStream)
+    return (kind is _EgressEvent or kind is _SubjectMapping or kind is _StreamExport or kind is _ServiceImport
+            or kind is _JetStreamEvent)
 
 
 cdef object _label(object kind):
-    label = _kind_labels.get(kind)
+    label = _KIND_LABELS.get(kind)
     return label if label is not None else f"kind-{kind}"
 
 
-cdef int put_head(Buf* s, bytes trace_id, bytes span_id, bytes parent, object state, const char* prefix,
+cdef int put_span_head(Buf* s, bytes trace_id, bytes span_id, bytes parent, object state, const char* prefix,
                   Py_ssize_t prefix_size, object rest, bint always, int kind, uint64_t start, uint64_t end) except -1:
     """A span's fields up to its attributes, as `otlp_wire._span` writes them; the name is
     `prefix + " " + rest`, or `prefix` alone when `rest` is empty and not `always`."""
@@ -188,7 +124,7 @@ cdef int put_head(Buf* s, bytes trace_id, bytes span_id, bytes parent, object st
 cdef int put_status(Buf* s, object error) except -1:
     """`mapping._status` as span field 15 (nothing for no error, or a note)."""
     cdef Buf status
-    if not len(error) or error.startswith(_not_failures):
+    if not len(error) or error.startswith(_NOT_FAILURES):
         return 1
     buf_init(&status, 64)
     try:
@@ -202,7 +138,7 @@ cdef int put_status(Buf* s, object error) except -1:
 
 
 cdef inline object _note(object error):
-    return error if len(error) and error.startswith(_not_failures) else None
+    return error if len(error) and error.startswith(_NOT_FAILURES) else None
 
 
 cdef int put_outcome(Buf* s, int role, int index, object error) except -1:
@@ -225,7 +161,7 @@ cdef int put_headers(Buf* s, object headers, object allowlist) except -1:
         if lowered in seen or type(values) is not list:
             return 0  # two names differing in case share one attribute: Python decides
         seen.add(lowered)
-        if not put_key_value(s, 9, _header_prefix + lowered, tuple(values)):
+        if not put_key_value(s, 9, HEADER_ATTRIBUTE_PREFIX + lowered, tuple(values)):
             return 0
     return 1
 
@@ -260,7 +196,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     cdef int position = 0, i
     if type(trace_id) is not bytes or type(ident) is not bytes or type(trace_state) is not str:
         return 0
-    server_id = _server_span_id(ctx, ident)
+    server_id = server_span_id(ctx, ident)
     start = field(ingress, TS_NS)
     end = start
     for event in events:
@@ -270,10 +206,10 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         if ts > end:
             end = ts
     hop = ""
-    if ingress_kind in _forwarding:
+    if ingress_kind in _FORWARDING:
         hop = (<dict>first).get("nats-trace-hop") or ""
     # the server span
-    if not put_head(s, trace_id, server_id, where[2], trace_state, "receive", 7, subject, False, 5, start, end):
+    if not put_span_head(s, trace_id, server_id, where[2], trace_state, "receive", 7, subject, False, 5, start, end):
         return 0
     for i in range(3):
         put_const(s, SERVER, i)
@@ -313,13 +249,13 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     # one child span per event
     for event in events:
         position += 1
-        span_id = _event_span_id(ctx, ident, position)
+        span_id = event_span_id(ctx, ident, position)
         ts = field(event, TS_NS)
         if ts < start:
             ts = start
         kind = type(event)
-        if kind is _Egress:
-            if not put_head(s, trace_id, span_id, server_id, trace_state, "send", 4, subject, False, 4, start, ts):
+        if kind is _EgressEvent:
+            if not put_span_head(s, trace_id, span_id, server_id, trace_state, "send", 4, subject, False, 4, start, ts):
                 return 0
             for i in range(3):
                 put_const(s, EGRESS, i)
@@ -338,31 +274,31 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             if value and not put_pair(s, EGRESS, E_QUEUE, value):
                 return 0
             value = field(event, EG.hop)
-            if value and connection in _forwarding:
+            if value and connection in _FORWARDING:
                 if not (put_pair(s, EGRESS, E_HOP, value) and put_pair(s, EGRESS, E_PEER, name)):
                     return 0
             if not put_outcome(s, EGRESS, E_NOTE, field(event, EG.error)):
                 return 0
         elif kind is _SubjectMapping:
             to = event.to
-            if not (put_head(s, trace_id, span_id, server_id, trace_state, "map", 3, to, True, 1, start, ts)
+            if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "map", 3, to, True, 1, start, ts)
                     and put_pair(s, MAPPING, 0, subject) and put_pair(s, MAPPING, 1, to)):
                 return 0
             subject = to  # later egresses deliver on the mapped subject
         elif kind is _StreamExport:
-            if not (put_head(s, trace_id, span_id, server_id, trace_state, "stream export", 13, event.account, True,
+            if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "stream export", 13, event.account, True,
                              1, start, ts)
                     and put_pair(s, EXPORT, 0, event.account) and put_pair(s, EXPORT, 1, event.to)):
                 return 0
         elif kind is _ServiceImport:
-            if not (put_head(s, trace_id, span_id, server_id, trace_state, "service import", 14, event.account,
+            if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "service import", 14, event.account,
                              True, 1, start, ts)
                     and put_pair(s, IMPORT, 0, event.account) and put_pair(s, IMPORT, 1, event.from_subject)
                     and put_pair(s, IMPORT, 2, event.to)):
                 return 0
             subject, account = event.to, event.account
-        elif kind is _JetStream:
-            if not put_head(s, trace_id, span_id, server_id, trace_state, "store", 5, event.stream, False, 1,
+        elif kind is _JetStreamEvent:
+            if not put_span_head(s, trace_id, span_id, server_id, trace_state, "store", 5, event.stream, False, 1,
                             start, ts):
                 return 0
             for i in range(3):
@@ -403,6 +339,11 @@ cdef object _resource_of(object server, object service_name):
     return resource
 
 
+cdef object _map_encode_by_reference(object msg, object ctx, object placement, object options):
+    _handed[H_MAP] += 1
+    return _reference_map_encode(msg, ctx, placement, options)
+
+
 def map_encode(msg, ctx, placement, options):
     """(resource, encoded spans, span count, issues) of one trace message: the bytes
     `python_map_encode` gives, written in C (or by it, for unusual input)."""
@@ -414,7 +355,7 @@ def map_encode(msg, ctx, placement, options):
     try:
         count = map_encode_c(&blob, &s, msg, ctx, placement, options, issues)
         if not count:
-            return _py_map_encode(msg, ctx, placement, options)
+            return _map_encode_by_reference(msg, ctx, placement, options)
         resource = _resource_of(msg.server, options.service_name)
         return resource, PyBytes_FromStringAndSize(blob.data, blob.size), count, issues
     finally:

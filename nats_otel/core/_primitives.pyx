@@ -1,0 +1,175 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The leaf of primitives: what msgspec calls while it decodes, compiled.
+
+msgspec calls a `__post_init__` hook per decoded struct (the server, every event, the
+request, the document, the trace context), and the Python hooks were a visible share of
+decoding. `model`, `decode` and `ids` choose these hooks (`accel.primitives`) when their
+classes are made, so this module sits below them: it imports nothing of the core but
+`timestamps`, its own reference, which imports nothing (the text forms the C parser does
+not take go there). The kernel (`_kernel.pyx`) cimports `context_fields_c`.
+
+The references: `timestamps.parse_rfc3339_ns`, `model`'s and `decode`'s hooks,
+`ids._context_fields` and `TraceContext.__post_init__`. Same values, same errors (the
+tests compare the two on generated input)."""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int64_t
+from msgspec.structs import force_setattr
+
+from nats_otel.core.timestamps import parse_rfc3339_ns as _reference_parse
+
+cdef object _U64 = 2 ** 64
+cdef bytes _HEX = b"0123456789abcdef"
+
+
+# --- RFC 3339 (`timestamps.parse_rfc3339_ns`) -------------------------------------------
+# What servers write: `YYYY-MM-DDTHH:MM:SS[.f{1,9}]Z` in ASCII. Anything else (offsets,
+# odd digits, year 0, out-of-range fields) goes to the reference, which parses or raises.
+
+cdef inline int digits(const unsigned int* p, int n, int* out):
+    cdef int i, value = 0
+    for i in range(n):
+        if p[i] < 48 or p[i] > 57:
+            return 0
+        value = value * 10 + <int>p[i] - 48
+    out[0] = value
+    return 1
+
+
+cdef inline int64_t days_from_civil(int64_t y, int m, int d):
+    # Howard Hinnant's algorithm: days since 1970-01-01 of a proleptic Gregorian date. Day
+    # 31 of a short month runs on into the next, as in `calendar.timegm`.
+    cdef int64_t era, yoe, doy, doe
+    y -= m <= 2
+    era = (y if y >= 0 else y - 399) // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468 + (d - 1)
+
+
+def parse_rfc3339_ns(text):
+    """Nanoseconds since the Unix epoch; `ValueError` naming the text if it is not RFC 3339."""
+    cdef Py_ssize_t n, i
+    cdef unsigned int buf[30]
+    cdef Py_UCS4 c
+    cdef int year, month, day, hour, minute, second, fraction = 0, width
+    cdef int64_t days
+    cdef str chars
+    if type(text) is not str:
+        return _reference_parse(text)
+    chars = <str>text  # typed: indexing reads the character in C, not through str.__getitem__
+    n = len(chars)
+    if n < 20 or n > 30:
+        return _reference_parse(text)
+    for i in range(n):
+        c = chars[i]
+        buf[i] = <unsigned int>c
+    if not (buf[4] == 45 and buf[7] == 45 and buf[10] in (84, 116, 32) and buf[13] == 58 and buf[16] == 58
+            and buf[n - 1] in (90, 122)):
+        return _reference_parse(text)
+    if not (digits(buf, 4, &year) and digits(buf + 5, 2, &month) and digits(buf + 8, 2, &day)
+            and digits(buf + 11, 2, &hour) and digits(buf + 14, 2, &minute) and digits(buf + 17, 2, &second)):
+        return _reference_parse(text)
+    if n == 20:
+        width = 0
+    else:
+        width = <int>(n - 21)
+        if buf[19] != 46 or width < 1 or width > 9 or not digits(buf + 20, width, &fraction):
+            return _reference_parse(text)
+        for i in range(9 - width):
+            fraction *= 10
+    if year < 1970 or year > 2200 or not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60
+                                          and second < 61):
+        return _reference_parse(text)  # raises, or (far years: no int64 overflow here) parses
+    days = days_from_civil(year, month, day)
+    return (days * 86400 + hour * 3600 + minute * 60 + second) * 1_000_000_000 + fraction
+
+
+# --- msgspec's hooks (`model`, `decode`) --------------------------------------------------
+# The errors are the references' (`model.check_uint64`, `model._timestamp`): the tests
+# compare them.
+
+cdef inline object _ns(object text):
+    ns = parse_rfc3339_ns(text)
+    if ns < 0 or ns >= _U64:
+        raise ValueError(f"timestamp {text!r:.40} outside what OTLP can carry (1970 to 2554)")
+    return ns
+
+
+cdef inline void _check_uint64(str name, object value) except *:
+    if value >= _U64:
+        raise ValueError(f"{name} {value} is over a uint64")
+
+
+def event_post_init(self):
+    """`_Event.__post_init__`: `ts_ns` from `ts`."""
+    force_setattr(self, "ts_ns", _ns(self.ts))
+
+
+def connection_post_init(self):
+    """`Ingress`/`Egress.__post_init__`: `cid` within a uint64, then as any event."""
+    _check_uint64("cid", self.cid)
+    force_setattr(self, "ts_ns", _ns(self.ts))
+
+
+def server_post_init(self):
+    """`ServerInfo.__post_init__`: `seq` within a uint64, `time_ns` from `time`."""
+    _check_uint64("seq", self.seq)
+    time = self.time
+    if time is not None:
+        force_setattr(self, "time_ns", _ns(time))
+
+
+def request_post_init(self):
+    """`decode._Request.__post_init__`: `msgsize` within a uint64."""
+    _check_uint64("msgsize", self.msgsize)
+
+
+def document_post_init(self):
+    """`decode._Document.__post_init__`: `hops` within a uint64."""
+    _check_uint64("hops", self.hops)
+
+
+# --- the trace context's fields (`ids._context_fields`) -----------------------------------
+
+def context_fields(trace_id, parent_span_id):
+    """`ids._context_fields`: `_fields(trace_id.hex(), parent_span_id.hex())`, without the two
+    hex strings."""
+    return context_fields_c(trace_id, parent_span_id)
+
+
+cdef bytes context_fields_c(object trace_id, object parent_span_id):
+    cdef bytes out, part
+    cdef char* p
+    cdef const unsigned char* src
+    cdef Py_ssize_t at = 0, n, i
+    if type(trace_id) is not bytes or type(parent_span_id) is not bytes:
+        return _ascii_fields(trace_id.hex(), parent_span_id.hex())  # bytearray, memoryview: or their error
+    out = PyBytes_FromStringAndSize(NULL, 8 + 2 * (PyBytes_GET_SIZE(trace_id) + PyBytes_GET_SIZE(parent_span_id)))
+    p = PyBytes_AS_STRING(out)
+    for part in (trace_id, parent_span_id):
+        n = 2 * PyBytes_GET_SIZE(part)
+        p[at] = <char>((n >> 24) & 0xFF)
+        p[at + 1] = <char>((n >> 16) & 0xFF)
+        p[at + 2] = <char>((n >> 8) & 0xFF)
+        p[at + 3] = <char>(n & 0xFF)
+        at += 4
+        src = <const unsigned char*>PyBytes_AS_STRING(part)
+        for i in range(n // 2):
+            p[at] = _HEX[src[i] >> 4]
+            p[at + 1] = _HEX[src[i] & 15]
+            at += 2
+    return out
+
+
+def context_post_init(self):
+    """`TraceContext.__post_init__`: `id_fields` from the two ids when not given."""
+    if not self.id_fields:
+        force_setattr(self, "id_fields", context_fields_c(self.trace_id, self.parent_span_id))
+
+
+cdef bytes _ascii_fields(str first, str second):
+    # `ids._fields` of two ASCII texts (hex digits): each as a 4-byte length and its bytes
+    cdef bytes a = first.encode("ascii"), b = second.encode("ascii")
+    return len(a).to_bytes(4, "big") + a + len(b).to_bytes(4, "big") + b

@@ -1,0 +1,73 @@
+# The records the kernel reads, and where each field it reads lies in them: the one place a
+# record's layout is known. A msgspec Struct's field is a slot at a fixed offset
+# (`_fields.h`), found here once, when the kernel is imported; each read after an exact type
+# check is then a load. The NamedTuples built or read by position are checked here too.
+#
+# A record not laid out as read here (a field that is not a plain slot, a NamedTuple's
+# fields renamed or moved) makes the import fail with ImportError: `accel` then records why
+# and the pure-Python reference runs.
+
+cdef struct MessageFields:      # model.TraceMessage
+    Py_ssize_t server, ingress, header_index, events, unknown_events, msg_size, hops, headers
+cdef struct IngressFields:      # model.Ingress
+    Py_ssize_t ts_ns, kind, cid, name, account, subject, error
+cdef struct EgressFields:       # model.Egress (the event)
+    Py_ssize_t ts_ns, kind, cid, name, hop, account, subscription, queue, error
+cdef struct JetStreamFields:    # model.JetStreamEvent
+    Py_ssize_t error
+cdef struct ServerFields:       # model.ServerInfo
+    Py_ssize_t id, name, version, host, cluster, domain, tags, jetstream
+cdef struct ContextFields:      # ids.TraceContext
+    Py_ssize_t trace_id, parent_span_id, trace_state, adhoc_key, id_fields
+cdef struct PreparedFields:     # pipeline.Prepared
+    Py_ssize_t msg, ctx, ident, arrival, issues, size
+cdef struct RawFields:          # decode.RawTraceMessage
+    Py_ssize_t headers, payload
+cdef struct DocumentFields:     # decode._Document
+    Py_ssize_t server, events, request, hops
+cdef struct RequestFields:      # decode._Request
+    Py_ssize_t header, msgsize
+
+cdef MessageFields MSG
+cdef IngressFields IN
+cdef EgressFields EG
+cdef JetStreamFields JS
+cdef ServerFields SRV
+cdef ContextFields CTX
+cdef PreparedFields PREPARED
+cdef RawFields RAW
+cdef DocumentFields DOC
+cdef RequestFields REQ
+cdef Py_ssize_t TS_NS  # every event's `ts_ns` (a field of their base class: one offset)
+
+# NamedTuples built with `tuple.__new__` or read by position.
+_BY_POSITION = {
+    _Placement: ("ident", "trace_id", "parent_span_id", "link", "candidates"),
+    _Link: ("result", "egress", "candidates", "first"),
+    _LinkEgress: ("ts_ns", "size", "ident", "span_id"),
+    _Arrival: ("ts_ns", "size", "ident"),
+    _HopSample: ("from_server", "to_server", "kind", "latency_ns"),
+    _NetworkSample: ("server", "account", "subject", "in_server_ns", "failed", "hop", "failed_hops"),
+    _EncodedSpans: ("resource", "data", "span_count"),
+}
+
+try:
+    MSG = _offsets(_TraceMessage, "server ingress header_index events unknown_events msg_size hops headers")
+    IN = _offsets(_Ingress, "ts_ns kind cid name account subject error")
+    EG = _offsets(_EgressEvent, "ts_ns kind cid name hop account subscription queue error")
+    JS = _offsets(_JetStreamEvent, "error")
+    SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream")
+    CTX = _offsets(_TraceContext, "trace_id parent_span_id trace_state adhoc_key id_fields")
+    PREPARED = _offsets(_Prepared, "msg ctx ident arrival issues size")
+    RAW = _offsets(_RawTraceMessage, "headers payload")
+    DOC = _offsets(_Document, "server events request hops")
+    REQ = _offsets(_DecodedRequest, "header msgsize")
+    TS_NS = field_offset(_Ingress, "ts_ns")
+    for _event_type in (_EgressEvent, _SubjectMapping, _StreamExport, _ServiceImport, _JetStreamEvent):
+        if field_offset(_event_type, "ts_ns") != TS_NS:
+            raise TypeError("the event types' ts_ns fields are not one slot")
+    for _record, _fields_read in _BY_POSITION.items():
+        if _record._fields != _fields_read:
+            raise TypeError(f"{_record.__name__}'s fields changed: {_record._fields}")
+except TypeError as exc:
+    raise ImportError(f"a record is not laid out as the kernel reads it: {exc}") from exc

@@ -1,0 +1,101 @@
+# The compiled twins of `ids`' hashing and parsing (see there): length-prefixed fields,
+# the BLAKE2b span ids (`_blake2b.h`, checked against hashlib), and the plain lower-case
+# traceparent servers pass on. Anything else (an odd type, a traceparent to lower-case or
+# to reject) goes to the Python twins, so the bytes and the errors are the pure path's.
+
+cdef extern from "_blake2b.h":
+    void nats_otel_blake2b(unsigned char* out, size_t outlen, const unsigned char** parts, const size_t* sizes,
+                           int count)
+
+def blake2b(bytes data, int digest_size):
+    """hashlib.blake2b(data, digest_size=digest_size).digest() (tests compare the two)."""
+    cdef const unsigned char* parts[1]
+    cdef size_t sizes[1]
+    cdef unsigned char out[64]
+    if not 1 <= digest_size <= 64:
+        raise ValueError("digest_size must be between 1 and 64")
+    parts[0] = <const unsigned char*>PyBytes_AS_STRING(data)
+    sizes[0] = <size_t>PyBytes_GET_SIZE(data)
+    nats_otel_blake2b(out, digest_size, parts, sizes, 1)
+    return PyBytes_FromStringAndSize(<char*>out, digest_size)
+
+
+cdef bytes _span_id(bytes prefix, bytes id_fields, bytes ident, bytes tail):
+    cdef const unsigned char* parts[4]
+    cdef size_t sizes[4]
+    cdef unsigned char digest[16]
+    cdef int i
+    parts[0] = <const unsigned char*>PyBytes_AS_STRING(prefix)
+    sizes[0] = <size_t>PyBytes_GET_SIZE(prefix)
+    parts[1] = <const unsigned char*>PyBytes_AS_STRING(id_fields)
+    sizes[1] = <size_t>PyBytes_GET_SIZE(id_fields)
+    parts[2] = <const unsigned char*>PyBytes_AS_STRING(ident)
+    sizes[2] = <size_t>PyBytes_GET_SIZE(ident)
+    parts[3] = <const unsigned char*>PyBytes_AS_STRING(tail)
+    sizes[3] = <size_t>PyBytes_GET_SIZE(tail)
+    nats_otel_blake2b(digest, 16, parts, sizes, 4)
+    for i in range(8):
+        if digest[i]:
+            return PyBytes_FromStringAndSize(<char*>digest, 8)
+    return b"\x00" * 7 + b"\x01"  # an all-zero span id is invalid in OTLP
+
+
+def server_span_id(ctx, ident):
+    """`ids.server_span_id`."""
+    id_fields = ctx.id_fields
+    if type(ident) is not bytes or type(id_fields) is not bytes:
+        return _reference_server_span_id(ctx, ident)
+    return _span_id(_SERVER_PREFIX, id_fields, ident, b"")
+
+
+def event_span_id(ctx, ident, position):
+    """`ids.event_span_id`."""
+    id_fields = ctx.id_fields
+    if type(ident) is not bytes or type(id_fields) is not bytes or type(position) is not int \
+            or not 0 <= position < 256:
+        return _reference_event_span_id(ctx, ident, position)
+    return _span_id(_EVENT_PREFIX, id_fields, ident, <bytes>_POSITIONS[position])
+
+
+cdef inline int _hex_value(unsigned char c):
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    return -1
+
+
+def parse_traceparent(value):
+    """`ids.parse_traceparent` for `00-<32 hex>-<16 hex>-<2 hex>` in lower case with non-zero
+    ids (what servers pass on); everything else goes to the Python twin."""
+    cdef unsigned char ids[24]
+    cdef int i, hi, lo, flags, nonzero_trace = 0, nonzero_parent = 0
+    cdef Py_ssize_t at, size = 0
+    cdef const unsigned char* text
+    if type(value) is not str or len(<str>value) != 55:
+        return _reference_parse_traceparent(value)
+    try:
+        # The UTF-8 form CPython keeps (no copy for ASCII text): 55 bytes only when ASCII.
+        text = <const unsigned char*>PyUnicode_AsUTF8AndSize(value, &size)
+    except UnicodeEncodeError:
+        return _reference_parse_traceparent(value)
+    if size != 55 or text[0] != 48 or text[1] != 48 or text[2] != 45 or text[35] != 45 or text[52] != 45:
+        return _reference_parse_traceparent(value)
+    for i in range(24):
+        at = 3 + 2 * i if i < 16 else 36 + 2 * (i - 16)
+        hi = _hex_value(text[at])
+        lo = _hex_value(text[at + 1])
+        if hi < 0 or lo < 0:
+            return _reference_parse_traceparent(value)
+        ids[i] = <unsigned char>(hi * 16 + lo)
+        if ids[i]:
+            if i < 16:
+                nonzero_trace = 1
+            else:
+                nonzero_parent = 1
+    hi = _hex_value(text[53])
+    lo = _hex_value(text[54])
+    if hi < 0 or lo < 0 or not nonzero_trace or not nonzero_parent:
+        return _reference_parse_traceparent(value)  # raises the pure path's error, or parses
+    flags = hi * 16 + lo
+    return PyBytes_FromStringAndSize(<char*>ids, 16), PyBytes_FromStringAndSize(<char*>ids + 16, 8), flags

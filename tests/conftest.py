@@ -1,12 +1,15 @@
-"""Shared fixtures: the real corpus shipped in tests/data/corpus."""
+"""Shared fixtures: the real corpus shipped in tests/data/corpus, and the core's two
+implementations (`core`: every test that takes it runs on each)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
+from nats_otel.core import accel, engine
 from nats_otel.core.decode import parse_archive_line
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
@@ -29,3 +32,44 @@ def corpus_raws():
 @pytest.fixture(scope="session")
 def manifest():
     return json.loads((CORPUS / "manifest.json").read_text())
+
+
+# The pure-Python reference always; the compiled kernel too unless NATS_OTEL_NO_EXTENSIONS
+# is set (then CI's second run covers the install without it).
+IMPLEMENTATIONS = ("python",) if accel.NO_EXTENSIONS else ("python", "compiled")
+
+
+def _built(name: str) -> ModuleType:
+    module = engine.IMPLEMENTATIONS.get(name)
+    if module is None:
+        pytest.fail(f"the compiled kernel is not built or refused to import ({engine.unavailable()}): "
+                    "pip install -e . with a C compiler (or set NATS_OTEL_NO_EXTENSIONS=1 for the pure core)")
+    return module
+
+
+@pytest.fixture(params=IMPLEMENTATIONS, scope="session")
+def core(request: pytest.FixtureRequest) -> ModuleType:
+    """Each implementation of the core's hot path, by `engine.IMPLEMENTATIONS` name: the pure-
+    Python reference (`core.reference`) and the compiled kernel (`core._kernel`), which export
+    the same names (`Converter`, `convert_batch`, `prepare`, `Linker`, `map_encode`...)."""
+    return _built(request.param)
+
+
+@pytest.fixture(scope="session")
+def kernel() -> ModuleType:
+    """The compiled kernel alone, for tests that compare it with the reference (skipped when
+    NATS_OTEL_NO_EXTENSIONS is set; failed when it should be built and is not)."""
+    if accel.NO_EXTENSIONS:
+        pytest.skip("NATS_OTEL_NO_EXTENSIONS is set: the compiled kernel is not used in this run")
+    return _built("compiled")
+
+
+@pytest.fixture(scope="session")
+def primitives() -> ModuleType:
+    """The compiled leaf of primitives (`core._primitives`), as `kernel`."""
+    if accel.NO_EXTENSIONS:
+        pytest.skip("NATS_OTEL_NO_EXTENSIONS is set: the compiled leaf is not used in this run")
+    module = accel.compiled("_primitives")
+    if module is None:
+        pytest.fail(f"the compiled leaf of primitives is not built ({engine.unavailable()}): pip install -e .")
+    return module

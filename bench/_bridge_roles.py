@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _core_api import hot_path
+
 _TID = re.compile(rb"00-([0-9a-f]{32})-")
 
 
@@ -30,7 +32,7 @@ def build_pool(count: int, path: Path) -> list[int]:
     from corpus_replay import corpus_raws, replicate
 
     from nats_otel.core.decode import DecodeLimits, decompress
-    from nats_otel.core.pipeline import Converted, Converter
+    from nats_otel.core.pipeline import Converted
 
     pool = []
     for raw in replicate(count):
@@ -43,7 +45,7 @@ def build_pool(count: int, path: Path) -> list[int]:
         pool.append((hdr, raw.payload, m.group(1).decode() if m else None))
     path.write_bytes(pickle.dumps(pool))
     base = corpus_raws()
-    conv = Converter()
+    conv = hot_path().Converter()
     return [len(r.spans) if isinstance(r, Converted) else 0 for r in map(conv.convert, base)]
 
 
@@ -149,7 +151,7 @@ def role_naive(args: argparse.Namespace) -> None:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from nats_otel.bridge.sources.connection import raw_from_msg
-    from nats_otel.core.pipeline import Converted, Converter
+    from nats_otel.core.pipeline import Converted
 
     # --max-queue 0: the SDK's defaults (a 2,048-span queue that drops past it: "Queue full,
     # dropping Span"). Otherwise the settings a user picks after seeing that warning: a queue
@@ -160,7 +162,7 @@ def role_naive(args: argparse.Namespace) -> None:
                                        schedule_delay_millis=args.delay_ms)
     else:
         processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=args.endpoint, insecure=True))
-    converter = Converter()
+    converter = hot_path().Converter()
     resources: dict = {}
     state = {"n": 0, "spans": 0, "first": 0.0, "last": 0.0}
 

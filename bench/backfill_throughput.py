@@ -156,9 +156,13 @@ def child_spark(folder: str, master: str, out: str, *flags: str) -> dict:
 
 
 def child_single(folder: str, out: str) -> dict:
+    from _core_api import hot_path
+
     from nats_otel.archive import expand_inputs, read_archive
     from nats_otel.core.encode import split_by_trace, to_otlp_json_line
-    from nats_otel.core.pipeline import Converted, convert_batch
+    from nats_otel.core.pipeline import Converted
+
+    convert_batch = hot_path().convert_batch
 
     start = time.monotonic()
     results = convert_batch(read_archive(expand_inputs([folder])))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _core_api import hot_path
 from corpus_replay import replicate
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource as SdkResource
@@ -31,7 +32,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from nats_otel.core.encode import to_protobuf_bytes
-from nats_otel.core.pipeline import Converted, Converter
+from nats_otel.core.pipeline import Converted
 
 BATCH = 512
 _KINDS = {1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT, 4: SpanKind.PRODUCER, 5: SpanKind.CONSUMER}
@@ -39,11 +40,11 @@ _SCOPE = InstrumentationScope("nats-otel", "0.1.0")
 
 
 def ours(raws) -> tuple[int, int]:
-    try:
-        from nats_otel.core.span_bytes import encode_request
-    except ImportError:  # an older checkout: span records, then the encoder
+    core = hot_path()
+    if not hasattr(core, "encode_request"):  # an older checkout: span records, then the encoder
         return ours_records(raws)
-    converter = Converter()
+    encode_request = core.encode_request
+    converter = core.Converter()
     batch, count, spans_total, bytes_total = [], 0, 0, 0
     for raw in raws:
         result = converter.convert(raw, encoded=True)
@@ -62,7 +63,7 @@ def ours(raws) -> tuple[int, int]:
 
 def ours_records(raws) -> tuple[int, int]:
     """Span records, then one request per 512 spans (`to_protobuf_bytes`)."""
-    converter = Converter()
+    converter = hot_path().Converter()
     batch, spans_total, bytes_total = [], 0, 0
     for raw in raws:
         result = converter.convert(raw)
@@ -105,7 +106,7 @@ def _readable(span, resources) -> ReadableSpan:
 
 
 def naive(raws) -> tuple[int, int]:
-    converter = Converter()
+    converter = hot_path().Converter()
     resources: dict = {}
     batch, spans_total, bytes_total = [], 0, 0
     for raw in raws:
@@ -161,7 +162,7 @@ def main() -> None:
             print(f"round {round_number} {name:5}: {rate:10,.0f} msgs/s  {spans[name] / elapsed:10,.0f} spans/s  "
                   f"({size:,} bytes)", flush=True)
     assert spans["ours"] == spans["naive"], "both paths must produce the same number of spans"
-    converter = Converter()
+    converter = hot_path().Converter()
     records = [s for raw in raws for s in converter.convert(raw).spans]
     encode_best = {"ours": float("inf"), "naive": float("inf")}
     for _ in range(args.rounds):

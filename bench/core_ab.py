@@ -29,9 +29,9 @@ OURS = HERE.parent.parent
 
 def bridge_calls(raws) -> None:
     """The bridge's calls to the core: observed on arrival, converted per batch."""
-    from nats_otel.core.pipeline import Converter
+    from _core_api import hot_path
 
-    converter = Converter()
+    converter = hot_path().Converter()
     for start in range(0, len(raws), 512):
         batch = raws[start : start + 512]
         converter.observe_many(batch, 0.0)

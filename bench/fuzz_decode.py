@@ -30,7 +30,8 @@ import cramjam
 
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.encode import to_otlp_json_line, to_protobuf_bytes
-from nats_otel.core.pipeline import Converted, Converter
+from nats_otel.core.engine import Converter
+from nats_otel.core.pipeline import Converted
 
 # Small limits so "oversized" cases are cheap to build; the bridge's are configurable
 # (`limits:` in the settings).

@@ -31,7 +31,8 @@ from pathlib import Path
 import orjson
 
 from nats_otel.core.decode import RawTraceMessage
-from nats_otel.core.pipeline import Converted, Converter
+from nats_otel.core.engine import Converter
+from nats_otel.core.pipeline import Converted
 
 BASE_NS = 1_795_313_790_000_000_000
 

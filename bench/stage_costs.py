@@ -57,22 +57,24 @@ def _best(rounds: int, work) -> float:
 
 def core_stages(messages: int, rounds: int) -> dict[str, float]:
     """Microseconds of CPU per message of the pure core's stages, GC off (measured apart)."""
+    from _core_api import hot_path
     from corpus_replay import replicate
 
-    from nats_otel.core import choice
     from nats_otel.core.mapping import MappingOptions
-    from nats_otel.core.pipeline import Linker, prepare
-    from nats_otel.core.span_bytes import EncodedSpans, encode_request, map_encode
+    from nats_otel.core.span_bytes import EncodedSpans
+
+    core = hot_path()
+    linker_class, prepare, encode_request, map_encode = core.Linker, core.prepare, core.encode_request, core.map_encode
 
     raws = replicate(messages)
     options = MappingOptions()
-    out: dict[str, float] = {"implementation": choice.implementation()}  # type: ignore[dict-item]
+    out: dict[str, float] = {"implementation": core.implementation()}  # type: ignore[dict-item]
     gc.disable()
     prepared = [prepare(raw) for raw in raws]
     out["decode"] = _best(rounds, lambda: [prepare(raw) for raw in raws])
 
     def link() -> list:
-        linker = Linker(bounded=False)
+        linker = linker_class(bounded=False)
         for p in prepared:
             linker.observe(p)
         return [linker.place(p) for p in prepared]
@@ -93,8 +95,7 @@ def core_stages(messages: int, rounds: int) -> dict[str, float]:
                 batch, count = [], 0
 
     out["request"] = _best(rounds, requests)
-    from nats_otel.core.network import network_sample
-
+    network_sample = core.network_sample
     out["network"] = _best(rounds, lambda: [network_sample(p.msg, None) for p in prepared])
     for key in ("decode", "link", "map+encode", "request", "network"):
         out[key] = out[key] / len(raws) * 1e6
@@ -113,7 +114,7 @@ def core_stages(messages: int, rounds: int) -> dict[str, float]:
     tune_gc_for_throughput()
     gc.callbacks.append(watch)
     started = time.perf_counter()
-    linker = Linker()
+    linker = linker_class()
     for raw in raws:
         p = prepare(raw)
         linker.observe(p)
@@ -227,15 +228,16 @@ def receive_stages(messages: int) -> dict[str, float]:
 
 def send_stage(messages: int) -> dict[str, float]:
     """gRPC send of ready requests (this thread's CPU per message) and the metrics updates."""
+    from _core_api import hot_path
     from corpus_replay import replicate
 
     from nats_otel.bridge.export.otlp import GrpcExporter
     from nats_otel.bridge.settings import OtlpSettings
     from nats_otel.bridge.telemetry import Metrics
-    from nats_otel.core.pipeline import Converted, Converter
-    from nats_otel.core.span_bytes import encode_request
+    from nats_otel.core.pipeline import Converted
 
-    converter = Converter()
+    encode_request = hot_path().encode_request
+    converter = hot_path().Converter()
     items = [r.encoded for r in (converter.convert(raw, encoded=True) for raw in replicate(messages))
              if isinstance(r, Converted) and r.encoded is not None]
     requests, batch, count = [], [], 0
@@ -271,7 +273,7 @@ def send_stage(messages: int) -> dict[str, float]:
     from nats_otel.bridge.readiness import BackendReadiness
     from nats_otel.bridge.settings import TelemetrySettings
 
-    results = [r for r in (Converter().convert(raw, encoded=True) for raw in replicate(messages))
+    results = [r for r in (hot_path().Converter().convert(raw, encoded=True) for raw in replicate(messages))
                if isinstance(r, Converted)]
     accounting = BatchAccounting(Metrics(), TelemetrySettings(), BackendReadiness([]), ["otlp-grpc"])
     outcomes = [BatchOutcome(results[i : i + 500], {"otlp-grpc": ExportResult.success()}, {"otlp-grpc": 0.01},

@@ -18,23 +18,23 @@ import pytest
 
 from nats_otel.core.encode import split_by_trace, to_otlp_json_line
 from nats_otel.core.ids import parse_traceparent
-from nats_otel.core.pipeline import Converted, convert_batch
+from nats_otel.core.pipeline import Converted
 from tests.checks import check_span_model, orphan_parents, parse_otlp_json_lines
 from tests.conftest import CORPUS, GOLDEN, corpus_files, read_raws
 
 REGEN = os.environ.get("NATS_OTEL_REGEN_GOLDEN") == "1"
 
 
-def convert_to_bytes(raws) -> bytes:
-    results = convert_batch(raws)
+def convert_to_bytes(core, raws) -> bytes:
+    results = core.convert_batch(raws)
     assert all(isinstance(r, Converted) for r in results), [r for r in results if not isinstance(r, Converted)]
     spans = [s for r in results for s in r.spans]
     return b"".join(to_otlp_json_line(trace) for trace in split_by_trace(spans))
 
 
 @pytest.mark.parametrize("path", corpus_files(), ids=lambda p: p.stem)
-def test_golden(path):
-    output = convert_to_bytes(read_raws(path))
+def test_golden(core, path):
+    output = convert_to_bytes(core, read_raws(path))
     golden = GOLDEN / f"{path.stem}.otlp.jsonl"
     if REGEN:
         golden.write_bytes(output)
@@ -43,17 +43,17 @@ def test_golden(path):
 
 
 @pytest.mark.parametrize("path", corpus_files(), ids=lambda p: p.stem)
-def test_span_model_per_scenario(path):
+def test_span_model_per_scenario(core, path):
     raws = read_raws(path)
-    spans = parse_otlp_json_lines(convert_to_bytes(raws))
+    spans = parse_otlp_json_lines(convert_to_bytes(core, raws))
     check_span_model(spans, raws)
 
 
-def test_whole_corpus_has_no_orphans_and_no_shared_ids(corpus_raws):
-    spans = parse_otlp_json_lines(convert_to_bytes(corpus_raws))
+def test_whole_corpus_has_no_orphans_and_no_shared_ids(core, corpus_raws):
+    spans = parse_otlp_json_lines(convert_to_bytes(core, corpus_raws))
     app_parents = set()
     for raw in corpus_raws:
-        results = convert_batch([raw])
+        results = core.convert_batch([raw])
         server_span = next(r for r in results if isinstance(r, Converted)).spans[0]
         msg_tp = server_span.attribute("messaging.nats.header.traceparent")
         if msg_tp:
@@ -63,7 +63,7 @@ def test_whole_corpus_has_no_orphans_and_no_shared_ids(corpus_raws):
     check_span_model(spans, corpus_raws)
 
 
-def test_manifest_expectations(manifest):
+def test_manifest_expectations(core, manifest):
     """Each scenario's expected servers and hops appear as server spans with their events."""
     checked = 0
     for scenario in manifest["scenarios"]:
@@ -71,7 +71,7 @@ def test_manifest_expectations(manifest):
         path = CORPUS / scenario["file"]
         if not expected or not path.exists():
             continue
-        spans = [s for r in convert_batch(read_raws(path)) for s in r.spans]
+        spans = [s for r in core.convert_batch(read_raws(path)) for s in r.spans]
         servers = [s for s in spans if s.kind == 5]
         for event in expected:
             hop = event.get("hop") or None
@@ -91,9 +91,9 @@ def test_manifest_expectations(manifest):
     assert checked >= 30
 
 
-def test_reused_traceparent_gets_distinct_ids_and_linked_hops():
+def test_reused_traceparent_gets_distinct_ids_and_linked_hops(core):
     raws = read_raws(CORPUS / "22_traceparent_reused_3x.jsonl")
-    results = convert_batch(raws)
+    results = core.convert_batch(raws)
     spans = [s for r in results for s in r.spans]
     assert len({s.span_id for s in spans}) == len(spans) == 12
     # Three origins (under the producer span), three downstream reports each linked by evidence.
@@ -109,15 +109,15 @@ def test_reused_traceparent_gets_distinct_ids_and_linked_hops():
         assert child.attribute(size) - origin.attribute(size) == 19
 
 
-def test_shuffled_input_gives_identical_bytes(corpus_raws):
-    reference = convert_to_bytes(corpus_raws)
+def test_shuffled_input_gives_identical_bytes(core, corpus_raws):
+    reference = convert_to_bytes(core, corpus_raws)
     for seed in range(3):
         shuffled = corpus_raws[:]
         random.Random(seed).shuffle(shuffled)
-        assert convert_to_bytes(shuffled) == reference
+        assert convert_to_bytes(core, shuffled) == reference
 
 
-def test_cli_convert_twice_and_shuffled(tmp_path):
+def test_cli_convert_twice_and_shuffled(core, tmp_path):
     lines = [line for path in corpus_files() for line in path.read_bytes().splitlines() if line.strip()]
     random.Random(7).shuffle(lines)
     shuffled = tmp_path / "shuffled.jsonl"
@@ -134,10 +134,10 @@ def test_cli_convert_twice_and_shuffled(tmp_path):
         assert "268 trace messages converted" in done.stderr and "0 rejected" in done.stderr
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
-    assert outputs[0] == convert_to_bytes([r for p in corpus_files() for r in read_raws(p)])
+    assert outputs[0] == convert_to_bytes(core, [r for p in corpus_files() for r in read_raws(p)])
 
 
-def test_cli_convert_from_stdin_streams_the_same_bytes(tmp_path):
+def test_cli_convert_from_stdin_streams_the_same_bytes(core, tmp_path):
     """`convert` streams (two passes, spans spilled to disk): standard input is read once
     and kept for the second pass; the output is `convert_batch`'s, byte for byte."""
     lines = b"".join(path.read_bytes() for path in corpus_files())
@@ -145,10 +145,10 @@ def test_cli_convert_from_stdin_streams_the_same_bytes(tmp_path):
     done = subprocess.run([sys.executable, "-m", "nats_otel.cli", "convert", "-", "-o", str(out)],
                           input=lines, capture_output=True, check=True)
     assert b"268 trace messages converted" in done.stderr
-    assert out.read_bytes() == convert_to_bytes([r for p in corpus_files() for r in read_raws(p)])
+    assert out.read_bytes() == convert_to_bytes(core, [r for p in corpus_files() for r in read_raws(p)])
 
 
-def test_a_long_trace_is_written_in_bounded_requests(tmp_path):
+def test_a_long_trace_is_written_in_bounded_requests(core, tmp_path):
     """Thousands of messages under one traceparent: requests of at most MAX_SPANS_PER_REQUEST
     spans, in order, the same bytes from the streaming CLI as from `split_by_trace`."""
     from nats_otel.core.encode import MAX_SPANS_PER_REQUEST
@@ -161,7 +161,7 @@ def test_a_long_trace_is_written_in_bounded_requests(tmp_path):
             for event in doc["events"]:
                 event["ts"] = event["ts"][:20] + f"{copy:06d}" + event["ts"][26:]
             raws.append(type(raw)(raw.subject, raw.headers, orjson.dumps(doc)))
-    lines = convert_to_bytes(raws).splitlines()
+    lines = convert_to_bytes(core, raws).splitlines()
     assert len(lines) == 3 and all(len(orjson.loads(line)["resourceSpans"]) for line in lines)
     counts = [sum(len(ss["spans"]) for rs in orjson.loads(line)["resourceSpans"] for ss in rs["scopeSpans"])
               for line in lines]

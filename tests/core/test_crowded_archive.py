@@ -20,7 +20,7 @@ import pytest
 
 from nats_otel.core.decode import RawTraceMessage, decode, parse_archive_line
 from nats_otel.core.ids import identity
-from nats_otel.core.pipeline import Converted, convert_batch
+from nats_otel.core.pipeline import Converted
 from nats_otel.devkit.hop_truth import RIGHT, WRONG, compute_truth, score, spans_from_records
 
 ARCHIVE = Path(__file__).parent.parent / "data" / "hop_batches" / "batches_2ms.jsonl.gz"
@@ -37,23 +37,23 @@ def archive() -> tuple[list[bytes], object]:
     return lines, compute_truth(_raws(lines))
 
 
-def _convert_scored(lines: list[bytes], truth, drop: float, seed: int) -> tuple[int, int, int]:
+def _convert_scored(core, lines: list[bytes], truth, drop: float, seed: int) -> tuple[int, int, int]:
     """(hops whose two reports remain, linked right, linked wrong)."""
     rnd = random.Random(seed)
     raws = _raws([line for line in lines if rnd.random() >= drop])
     remaining = {identity(decode(raw)) for raw in raws}
     linkable = {ident for ident, hop in truth.hops.items() if ident in remaining and hop.upstream in remaining}
-    spans = [span for result in convert_batch(raws) if isinstance(result, Converted) for span in result.spans]
+    spans = [span for result in core.convert_batch(raws) if isinstance(result, Converted) for span in result.spans]
     counts = score(truth, spans_from_records(spans), only=linkable).counts
     return len(linkable), counts[RIGHT], counts[WRONG]
 
 
-def test_lost_reports_of_real_batches_never_make_a_wrong_link(archive):
+def test_lost_reports_of_real_batches_never_make_a_wrong_link(core, archive):
     lines, truth = archive
     assert len(truth.hops) == 1800 and not truth.problems
     linkable = right = 0
     for seed in range(1, 13):
-        kept, linked, wrong = _convert_scored(lines, truth, 0.1, seed)
+        kept, linked, wrong = _convert_scored(core, lines, truth, 0.1, seed)
         assert wrong == 0, f"seed {seed}"
         linkable, right = linkable + kept, right + linked
     # Report numbers and the smoothest distance between them start and carry the keys a
@@ -62,8 +62,8 @@ def test_lost_reports_of_real_batches_never_make_a_wrong_link(archive):
     assert right >= 0.8 * linkable
 
 
-def test_nothing_lost_every_batch_after_the_first_links_whole(archive):
+def test_nothing_lost_every_batch_after_the_first_links_whole(core, archive):
     lines, truth = archive
-    linkable, right, wrong = _convert_scored(lines, truth, 0.0, 0)
+    linkable, right, wrong = _convert_scored(core, lines, truth, 0.0, 0)
     assert (linkable, wrong) == (1800, 0)
     assert right >= 1800 - 300 * 0.4  # the first batch (300 hops) has no start to count from

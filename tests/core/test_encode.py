@@ -5,13 +5,13 @@ from __future__ import annotations
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from nats_otel.core.encode import to_otlp_json_line, to_protobuf, to_protobuf_bytes
-from nats_otel.core.pipeline import Converted, convert_batch
+from nats_otel.core.pipeline import Converted
 from nats_otel.core.records import Resource, SpanRecord
 from tests.checks import flatten, parse_otlp_json_lines
 
 
-def test_fast_writer_is_byte_identical_to_generated_classes(corpus_raws):
-    spans = [s for r in convert_batch(corpus_raws) if isinstance(r, Converted) for s in r.spans]
+def test_fast_writer_is_byte_identical_to_generated_classes(core, corpus_raws):
+    spans = [s for r in core.convert_batch(corpus_raws) if isinstance(r, Converted) for s in r.spans]
     for start in range(0, len(spans), 37):
         batch = spans[start : start + 37]
         assert to_protobuf_bytes(batch) == to_protobuf(batch).SerializeToString()

@@ -10,24 +10,24 @@ import msgspec
 import pytest
 
 from nats_otel.core import evidence
-from nats_otel.core.pipeline import Converted, Converter, convert_batch, observed
+from nats_otel.core.pipeline import Converted
 
 
 def _links(results) -> Counter:
     return Counter(r.link for r in results if isinstance(r, Converted))
 
 
-def test_evidence_from_other_bridges_links_as_one_bridge(corpus_raws):
-    whole = convert_batch(corpus_raws)
+def test_evidence_from_other_bridges_links_as_one_bridge(core, corpus_raws):
+    whole = core.convert_batch(corpus_raws)
     # Two bridges of one queue group: each receives every other report.
     mine, theirs = corpus_raws[::2], corpus_raws[1::2]
-    bridge, other = Converter(), Converter()
+    bridge, other = core.Converter(), core.Converter()
     bridge.observe_many(mine)
     other.observe_many(theirs)
-    shared = evidence.encode_batch("other", [evidence.evidence_of(p) for p in observed(other, theirs)])
+    shared = evidence.encode_batch("other", [evidence.evidence_of(p) for p in core.observed(other, theirs)])
     sender, reports = evidence.decode_batch(shared)
-    assert sender == "other" and len(reports) == len(observed(other, theirs))
-    alone = Converter()
+    assert sender == "other" and len(reports) == len(core.observed(other, theirs))
+    alone = core.Converter()
     alone.observe_many(mine)
     evidence.observe_evidence(bridge.linker, reports)
     exchanged = bridge.convert_many(mine)
@@ -37,10 +37,10 @@ def test_evidence_from_other_bridges_links_as_one_bridge(corpus_raws):
     assert _links(alone.convert_many(mine))["unmatched"] > _links(exchanged)["unmatched"]
 
 
-def test_bad_batches_are_refused_with_a_reason(corpus_raws):
-    converter = Converter()
+def test_bad_batches_are_refused_with_a_reason(core, corpus_raws):
+    converter = core.Converter()
     converter.observe_many(corpus_raws[:20])
-    good = evidence.encode_batch("b", [evidence.evidence_of(p) for p in observed(converter, corpus_raws[:20])])
+    good = evidence.encode_batch("b", [evidence.evidence_of(p) for p in core.observed(converter, corpus_raws[:20])])
     key = b"k" * 32
     cases = {
         "malformed": b"\xc1not msgpack",
@@ -63,36 +63,36 @@ def test_bad_batches_are_refused_with_a_reason(corpus_raws):
     assert caught.value.reason == "invalid"
 
 
-def test_egress_span_ids_are_worked_out_not_read(corpus_raws):
+def test_egress_span_ids_are_worked_out_not_read(core, corpus_raws):
     """Evidence names an egress by its report and position: the span id is the one that
     report's egress span has, whatever else a sender might want it to be."""
-    converter = Converter()
+    converter = core.Converter()
     converter.observe_many(corpus_raws)
-    prepared = [p for p in observed(converter, corpus_raws) if p.egresses()]
+    prepared = [p for p in core.observed(converter, corpus_raws) if p.egresses()]
     report = evidence.evidence_of(prepared[0])
-    other = Converter()
+    other = core.Converter()
     evidence.observe_evidence(other.linker, [report])
     held = {egress.span_id for key, egresses, _ in other.linker.index.held() for egress in egresses}
     assert held == {egress.span_id for _, egress in prepared[0].egresses()}
     # A position of 0 names no event: such an egress is not recorded.
     forged = msgspec.structs.replace(report, egresses=tuple(msgspec.structs.replace(e, position=0)
                                                             for e in report.egresses))
-    fresh = Converter()
+    fresh = core.Converter()
     evidence.observe_evidence(fresh.linker, [forged])
     assert not any(egresses for _, egresses, _ in fresh.linker.index.held())
 
 
-def test_a_sibling_workers_numbers_complete_the_ledger(corpus_raws):
+def test_a_sibling_workers_numbers_complete_the_ledger(core, corpus_raws):
     """Worker processes split a server's reports by trace: a sibling's event numbers
     (`encode_numbers`) give each worker's ledger the runs one process would see."""
-    one, mine, sibling = Converter(), Converter(), Converter()
+    one, mine, sibling = core.Converter(), core.Converter(), core.Converter()
     one.observe_many(corpus_raws)
     ours, theirs = corpus_raws[::2], corpus_raws[1::2]
     mine.observe_many(ours)
     sibling.observe_many(theirs)
     ledger = mine.linker.index.sequences.ledger
     alone = ledger.runs()
-    evidence.observe_numbers(mine.linker, evidence.encode_numbers(observed(sibling, theirs)))
+    evidence.observe_numbers(mine.linker, evidence.encode_numbers(core.observed(sibling, theirs)))
     whole = one.linker.index.sequences.ledger.runs()
     assert ledger.runs() == whole != alone
-    assert len(ledger) == len(observed(mine, ours))  # identities: only this worker's reports
+    assert len(ledger) == len(core.observed(mine, ours))  # identities: only this worker's reports

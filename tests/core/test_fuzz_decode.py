@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import time
+from typing import Any
 
 import cramjam
 import pytest
@@ -19,7 +20,7 @@ from nats_otel.bridge.settings import load_settings
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
 from nats_otel.core.encode import to_otlp_json_line, to_protobuf_bytes
 from nats_otel.core.linking import LinkSettings
-from nats_otel.core.pipeline import Converted, Converter, Rejected
+from nats_otel.core.pipeline import Converted, Rejected
 from tests.core.factories import TRACEPARENT, egress, ingress, message
 
 LIMITS = DecodeLimits(max_payload_bytes=64 * 1024, max_decompressed_bytes=128 * 1024, max_events=200)
@@ -94,7 +95,7 @@ def payloads(draw) -> RawTraceMessage:
     return RawTraceMessage(draw(st.sampled_from(["trace.a", "trace.b"])), headers, data)
 
 
-def check(converter: Converter, raw: RawTraceMessage) -> Converted | Rejected:
+def check(converter: Any, raw: RawTraceMessage) -> Converted | Rejected:
     started = time.perf_counter()
     result = converter.convert(raw)
     if isinstance(result, Converted):
@@ -108,21 +109,26 @@ def check(converter: Converter, raw: RawTraceMessage) -> Converted | Rejected:
     return result
 
 
-CONVERTER = Converter(limits=LIMITS, link=LinkSettings(capacity=1000))
+# One converter per implementation, kept across examples: its window fills as in a bridge.
+CONVERTERS: dict[str, Any] = {}
+
+
+def converter_of(core) -> Any:
+    return CONVERTERS.setdefault(core.IMPLEMENTATION, core.Converter(limits=LIMITS, link=LinkSettings(capacity=1000)))
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(payloads())
-def test_fuzzed_payloads_convert_or_are_rejected_with_a_reason(raw: RawTraceMessage) -> None:
-    check(CONVERTER, raw)
+def test_fuzzed_payloads_convert_or_are_rejected_with_a_reason(core, raw: RawTraceMessage) -> None:
+    check(converter_of(core), raw)
 
 
 @settings(max_examples=200, deadline=None)
 @given(odd_hop, odd_hop)
-def test_odd_hop_ids_still_give_spans(hop: str, upstream: str) -> None:
+def test_odd_hop_ids_still_give_spans(core, hop: str, upstream: str) -> None:
     doc = message(ingress(), egress(t=300, kind=1, name="s2", hop=hop),
                   headers={"traceparent": [TRACEPARENT], "Nats-Trace-Hop": [upstream]})
-    result = check(CONVERTER, RawTraceMessage("trace.a", {}, _encode(doc)))
+    result = check(converter_of(core), RawTraceMessage("trace.a", {}, _encode(doc)))
     assert isinstance(result, Converted) and len(result.spans) == 2
 
 
@@ -139,8 +145,8 @@ def test_odd_hop_ids_still_give_spans(hop: str, upstream: str) -> None:
     (RawTraceMessage("t", {}, b'{"server":{"name":"\xff"}}'), "bad_json"),
     (RawTraceMessage("t", {}, _encode(message(ingress(msgsize=1)) | {"hops": 2**64})), "bad_schema"),
 ])
-def test_table_of_hostile_inputs(raw: RawTraceMessage, reason: str | None) -> None:
-    result = check(Converter(limits=LIMITS), raw)
+def test_table_of_hostile_inputs(core, raw: RawTraceMessage, reason: str | None) -> None:
+    result = check(core.Converter(limits=LIMITS), raw)
     if reason is None:
         assert isinstance(result, Converted)
         assert any(i.startswith("unknown_event:") for i in result.issues), result.issues

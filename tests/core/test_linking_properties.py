@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import AMBIGUOUS, MATCHED, UNMATCHED, LinkSettings
-from nats_otel.core.pipeline import Converted, Converter, convert_batch
+from nats_otel.core.pipeline import Converted
 from nats_otel.core.timestamps import parse_rfc3339_ns
 from tests.core.factories import TRACEPARENT
 from tests.core.test_properties import _ts, traced_message_trees
@@ -74,7 +74,7 @@ offsets = st.lists(st.integers(0, 3_000), min_size=2, max_size=6, unique=True)
 
 @settings(max_examples=80, deadline=None)
 @given(traced_message_trees(), offsets, st.data())
-def test_reused_traceparent_any_order_any_loss_never_links_wrong(tree, gaps, data):
+def test_reused_traceparent_any_order_any_loss_never_links_wrong(core, tree, gaps, data):
     raws, parent = tree
     # Offsets in ns, some within one hop's latency (ambiguous), some far apart.
     sent = copies_of(raws, [g * data.draw(st.sampled_from([1, 1_000_000])) for g in gaps])
@@ -82,10 +82,10 @@ def test_reused_traceparent_any_order_any_loss_never_links_wrong(tree, gaps, dat
     kept = [r for r, k in zip(sent, keep, strict=True) if k]
     lost = frozenset(_name_and_copy(r) for r, k in zip(sent, keep, strict=True) if not k)
     order = data.draw(st.permutations(kept))
-    results = [r for r in convert_batch(order, link=WINDOW) if isinstance(r, Converted)]
+    results = [r for r in core.convert_batch(order, link=WINDOW) if isinstance(r, Converted)]
     check_no_false_links(results, bytes.fromhex(parent), lost)
     # Any order: the same spans.
-    in_order = {s for r in convert_batch(kept, link=WINDOW) for s in r.spans}
+    in_order = {s for r in core.convert_batch(kept, link=WINDOW) for s in r.spans}
     assert {s for r in results for s in r.spans} == in_order
 
 
@@ -96,10 +96,10 @@ def _name_and_copy(raw):
 
 @settings(max_examples=60, deadline=None)
 @given(traced_message_trees(), st.lists(st.integers(1, 50), min_size=2, max_size=5, unique=True))
-def test_copies_far_apart_with_nothing_lost_are_all_linked(tree, gaps):
+def test_copies_far_apart_with_nothing_lost_are_all_linked(core, tree, gaps):
     raws, parent = tree
     sent = copies_of(raws, [g * 1_000_000 for g in gaps])
-    results = convert_batch(sent, link=WINDOW)
+    results = core.convert_batch(sent, link=WINDOW)
     spans = check_no_false_links(results, bytes.fromhex(parent))
     assert all(r.link in ("", MATCHED) for r in results)
     # Fan-out reads right: one subtree per message under the producer span, in one trace.
@@ -111,11 +111,11 @@ def test_copies_far_apart_with_nothing_lost_are_all_linked(tree, gaps):
 @settings(max_examples=60, deadline=None)
 @given(traced_message_trees(), st.lists(st.integers(1, 50), min_size=2, max_size=5, unique=True),
        st.randoms(use_true_random=False))
-def test_one_adhoc_destination_gives_each_message_its_own_trace(tree, gaps, rnd):
+def test_one_adhoc_destination_gives_each_message_its_own_trace(core, tree, gaps, rnd):
     raws, _ = tree
     sent = copies_of(raws, [g * 1_000_000 for g in gaps], adhoc=True)
     rnd.shuffle(sent)
-    results = convert_batch(sent, link=WINDOW)
+    results = core.convert_batch(sent, link=WINDOW)
     spans = check_no_false_links(results, b"")
     by_id = {s.span_id: s for s in spans}
     traces = {}
@@ -127,17 +127,17 @@ def test_one_adhoc_destination_gives_each_message_its_own_trace(tree, gaps, rnd)
 
 @settings(max_examples=40, deadline=None)
 @given(traced_message_trees(), offsets, st.data())
-def test_redelivered_reports_keep_their_ids(tree, gaps, data):
+def test_redelivered_reports_keep_their_ids(core, tree, gaps, data):
     raws, _ = tree
     sent = copies_of(raws, [g * 1_000_000 for g in gaps])
     again = data.draw(st.lists(st.sampled_from(sent), max_size=len(sent)))
-    once = {s for r in convert_batch(sent, link=WINDOW) for s in r.spans}
-    twice = {s for r in convert_batch(sent + again, link=WINDOW) for s in r.spans}
+    once = {s for r in core.convert_batch(sent, link=WINDOW) for s in r.spans}
+    twice = {s for r in core.convert_batch(sent + again, link=WINDOW) for s in r.spans}
     assert once == twice
 
 
-def test_the_live_window_is_bounded_in_entries_and_counts_what_it_drops():
-    converter = Converter(link=LinkSettings(capacity=100, retention_s=60))
+def test_the_live_window_is_bounded_in_entries_and_counts_what_it_drops(core):
+    converter = core.Converter(link=LinkSettings(capacity=100, retention_s=60))
     origin = {"server": {"name": "a", "id": "IDa"}, "request": {"header": {"traceparent": [TRACEPARENT]}, "msgsize": 9},
               "events": [{"type": "in", "ts": _ts(10**18), "kind": 0, "cid": COPY_CID, "name": "app", "acc": "A",
                           "subj": "x"}, {"type": "eg", "ts": _ts(10**18 + 5), "kind": 1, "cid": 3, "name": "b",
@@ -150,8 +150,8 @@ def test_the_live_window_is_bounded_in_entries_and_counts_what_it_drops():
     assert converter.linker.index.evicted == 300  # 400 egresses observed, 100 kept
 
 
-def test_the_live_window_forgets_by_time():
-    converter = Converter(link=LinkSettings(retention_s=1.0))
+def test_the_live_window_forgets_by_time(core):
+    converter = core.Converter(link=LinkSettings(retention_s=1.0))
     tree_doc = {"server": {"name": "a", "id": "IDa"}, "request": {"header": {"traceparent": [TRACEPARENT]},
                 "msgsize": 9}, "events": [{"type": "in", "ts": _ts(10**18), "kind": 0, "cid": COPY_CID,
                 "name": "app", "acc": "A", "subj": "x"}, {"type": "eg", "ts": _ts(10**18 + 5), "kind": 1, "cid": 3,

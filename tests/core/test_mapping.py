@@ -7,7 +7,6 @@ import pytest
 from nats_otel.core.decode import decode
 from nats_otel.core.ids import event_span_id, identity, server_span_id, trace_context
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
-from nats_otel.core.pipeline import convert_batch
 from nats_otel.core.records import SpanKind, StatusCode
 from tests.core.factories import PARENT_ID, TRACE_ID, TRACEPARENT, egress, ingress, message, raw, ts
 
@@ -82,7 +81,7 @@ def test_subject_follows_mapping_and_service_import():
     assert spans_of(doc)[-1].attribute("messaging.nats.account") == "B"
 
 
-def test_downstream_server_parent_is_upstream_egress_with_same_hop():
+def test_downstream_server_parent_is_upstream_egress_with_same_hop(core):
     origin = message(ingress(), egress(kind=2, name="w1", hop="1"), server="e1")
     down = message(
         ingress(kind=2, name="e1", t=400),
@@ -90,7 +89,7 @@ def test_downstream_server_parent_is_upstream_egress_with_same_hop():
         server="w1",
         headers={"traceparent": [TRACEPARENT], "Nats-Trace-Hop": ["1"]},
     )
-    up, down_result = convert_batch([raw(origin), raw(down)])
+    up, down_result = core.convert_batch([raw(origin), raw(down)])
     up_spans, down_spans = up.spans, down_result.spans
     assert down_spans[0].parent_span_id == up_spans[1].span_id
     assert down_result.link == "matched" and down_spans[0].attribute("messaging.nats.trace.link") is None

@@ -7,9 +7,9 @@ from collections import defaultdict
 
 import orjson
 
-from nats_otel.core.linking import MATCHED, Arrival, Egress, LinkIndex, LinkSettings
+from nats_otel.core.linking import MATCHED, Arrival, Egress, LinkSettings
 from nats_otel.core.model import ConnectionKind
-from nats_otel.core.pipeline import Converted, Converter, convert_batch
+from nats_otel.core.pipeline import Converted
 from nats_otel.core.timestamps import parse_rfc3339_ns
 from tests.conftest import CORPUS, read_raws
 
@@ -22,7 +22,7 @@ def context(doc: dict) -> str:
     return (header.get("traceparent") or header.get("Nats-Trace-Dest") or [""])[0]
 
 
-def test_every_corpus_hop_has_its_latency_from_the_raw_reports(corpus_raws):
+def test_every_corpus_hop_has_its_latency_from_the_raw_reports(core, corpus_raws):
     """Against the raw JSON: downstream ingress minus the upstream egress of the same hop."""
     raws = [raw for raw in corpus_raws if raw.payload.startswith(b"{")]  # not the compressed ones
     docs = [orjson.loads(raw.payload) for raw in raws]
@@ -32,7 +32,7 @@ def test_every_corpus_hop_has_its_latency_from_the_raw_reports(corpus_raws):
             if event["type"] == "eg" and event.get("hop") and event["kind"] in FORWARDING:
                 key = (context(doc), event["hop"], doc["server"]["name"], event["name"])
                 egress_at[key].append(parse_rfc3339_ns(event["ts"]))
-    results = convert_batch(raws)
+    results = core.convert_batch(raws)
     hops = exact = 0
     for doc, result in zip(docs, results, strict=True):
         if not isinstance(result, Converted):
@@ -58,8 +58,8 @@ def test_every_corpus_hop_has_its_latency_from_the_raw_reports(corpus_raws):
     assert hops >= 10 and exact >= hops - 6  # routes, gateways, leafnodes; scenario 22 reuses a context
 
 
-def test_failures_are_the_spans_with_status_error():
-    results = convert_batch(read_raws(CORPUS / "12_publish_permission_denied.jsonl")
+def test_failures_are_the_spans_with_status_error(core):
+    results = core.convert_batch(read_raws(CORPUS / "12_publish_permission_denied.jsonl")
                             + read_raws(CORPUS / "02_route_hop.jsonl"))
     for result in results:
         assert isinstance(result, Converted) and result.network is not None
@@ -67,9 +67,9 @@ def test_failures_are_the_spans_with_status_error():
     assert any(r.network.failed for r in results) and not all(r.network.failed for r in results)
 
 
-def test_a_redelivered_report_counts_its_hop_once():
+def test_a_redelivered_report_counts_its_hop_once(core):
     raws = read_raws(CORPUS / "02_route_hop.jsonl")
-    converter = Converter()
+    converter = core.Converter()
     for raw in raws:
         converter.observe(raw)
     first = [r.network.hop for r in map(converter.convert, raws) if isinstance(r, Converted) and r.network]
@@ -78,8 +78,8 @@ def test_a_redelivered_report_counts_its_hop_once():
     assert all(hop is None for hop in again)  # same spans, but the hop was counted already
 
 
-def test_sides_that_expire_unmatched_are_counted_by_side():
-    index = LinkIndex(LinkSettings(retention_s=10.0))
+def test_sides_that_expire_unmatched_are_counted_by_side(core):
+    index = core.LinkIndex(LinkSettings(retention_s=10.0))
     key = (b"ctx", "1", "up", "down")
     index.add_egress(key, Egress(1_000, 50, b"u1", b"s1"), now=0.0)  # matched below
     index.add_arrival(key, Arrival(1_200, 50, b"d1"), now=0.0)
@@ -98,11 +98,11 @@ def test_connection_kind_labels_of_hops():
     assert [ConnectionKind.label(k) for k in FORWARDING] == list(FORWARDING.values())
 
 
-def test_claims_never_outlive_the_entries_they_mark():
+def test_claims_never_outlive_the_entries_they_mark(core):
     """Claims are only made on MATCHED, which needs both sides in the index (mutual
     uniqueness looks the arrival up): an arrival forgotten before it is resolved (the ad-hoc
     walk resolves old ones) is not matched, so no claim can outlive its entry."""
-    index = LinkIndex(LinkSettings(retention_s=30.0))
+    index = core.LinkIndex(LinkSettings(retention_s=30.0))
     key = (b"ctx", "1", "up", "down")
     arrival = Arrival(1_200, 50, b"d1")
     index.add_arrival(key, arrival, now=0.0)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.encode import split_by_trace, to_otlp_json_line
-from nats_otel.core.pipeline import Converted, Converter, convert_batch
+from nats_otel.core.pipeline import Converted
 
 BASE_NS = 1_795_313_790_000_000_000
 
@@ -63,42 +63,42 @@ def traced_message_trees(draw):
     return [RawTraceMessage("trace.a", {}, orjson.dumps(d)) for d in docs], parent_id
 
 
-def _bytes(raws):
-    spans = [s for r in convert_batch(raws) for s in r.spans]
+def _bytes(core, raws):
+    spans = [s for r in core.convert_batch(raws) for s in r.spans]
     return b"".join(to_otlp_json_line(t) for t in split_by_trace(spans))
 
 
 @settings(max_examples=60, deadline=None)
 @given(traced_message_trees(), st.randoms(use_true_random=False))
-def test_same_input_same_bytes_in_any_order(tree, rnd):
+def test_same_input_same_bytes_in_any_order(core, tree, rnd):
     raws, _ = tree
-    reference = _bytes(raws)
-    assert _bytes(raws) == reference
+    reference = _bytes(core, raws)
+    assert _bytes(core, raws) == reference
     shuffled = raws[:]
     rnd.shuffle(shuffled)
-    assert _bytes(shuffled) == reference
+    assert _bytes(core, shuffled) == reference
 
 
 @settings(max_examples=60, deadline=None)
 @given(traced_message_trees(), st.randoms(use_true_random=False))
-def test_streaming_converter_agrees_with_batch_in_any_arrival_order(tree, rnd):
+def test_streaming_converter_agrees_with_batch_in_any_arrival_order(core, tree, rnd):
     """The live bridge observes on arrival and converts later: once every report of a
     message was observed, the order of arrival and of conversion does not matter."""
     raws, _ = tree
     arrived, converted = raws[:], raws[:]
     rnd.shuffle(arrived)
     rnd.shuffle(converted)
-    converter = Converter()
+    converter = core.Converter()
     for raw in arrived:
         converter.observe(raw)
     streamed = {s for raw in converted for s in converter.convert(raw).spans}
-    batch = {s for r in convert_batch(raws) for s in r.spans}
+    batch = {s for r in core.convert_batch(raws) for s in r.spans}
     assert streamed == batch
 
 
 @settings(max_examples=40, deadline=None)
 @given(traced_message_trees(), st.randoms(use_true_random=False))
-def test_batch_calls_agree_with_message_calls(tree, rnd):
+def test_batch_calls_agree_with_message_calls(core, tree, rnd):
     """`observe_many`/`convert_many` (one call per batch) give what `observe`/`convert` give,
     with part of the batch never observed, a redelivered copy, and one object observed twice."""
     raws, _ = tree
@@ -106,7 +106,7 @@ def test_batch_calls_agree_with_message_calls(tree, rnd):
     rnd.shuffle(arrived)
     observed = arrived[: max(1, len(arrived) - 1)]  # the last one is never observed
     copy = RawTraceMessage(observed[0].subject, observed[0].headers, observed[0].payload)
-    batch_converter, message_converter = Converter(), Converter()
+    batch_converter, message_converter = core.Converter(), core.Converter()
     batch_converter.observe_many([*observed, observed[0], copy])
     for raw in [*observed, observed[0], copy]:
         message_converter.observe(raw)
@@ -119,10 +119,10 @@ def test_batch_calls_agree_with_message_calls(tree, rnd):
     assert all(isinstance(r, Converted) and r.encoded is not None and r.encoded.span_count for r in by_batch)
 
 
-def test_batch_calls_keep_the_pending_bound():
+def test_batch_calls_keep_the_pending_bound(core):
     """Past `pending_capacity` the oldest observed messages are forgotten (decoded again)."""
     raws = [RawTraceMessage("t", {}, b"{}") for _ in range(10)]
-    converter = Converter(pending_capacity=4)
+    converter = core.Converter(pending_capacity=4)
     converter.observe_many(raws)
     assert [entry[0] for entry in converter._pending.values()] == raws[6:]
     assert [r.reason for r in converter.convert_many(raws)] == ["bad_schema"] * 10  # type: ignore[union-attr]
@@ -130,11 +130,11 @@ def test_batch_calls_keep_the_pending_bound():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(traced_message_trees(), min_size=1, max_size=4, unique_by=lambda tree: tree[1]))
-def test_no_id_collisions_and_no_orphans(trees):
+def test_no_id_collisions_and_no_orphans(core, trees):
     """Distinct traced messages (distinct traceparents): unique ids, every parent present."""
     raws = [raw for tree, _ in trees for raw in tree]
     app_parents = {bytes.fromhex(parent) for _, parent in trees}
-    results = convert_batch(raws)
+    results = core.convert_batch(raws)
     assert all(isinstance(r, Converted) for r in results)
     spans = [s for r in results for s in r.spans]
     ids = {s.span_id for s in spans}

@@ -87,34 +87,29 @@ def score(hops: Hops, links: dict) -> tuple[int, int, int]:
     return linkable, right, wrong
 
 
-INDEXES = pytest.mark.parametrize("index_class", [linking.PythonLinkIndex, linking.LinkIndex],
-                                  ids=["python", "chosen"])
 MODES = pytest.mark.parametrize("bounded", [True, False], ids=["live", "whole"])
 
 
-@INDEXES
 @MODES
 @pytest.mark.parametrize("spacing_ns", [2_000_000, 15_000], ids=["2ms", "back-to-back"])
-def test_a_whole_batch_links_in_order(index_class, bounded, spacing_ns):
+def test_a_whole_batch_links_in_order(core, bounded, spacing_ns):
     for seed in range(3):
         hops = batch(200, spacing_ns, drop=0.0, seed=seed)
-        linkable, right, wrong = score(hops, link_all(index_class, hops, bounded))
+        linkable, right, wrong = score(hops, link_all(core.LinkIndex, hops, bounded))
         assert (linkable, right, wrong) == (200, 200, 0)
 
 
-@INDEXES
 @MODES
-def test_lost_reports_in_a_spaced_batch_leave_time_to_decide(index_class, bounded):
+def test_lost_reports_in_a_spaced_batch_leave_time_to_decide(core, bounded):
     totals = [0, 0, 0]
     for seed in range(5):
         hops = batch(200, 2_000_000, drop=0.1, seed=seed)
-        totals = [a + b for a, b in zip(totals, score(hops, link_all(index_class, hops, bounded)), strict=True)]
+        totals = [a + b for a, b in zip(totals, score(hops, link_all(core.LinkIndex, hops, bounded)), strict=True)]
     linkable, right, wrong = totals
     assert wrong == 0
     assert right >= 0.95 * linkable
 
 
-@INDEXES
 @MODES
 @pytest.mark.parametrize("case", [
     {"spacing_ns": 15_000},  # closer than the jitter: lost reports make it undecidable
@@ -122,26 +117,25 @@ def test_lost_reports_in_a_spaced_batch_leave_time_to_decide(index_class, bounde
     {"spacing_ns": 2_000_000, "before": False},  # nothing seen before the batch
     {"spacing_ns": 300_000, "latency_ns": 1_000_000},  # latency longer than the spacing
 ], ids=["back-to-back", "periodic", "cold", "slow-link"])
-def test_lost_reports_never_make_a_wrong_link(index_class, bounded, case):
+def test_lost_reports_never_make_a_wrong_link(core, bounded, case):
     for drop in (0.1, 0.3):
         for seed in range(3):
             hops = batch(120, drop=drop, seed=seed, **case)
-            assert score(hops, link_all(index_class, hops, bounded))[2] == 0
+            assert score(hops, link_all(core.LinkIndex, hops, bounded))[2] == 0
 
 
-@INDEXES
-def test_the_whole_input_mode_ignores_the_input_order(index_class):
+def test_the_whole_input_mode_ignores_the_input_order(core):
     for spacing_ns in (2_000_000, 15_000):
         hops = batch(150, spacing_ns, drop=0.1, seed=7)
-        first = link_all(index_class, hops, bounded=False)
-        assert all(link_all(index_class, hops, bounded=False, shuffle=seed) == first for seed in range(3))
+        first = link_all(core.LinkIndex, hops, bounded=False)
+        assert all(link_all(core.LinkIndex, hops, bounded=False, shuffle=seed) == first for seed in range(3))
 
 
-def test_the_twins_decide_alike():
+def test_the_kernel_decides_as_the_reference(kernel):
     for spacing_ns, drop in ((2_000_000, 0.1), (15_000, 0.1), (15_000, 0.0)):
         hops = batch(150, spacing_ns, drop=drop, seed=3)
         for bounded in (True, False):
-            assert link_all(linking.LinkIndex, hops, bounded) == link_all(linking.PythonLinkIndex, hops, bounded)
+            assert link_all(kernel.LinkIndex, hops, bounded) == link_all(linking.PythonLinkIndex, hops, bounded)
 
 
 def test_the_ledger_says_where_reports_are_missing():
@@ -180,8 +174,7 @@ def test_a_latency_is_learned_only_when_one_stands_out():
     assert latency_from_times(egresses, arrivals, 500_000_000, 100_000_000) is None
 
 
-@INDEXES
-def test_one_context_at_a_time_with_the_whole_inputs_runs_links_as_the_whole(index_class):
+def test_one_context_at_a_time_with_the_whole_inputs_runs_links_as_the_whole(core):
     """The backfill converts each trace context apart: given the runs of every server's
     reports over the whole input (`report_runs`), each context links as in the whole."""
     one, two = batch(80, 15_000, drop=0.0, seed=1), batch(80, 2_000_000, drop=0.1, seed=2)
@@ -204,11 +197,11 @@ def test_one_context_at_a_time_with_the_whole_inputs_runs_links_as_the_whole(ind
                 index.add_arrival(key, entry)
         return {(key, entry): index.resolve(key, entry) for (side, *_, entry), key in items if side == "arrival"}
 
-    whole = links_of(index_class(LinkSettings(), bounded=False), numbered)
+    whole = links_of(core.LinkIndex(LinkSettings(), bounded=False), numbered)
     runs = report_runs((server, seq, ts) for (_side, _ident, server, seq, ts, _entry), _key in numbered)
     apart = {}
     for key in (KEY, other_key):
-        index = index_class(LinkSettings(), bounded=False)
+        index = core.LinkIndex(LinkSettings(), bounded=False)
         index.sequences.ledger.use_runs(runs)
         apart.update(links_of(index, [item for item in numbered if item[1] == key]))
     assert apart == whole
@@ -217,7 +210,7 @@ def test_one_context_at_a_time_with_the_whole_inputs_runs_links_as_the_whole(ind
     blind = {}
     for key in (KEY, other_key):
         alone = [item for item in numbered if item[1] == key]
-        blind.update(links_of(index_class(LinkSettings(), bounded=False), alone))
+        blind.update(links_of(core.LinkIndex(LinkSettings(), bounded=False), alone))
     matched = [sum(link.result == MATCHED for link in links.values()) for links in (whole, blind)]
     assert matched[0] > matched[1] + 40
 

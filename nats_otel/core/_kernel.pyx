@@ -75,7 +75,8 @@ from nats_otel.core.sequences import HopSequences as _HopSequences
 from nats_otel.core.span_bytes import _SCOPE as _encoded_scope, EncodedSpans as _EncodedSpans
 from nats_otel.core.span_bytes import python_encode_request as _reference_request
 from nats_otel.core.span_bytes import python_map_encode as _reference_map_encode
-from nats_otel.core.span_layout import ROLES as _ROLES, LayoutChanged as _LayoutChanged, layouts as _layouts
+from nats_otel.core.span_layout import ROLES as _ROLES, SLOT_NAMES as _SLOT_NAMES, LayoutChanged as _LayoutChanged
+from nats_otel.core.span_layout import layouts as _layouts
 
 __all__ = ["IMPLEMENTATION", "Converter", "LinkIndex", "Linker", "convert_batch", "encode_request", "encode_spans",
            "event_span_id", "finish", "handed_to_reference", "map_encode", "network_sample", "observed",

@@ -11,6 +11,7 @@
 
 
 
+# The roles, in `span_layout.ROLES`' order (checked at import).
 cdef enum:
     SERVER = 0
     EGRESS = 1
@@ -18,37 +19,56 @@ cdef enum:
     EXPORT = 3
     IMPORT = 4
     JETSTREAM = 5
-    # Slots in each role's layout (span_layout._SLOTS), where this file writes them.
-    S_SUBJECT = 3
-    S_SIZE = 4
-    S_ACCOUNT = 5
-    S_KIND = 6
-    S_CID = 7
-    S_NAME = 8
-    S_HOPS = 9
-    S_CLIENT_ID = 10
-    S_HOP = 11
-    S_ONLY = 12
-    S_ADHOC = 13
-    S_LINK = 14
-    S_CANDIDATES = 15
-    S_UNMAPPED = 16
-    S_NOTE = 17
-    E_DEST = 3
-    E_ACCOUNT = 4
-    E_KIND = 5
-    E_CID = 6
-    E_NAME = 7
-    E_CLIENT_ID = 8
-    E_SUB = 9
-    E_QUEUE = 10
-    E_HOP = 11
-    E_PEER = 12
-    E_NOTE = 13
-    J_DEST = 3
-    J_STREAM = 4
-    J_NO_INTEREST = 5
-    J_NOTE = 6
+
+if _ROLES != ("server", "egress", "mapping", "export", "import", "jetstream"):
+    raise ImportError(f"span_layout's roles changed: {_ROLES}")
+
+
+cdef int _slot(str role, str name) except -1:
+    """Where the attribute `name` of a `role` span is in its layout (`span_layout.SLOT_NAMES`):
+    slots are found by name, so one added in mapping.py and span_layout renumbers nothing here."""
+    return _SLOT_NAMES[role].index(name)
+
+
+cdef int S_SUBJECT = _slot("server", "destination")
+cdef int S_SIZE = _slot("server", "size")
+cdef int S_ACCOUNT = _slot("server", "account")
+cdef int S_KIND = _slot("server", "kind")
+cdef int S_CID = _slot("server", "cid")
+cdef int S_NAME = _slot("server", "name")
+cdef int S_HOPS = _slot("server", "hops")
+cdef int S_CLIENT_ID = _slot("server", "client.id")
+cdef int S_HOP = _slot("server", "hop")
+cdef int S_ONLY = _slot("server", "only")
+cdef int S_ADHOC = _slot("server", "adhoc")
+cdef int S_LINK = _slot("server", "link")
+cdef int S_CANDIDATES = _slot("server", "candidates")
+cdef int S_UNMAPPED = _slot("server", "unmapped")
+cdef int S_NOTE = _slot("server", "note")
+cdef int E_DEST = _slot("egress", "destination")
+cdef int E_ACCOUNT = _slot("egress", "account")
+cdef int E_KIND = _slot("egress", "kind")
+cdef int E_CID = _slot("egress", "cid")
+cdef int E_NAME = _slot("egress", "name")
+cdef int E_CLIENT_ID = _slot("egress", "client.id")
+cdef int E_SUB = _slot("egress", "subscription")
+cdef int E_QUEUE = _slot("egress", "queue")
+cdef int E_HOP = _slot("egress", "hop")
+cdef int E_PEER = _slot("egress", "peer")
+cdef int E_NOTE = _slot("egress", "note")
+cdef int J_DEST = _slot("jetstream", "destination")
+cdef int J_STREAM = _slot("jetstream", "stream")
+cdef int J_NO_INTEREST = _slot("jetstream", "no_interest")
+cdef int J_NOTE = _slot("jetstream", "note")
+cdef int M_FROM = _slot("mapping", "from")
+cdef int M_TO = _slot("mapping", "to")
+cdef int X_ACCOUNT = _slot("export", "account")
+cdef int X_SUBJECT = _slot("export", "subject")
+cdef int I_ACCOUNT = _slot("import", "account")
+cdef int I_FROM = _slot("import", "from")
+cdef int I_TO = _slot("import", "to")
+
+cdef enum:
     CLIENT = 0  # ConnectionKind.CLIENT
 
 cdef enum:
@@ -282,19 +302,19 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         elif kind is _SubjectMapping:
             to = event.to
             if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "map", 3, to, True, 1, start, ts)
-                    and put_pair(s, MAPPING, 0, subject) and put_pair(s, MAPPING, 1, to)):
+                    and put_pair(s, MAPPING, M_FROM, subject) and put_pair(s, MAPPING, M_TO, to)):
                 return 0
             subject = to  # later egresses deliver on the mapped subject
         elif kind is _StreamExport:
             if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "stream export", 13, event.account, True,
                              1, start, ts)
-                    and put_pair(s, EXPORT, 0, event.account) and put_pair(s, EXPORT, 1, event.to)):
+                    and put_pair(s, EXPORT, X_ACCOUNT, event.account) and put_pair(s, EXPORT, X_SUBJECT, event.to)):
                 return 0
         elif kind is _ServiceImport:
             if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "service import", 14, event.account,
                              True, 1, start, ts)
-                    and put_pair(s, IMPORT, 0, event.account) and put_pair(s, IMPORT, 1, event.from_subject)
-                    and put_pair(s, IMPORT, 2, event.to)):
+                    and put_pair(s, IMPORT, I_ACCOUNT, event.account) and put_pair(s, IMPORT, I_FROM, event.from_subject)
+                    and put_pair(s, IMPORT, I_TO, event.to)):
                 return 0
             subject, account = event.to, event.account
         elif kind is _JetStreamEvent:

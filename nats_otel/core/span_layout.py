@@ -1,13 +1,13 @@
 """The attribute keys of every span `mapping` makes, read from mapping.py itself.
 
-The compiled mapper (`_mapping.pyx`) writes the spans `mapping.map_message` would make
+The compiled mapper (the kernel's mapping stage (`_stage_map.pxi`)) writes the spans `mapping.map_message` would make
 straight into protobuf bytes. It knows which value goes where, but not the attribute
 names: those (and the constant values) it takes from here, where two probe messages
 that between them show every optional attribute are mapped by mapping.py and the keys are
 read back in order. Renaming an attribute in mapping.py changes both cores at once. A change of layout
 (an attribute added, removed or moved, a span renamed) is caught by checking the probe's
 values position by position: the compiled mapper is then not used (`layouts` raises
-`LayoutChanged`, `accel` reports why) until `_mapping.pyx` learns the new layout.
+`LayoutChanged`, `accel` reports why) until the kernel's mapping stage (`_stage_map.pxi`) learns the new layout.
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ from nats_otel.core.ids import TraceContext, identity
 from nats_otel.core.mapping import _NOT_FAILURES, HEADER_ATTRIBUTE_PREFIX, MappingOptions, Placement, map_message
 from nats_otel.core.records import AttrValue
 
-__all__ = ["ROLES", "LayoutChanged", "layouts"]
+__all__ = ["ROLES", "SLOT_NAMES", "LayoutChanged", "layouts"]
 
 _NOTE = _NOT_FAILURES[0] + " (probe)"
 _SUBJECT = "probe.subject"
 _CONST = object()  # a constant: its value is taken from the probe as it is
 
-# Every attribute `_mapping.pyx` writes, per span role, in mapping.py's order: a name for
-# the slot and the value the probes show there (`_CONST`: a constant, any value). The
-# compiled mapper writes slot i of a role where this says. Must change with _mapping.pyx.
+# Every attribute the kernel's mapping stage (`_stage_map.pxi`) writes, per span role, in
+# mapping.py's order: a name for the slot and the value the probes show there (`_CONST`: a
+# constant, any value). The stage finds each slot it writes by its name here (`SLOT_NAMES`):
+# an attribute added in mapping.py is one line here and one write there.
 _SLOTS: dict[str, tuple[tuple[str, Any], ...]] = {
     "server": (("system", _CONST), ("operation.type", _CONST), ("operation.name", _CONST),
                ("destination", _SUBJECT), ("size", 4242), ("account", "probe-acc"), ("kind", "router"),
@@ -60,12 +61,14 @@ _EVENTS: list[_Shape] = [
     ("import", "service import probe-si-acc", set(), {}),
     ("jetstream", "store PROBE", set(), {}),
 ]
-#: The roles, in the order `_mapping.pyx` numbers them.
+#: The roles, in the order the kernel's mapping stage (`_stage_map.pxi`) numbers them.
 ROLES = tuple(_SLOTS)
+#: Per role, the slots' names in order: the mapping stage finds where it writes by name.
+SLOT_NAMES = {role: tuple(name for name, _ in slots) for role, slots in _SLOTS.items()}
 
 
 class LayoutChanged(Exception):
-    """mapping.py makes spans `_mapping.pyx` does not know how to write."""
+    """mapping.py makes spans the kernel's mapping stage (`_stage_map.pxi`) does not know how to write."""
 
 
 def _probe(ingress_kind: int, cid: int) -> list[Any]:
@@ -102,7 +105,7 @@ def _probe(ingress_kind: int, cid: int) -> list[Any]:
 def layouts() -> dict[str, list[tuple[str, AttrValue]]]:
     """Per span role, (attribute name, probe value) of each slot in mapping.py's order
     (copied message headers left out); `LayoutChanged` if the probes' spans are not what
-    `_mapping.pyx` writes."""
+    the kernel's mapping stage (`_stage_map.pxi`) writes."""
     forwarded, published = _probe(1, 777), _probe(0, 776)
     shapes = [_FORWARDED, *_EVENTS, _PUBLISHED, *_EVENTS]
     spans = forwarded + published

@@ -11,7 +11,11 @@ def finish(prepared, linker, options, encoded=False):
 
 
 cdef object _finish(object prepared, object linker, object options, bint encoded):
-    placement, link = linker.locate(prepared)
+    # The kernel's own stages are called in C (cpdef); a linker of another type, as Python.
+    if type(linker) is Linker:
+        placement, link = (<Linker>linker).locate(prepared)
+    else:
+        placement, link = linker.locate(prepared)
     msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
     ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
     cdef list spans = []
@@ -106,7 +110,10 @@ cdef class Converter:
             prepared = prepare(raw, self.limits)
         except _DecodeError as exc:
             return _Rejected(exc.reason, exc.detail, raw.subject)
-        self.linker.observe(prepared, now)
+        if type(self.linker) is Linker:
+            (<Linker>self.linker).observe(prepared, now)
+        else:
+            self.linker.observe(prepared, now)
         return prepared
 
 

@@ -40,7 +40,7 @@ cdef bytes _span_id(bytes prefix, bytes id_fields, bytes ident, bytes tail):
     return b"\x00" * 7 + b"\x01"  # an all-zero span id is invalid in OTLP
 
 
-def server_span_id(ctx, ident):
+cpdef object server_span_id(object ctx, object ident):
     """`ids.server_span_id`."""
     id_fields = ctx.id_fields
     if type(ident) is not bytes or type(id_fields) is not bytes:
@@ -48,7 +48,7 @@ def server_span_id(ctx, ident):
     return _span_id(_SERVER_PREFIX, id_fields, ident, b"")
 
 
-def event_span_id(ctx, ident, position):
+cpdef object event_span_id(object ctx, object ident, object position):
     """`ids.event_span_id`."""
     id_fields = ctx.id_fields
     if type(ident) is not bytes or type(id_fields) is not bytes or type(position) is not int \
@@ -65,7 +65,7 @@ cdef inline int _hex_value(unsigned char c):
     return -1
 
 
-def parse_traceparent(value):
+cpdef object parse_traceparent(object value):
     """`ids.parse_traceparent` for `00-<32 hex>-<16 hex>-<2 hex>` in lower case with non-zero
     ids (what servers pass on); everything else goes to the Python twin."""
     cdef unsigned char ids[24]

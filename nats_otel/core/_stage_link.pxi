@@ -303,7 +303,7 @@ cdef class Linker:
         self._bounded = bounded
         self._adhoc_arrivals = {}
 
-    def observe(self, prepared, now=0.0):
+    cpdef observe(self, object prepared, object now=0.0):
         """Record a message's hop evidence (idempotent: a redelivery changes nothing)."""
         cdef LinkIndex index = self.index
         cdef Py_ssize_t position = 0

@@ -364,7 +364,7 @@ cdef object _map_encode_by_reference(object msg, object ctx, object placement, o
     return _reference_map_encode(msg, ctx, placement, options)
 
 
-def map_encode(msg, ctx, placement, options):
+cpdef object map_encode(object msg, object ctx, object placement, object options):
     """(resource, encoded spans, span count, issues) of one trace message: the bytes
     `python_map_encode` gives, written in C (or by it, for unusual input)."""
     cdef Buf blob, s

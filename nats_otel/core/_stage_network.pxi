@@ -19,7 +19,7 @@ cdef object _network_by_reference(object msg, object upstream_egress_ns):
     return _reference_network_sample(msg, upstream_egress_ns)
 
 
-def network_sample(msg, upstream_egress_ns):
+cpdef object network_sample(object msg, object upstream_egress_ns):
     """As `network.network_sample`; the reference decides whatever is not decode's records."""
     if type(msg) is not _TraceMessage:
         return _network_by_reference(msg, upstream_egress_ns)

@@ -13,7 +13,7 @@ cdef object _prepare_by_reference(object raw, object limits):
     return _reference_prepare(raw, limits)
 
 
-def prepare(raw, limits=_UNSET):
+cpdef object prepare(object raw, object limits=_UNSET):
     """As `pipeline.prepare`; the pure-Python code decides whatever is not the common case."""
     if limits is _UNSET:
         limits = _DEFAULT_LIMITS

@@ -1,14 +1,14 @@
 """The attribute keys of every span `mapping` makes, read from mapping.py itself.
 
-The compiled mapper (the kernel's mapping stage (`_stage_map.pxi`)) writes the spans `mapping.map_message` would make
-straight into protobuf bytes. It knows which value goes where, but not the attribute
-names: those (and the constant values) it takes from here, where two probe messages
-that between them show every optional attribute are mapped by mapping.py and the keys are
-read back in order. Renaming an attribute in mapping.py changes both cores at once. A change of layout
-(an attribute added, removed or moved, a span renamed) is caught by checking the probe's
-values position by position: the compiled mapper is then not used (`layouts` raises
-`LayoutChanged`, `accel` reports why) until the kernel's mapping stage (`_stage_map.pxi`) learns the new layout.
-"""
+The kernel's mapping stage (`_stage_map.pxi`) writes the spans `mapping.map_message` would
+make straight into protobuf bytes. It knows which value goes where, but not the attribute
+names: those (and the constant values) it takes from here, where two probe messages that
+between them show every optional attribute are mapped by mapping.py and the keys are read
+back in order. Renaming an attribute in mapping.py changes both cores at once. A change of
+layout (an attribute added, removed or moved, a span renamed) is caught by checking the
+probe's values position by position: the kernel then refuses to import (`layouts` raises
+`LayoutChanged`, `accel` reports why) and the reference runs, until the mapping stage
+learns the new layout."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-/* Direct reads of msgspec Struct fields, for the compiled twins.
+/* Direct reads of msgspec Struct fields, for the compiled kernel.
  *
  * A Struct's field is a slot: a member descriptor on its class, with the object's value at a
  * fixed offset. Cython reads `obj.field` through PyObject_GetAttr (type look-up, descriptor,
  * PyMember_GetOne): ~25 ns, and mapping one trace message reads ~40 fields. Here the offset
- * is found once (`nats_otel_field_offset`, at configure time) and each read is a load.
+ * is found once (`nats_otel_field_offset`, when the kernel is imported) and each read is a load.
  *
  * Only for objects whose type the caller has checked to be the class the offset was taken
  * from (or a subclass: a slot keeps its offset in subclasses). */

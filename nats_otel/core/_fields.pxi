@@ -1,5 +1,5 @@
-# Direct reads of msgspec Struct fields (`_fields.h`), included by the compiled twins that
-# read decoded records: the offsets are found once, at configure, and each read is a load.
+# Direct reads of msgspec Struct fields (`_fields.h`), included by the kernel: the offsets
+# are found once, when it is imported (`_records.pxi`), and each read is a load.
 
 cdef extern from "_fields.h":
     Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1

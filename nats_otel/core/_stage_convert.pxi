@@ -1,9 +1,7 @@
-# The compiled twins of `pipeline.finish` and `pipeline.PythonConverter` (see there, the
-# references): the same steps in the same order, with the same results, counters and
-# errors. They are glue - a few calls, checks and records per trace message - but as Python
-# that glue was about a tenth of converting one. Configured by pipeline.py with what they
-# call (its `prepare`, linker, mapping and network functions and record types), so this
-# module imports none of the core.
+# The convert stage: the compiled counterparts of `pipeline.finish`, `PythonConverter` and
+# `convert_batch` (see there, the references): the same steps in the same order, with the
+# same results, counters and errors. They are glue - a few calls, checks and records per
+# trace message - calling the other stages in C.
 
 def finish(prepared, linker, options, encoded=False):
     """As `pipeline.finish`: map an observed message where the linker places it."""

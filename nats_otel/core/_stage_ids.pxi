@@ -1,5 +1,5 @@
-# The compiled twins of `ids`' hashing and parsing (see there): length-prefixed fields,
-# the BLAKE2b span ids (`_blake2b.h`, checked against hashlib), and the plain lower-case
+# The ids stage: the compiled counterparts of `ids`' hashing and parsing (see there): the
+# BLAKE2b span ids (`_blake2b.h`, checked against hashlib), and the plain lower-case
 # traceparent servers pass on. Anything else (an odd type, a traceparent to lower-case or
 # to reject) goes to the Python twins, so the bytes and the errors are the pure path's.
 

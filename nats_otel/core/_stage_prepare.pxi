@@ -5,8 +5,7 @@
 # Anything else - a payload `decompress` refuses, a document the fast decode refuses, a
 # missing or broken traceparent - is handed to the Python code that decides it (the pure
 # `prepare`, or `ids.trace_context` for an ad-hoc context), so every error and every unusual
-# message is decided by the reference. Configured by pipeline.py with what it uses, so this
-# module imports none of the core.
+# message is decided by the reference (and counted: `handed_to_reference`).
 
 cdef object _prepare_by_reference(object raw, object limits):
     _handed[H_PREPARE] += 1
@@ -175,7 +174,7 @@ cdef inline void _length(char* p, Py_ssize_t n):
 
 cdef bytes _identity(object server_id, object ts_ns, object cid):
     # ids.identity: _fields(server id, str(ts_ns), str(cid)) in one buffer; odd values
-    # (not a str, lone surrogates, numbers outside a uint64) go to the configured `_fields`
+    # (not a str, lone surrogates, numbers outside a uint64) go to the reference's `ids._fields`
     cdef Py_ssize_t id_size = 0, ts_size, cid_size, at
     cdef const char* id_text
     cdef char ts_digits[20]

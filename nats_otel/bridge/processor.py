@@ -119,7 +119,8 @@ class Processor:
         self._archive = open(settings.archive, "ab", buffering=0) if settings.archive else None  # noqa: SIM115
         self._evicted_seen = 0
         self._expired_seen: dict[str, int] = {}
-        self._handed_seen: dict[str, int] = {}
+        # The kernel counts per process: from here on, this processor's (one per process in the bridge).
+        self._handed_seen: dict[str, int] = engine.handed_to_reference()
         self.implementation = log_core()
 
     def observe(self, raws: Sequence[RawTraceMessage], sender: str | None = None) -> bytes:

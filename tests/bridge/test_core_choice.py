@@ -1,5 +1,6 @@
-"""Which core the bridge runs (the info metric, the worker processes, the environment
-switch), and how the worker processes get their messages (once each)."""
+"""Which core the bridge runs (`engine`: the info metric, the worker processes, the
+environment switch), what the kernel hands to the reference (counted from 0 per stage),
+and how the worker processes get their messages (once each)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from nats_otel.bridge.settings import load_settings
+from nats_otel.bridge.accounting import BatchAccounting
+from nats_otel.bridge.processor import BatchOutcome
+from nats_otel.bridge.readiness import BackendReadiness
+from nats_otel.bridge.settings import TelemetrySettings, load_settings
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.bridge.workers import WorkerPool
-from nats_otel.core import choice
+from nats_otel.core import accel, engine
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 
 _CORE_INFO = "nats_otel_core_info"
+_CORE_REFERENCE = "nats_otel_core_reference_total"
+_STAGES = ("prepare", "map", "network", "request")
 
 
 @contextmanager
@@ -37,15 +43,27 @@ def worker_pool(workers: int = 2) -> Iterator[WorkerPool]:
 
 def test_metrics_expose_the_core_in_use():
     metrics = Metrics()
-    running = choice.implementation()
+    running = engine.implementation()
+    assert running == ("python" if accel.NO_EXTENSIONS else "compiled"), engine.unavailable()
     assert metrics.value(_CORE_INFO, {"implementation": running}) == 1.0
     other = "python" if running == "compiled" else "compiled"
     assert metrics.registry.get_sample_value(_CORE_INFO, {"implementation": other}) is None
 
 
+def test_what_the_kernel_hands_to_the_reference_is_counted_from_zero_by_stage():
+    metrics = Metrics()
+    accounting = BatchAccounting(metrics, TelemetrySettings(), BackendReadiness([]))
+    sample = metrics.registry.get_sample_value
+    assert {stage: sample(_CORE_REFERENCE, {"stage": stage}) for stage in _STAGES} == dict.fromkeys(_STAGES, 0.0)
+    accounting.account(BatchOutcome([], handed={"prepare": 2, "request": 1}))
+    accounting.account(BatchOutcome([], handed={"prepare": 1}))
+    assert {stage: sample(_CORE_REFERENCE, {"stage": stage}) for stage in _STAGES} == {
+        "prepare": 3.0, "map": 0.0, "network": 0.0, "request": 1.0}
+
+
 def test_worker_processes_run_the_same_core_as_the_bridge():
     with worker_pool() as pool:
-        assert [w.implementation for w in pool._workers] == [choice.implementation()] * 2
+        assert [w.implementation for w in pool._workers] == [engine.implementation()] * 2
 
 
 def test_observed_batches_are_processed_by_token_and_others_whole(corpus_raws):
@@ -64,6 +82,9 @@ def test_observed_batches_are_processed_by_token_and_others_whole(corpus_raws):
     expected = sum(len(r.spans) for r in convert_batch(corpus_raws) if isinstance(r, Converted))
     for outcomes in (first, second):
         assert sum(outcome.span_count for _, outcome in outcomes) == expected
+        # The corpus is all the kernel's own work: nothing handed to the reference (and the
+        # reference hands nothing on).
+        assert [outcome.handed for _, outcome in outcomes] == [{}] * len(outcomes)
         assert sorted(p for positions, _ in outcomes for p in positions) == list(range(len(corpus_raws)))
 
 

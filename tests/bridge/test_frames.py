@@ -25,7 +25,7 @@ from nats.protocol.parser import Parser
 from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.sources import direct, frames
 from nats_otel.bridge.telemetry import Metrics
-from nats_otel.core import accel, choice
+from nats_otel.core import accel
 from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.topology import ServerSpec, Topology
 from tests.bridge.bridge_helpers import wait_until
@@ -142,7 +142,7 @@ def test_a_failing_handler_is_returned_with_its_frame_consumed() -> None:
 
 def test_the_compiled_scanner_is_in_use_unless_forbidden() -> None:
     expected = "python" if accel.NO_EXTENSIONS else "compiled"
-    assert expected == frames.IMPLEMENTATION, choice.unavailable()
+    assert expected == frames.IMPLEMENTATION, accel.refused()
 
 
 # -- DirectParser against nats-py's Parser ----------------------------------------------------

@@ -1,13 +1,16 @@
 """The network metrics' bounds: label sets capped per metric, the rest counted under `_other`
 and said once in the log; extra labels only when asked; the compiled counting of known rows
-against the Python loop."""
+against the Python loop, and its refusal to import when the samples' fields change."""
 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import subprocess
+import sys
 from collections import Counter
-from typing import NamedTuple
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -141,14 +144,39 @@ def test_the_compiled_counting_is_used_when_built():
     from nats_otel.core import accel
 
     compiled = accel.compiled("nats_otel.bridge._network_metrics")
+    assert (compiled is None) == accel.NO_EXTENSIONS, accel.refused()
     assert (NetworkMetrics._record_known is not PythonNetworkMetrics._record_known) == (compiled is not None)
-    if accel.NO_EXTENSIONS:
-        assert compiled is None
-    elif compiled is not None:
-        class Other(NamedTuple):
-            server: str
-            subject: str
+    if compiled is not None:
+        assert NetworkMetrics._record_known is compiled.record_known
 
-        with pytest.raises(TypeError, match="NetworkSample's fields"):
-            compiled.configure(Other, HopSample)
-        compiled.configure(NetworkSample, HopSample)  # as network_metrics does
+
+# In a child process (this one keeps its samples): NetworkSample's fields changed before the
+# compiled counting is imported.
+_CHANGED_SAMPLE = """
+from typing import NamedTuple
+
+from nats_otel.core import network
+
+class NetworkSample(NamedTuple):
+    server: str
+    subject: str
+
+network.NetworkSample = NetworkSample
+from nats_otel.bridge import network_metrics
+from nats_otel.core import accel
+print(network_metrics.NetworkMetrics._record_known is network_metrics._no_compiled)
+print(accel.refused().get("nats_otel.bridge._network_metrics"))
+"""
+
+
+def test_the_compiled_counting_refuses_samples_laid_out_otherwise():
+    from nats_otel.core import accel
+
+    if accel.NO_EXTENSIONS:
+        pytest.skip("NATS_OTEL_NO_EXTENSIONS is set: the compiled counting is not used in this run")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _CHANGED_SAMPLE], env=dict(os.environ), cwd=root,
+                          capture_output=True, text=True, check=True)
+    python_loop, why = done.stdout.splitlines()
+    assert python_loop == "True"  # the Python loop counts every sample
+    assert why.startswith("NetworkSample's fields are ('server', 'subject'): the compiled counting reads others")

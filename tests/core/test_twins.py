@@ -1,15 +1,17 @@
-"""The compiled twins (`nats_otel/core/_*.pyx`) against the pure-Python reference: the same
-bytes (or the same exception) on the whole corpus, on generated span records and
-timestamps, and on fuzzed trace messages. The golden files test the reference; these
-tests tie the compiled core to it.
+"""The compiled kernel (`nats_otel/core/_kernel.pyx`) and the leaf of primitives
+(`_primitives.pyx`) against the pure-Python reference: the same bytes (or the same
+exception) on the whole corpus, on generated span records and timestamps, and on fuzzed
+trace messages. The golden files test the reference; these tests tie the compiled core
+to it.
 
-Both CI runs of tests/core (compiled, and NATS_OTEL_NO_EXTENSIONS=1) run these: the
-twins are imported directly, whichever core the process chose.
+The compiled modules come from the `kernel` and `primitives` fixtures (tests/conftest.py),
+the reference from the pure modules' own names: both are compared in one process. Under
+NATS_OTEL_NO_EXTENSIONS=1 those tests skip; the process's own choice (`engine`) and the
+whole path in a child process running the other core are tested in both runs.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import random
 from pathlib import Path
@@ -19,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, choice, encode, otlp_wire, span_bytes, timestamps
+from nats_otel.core import accel, encode, engine, otlp_wire, reference, span_bytes, timestamps
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, convert_batch
@@ -27,32 +29,6 @@ from nats_otel.core.records import Resource, SpanRecord
 from tests.core.test_fuzz_decode import LIMITS, payloads
 
 SCOPE = encode._SCOPE
-
-
-def _twin(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(f"nats_otel.core.{name}")
-    except ImportError as exc:
-        if accel.NO_EXTENSIONS:
-            pytest.skip(f"compiled core not built in this pure-Python run: {exc}")
-        pytest.fail(f"the compiled core is not built ({exc}): python setup.py build_ext --inplace")
-
-
-@pytest.fixture(scope="module")
-def wire() -> ModuleType:
-    module = _twin("_otlp_wire")
-    # As otlp_wire does when it chooses the twin (not done when NATS_OTEL_NO_EXTENSIONS is set).
-    module.configure(otlp_wire._span, otlp_wire._key_value, otlp_wire._resource, otlp_wire._UNCACHED_PREFIX)
-    # As span_bytes does for its request of already encoded spans.
-    module.configure_encoded(span_bytes.python_encode_request, span_bytes._SCOPE, span_bytes.EncodedSpans)
-    return module
-
-
-@pytest.fixture(scope="module")
-def clock() -> ModuleType:
-    module = _twin("_timestamps")
-    module.configure(timestamps.python_parse_rfc3339_ns)
-    return module
 
 
 def outcome(function, *args):
@@ -63,31 +39,65 @@ def outcome(function, *args):
         return type(exc), str(exc)
 
 
+def handed(kernel: ModuleType, stage: str, call, *args):
+    """`outcome(call, *args)`, and how many messages (batches, for "request") the kernel
+    handed to the reference at `stage` meanwhile."""
+    before = kernel.handed_to_reference()[stage]
+    result = outcome(call, *args)
+    return result, kernel.handed_to_reference()[stage] - before
+
+
 def test_the_process_runs_the_core_it_was_asked_for():
-    if accel.NO_EXTENSIONS:
-        assert choice.implementation() == "python"
-        assert otlp_wire.encode_request is otlp_wire.python_encode_request
-        assert timestamps.parse_rfc3339_ns is timestamps.python_parse_rfc3339_ns
+    from nats_otel.core import decode, ids, linking, model, pipeline
+
+    # The pure modules never choose: their names are the reference's, in both runs.
+    assert (pipeline.Converter, pipeline.Linker, linking.LinkIndex) == (
+        pipeline.PythonConverter, pipeline.PythonLinker, linking.PythonLinkIndex)
+    assert (pipeline.prepare, pipeline.finish) == (pipeline.python_prepare, pipeline.python_finish)
+    assert otlp_wire.encode_request is otlp_wire.python_encode_request
+    assert (span_bytes.map_encode, span_bytes.encode_request) == (span_bytes.python_map_encode,
+                                                                  span_bytes.python_encode_request)
+    assert timestamps.parse_rfc3339_ns is timestamps.python_parse_rfc3339_ns
+    # `engine` chooses the kernel unless forbidden: every name of the one it runs.
+    expected = "python" if accel.NO_EXTENSIONS else "compiled"
+    assert engine.implementation() == expected, engine.unavailable()
+    assert engine.IMPLEMENTATIONS["python"] is reference
+    assert sorted(engine.IMPLEMENTATIONS) == sorted({"python", expected})
+    running = engine.IMPLEMENTATIONS[expected]
+    assert expected == engine.IMPLEMENTATION == running.IMPLEMENTATION
+    for name in reference.__all__:
+        assert getattr(engine, name) is getattr(running, name), name
+    # The decoding hooks: the leaf's when built and allowed, else the pure modules' own.
+    hooks = {name: vars(record)["__post_init__"] for name, record in (
+        ("connection_post_init", model.Ingress), ("server_post_init", model.ServerInfo),
+        ("request_post_init", decode._Request), ("document_post_init", decode._Document),
+        ("context_post_init", ids.TraceContext))}
+    leaf = accel.compiled("_primitives")
+    assert (leaf is None) == accel.NO_EXTENSIONS, accel.refused()
+    if leaf is None:
+        assert {name: hook.__module__ for name, hook in hooks.items()} == {
+            "connection_post_init": "nats_otel.core.model", "server_post_init": "nats_otel.core.model",
+            "request_post_init": "nats_otel.core.decode", "document_post_init": "nats_otel.core.decode",
+            "context_post_init": "nats_otel.core.ids"}
     else:
-        assert choice.implementation() == "compiled", choice.unavailable()
-        assert otlp_wire.encode_request is not otlp_wire.python_encode_request
-        assert timestamps.parse_rfc3339_ns is not timestamps.python_parse_rfc3339_ns
+        assert hooks == {name: getattr(leaf, name) for name in hooks}
+        assert engine.unavailable() == {}
 
 
-def test_the_corpus_encodes_to_the_same_bytes(wire, corpus_raws):
+def test_the_corpus_encodes_to_the_same_bytes(kernel, corpus_raws):
     results = convert_batch(corpus_raws)
     spans = [s for r in results if isinstance(r, Converted) for s in r.spans]
     assert len(spans) > 50
     for size in (1, 7, 64, len(spans)):
         for start in range(0, len(spans), size):
             batch = spans[start : start + size]
-            assert wire.encode_request(batch, SCOPE) == otlp_wire.python_encode_request(batch, SCOPE)
+            assert kernel.encode_spans(batch, SCOPE) == otlp_wire.python_encode_request(batch, SCOPE)
     for result in results:
         if isinstance(result, Converted):
-            assert wire.encode_request(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
+            assert kernel.encode_spans(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
 
 
-def test_the_corpus_encoded_spans_make_the_same_request(wire, corpus_raws):
+def test_the_corpus_encoded_spans_make_the_same_request(kernel, corpus_raws):
     """The bridge's request of spans mapped straight into protobuf: the same bytes on both
     twins, and the bytes the span records of the same messages encode to (the contract)."""
     converter = Converter()
@@ -100,8 +110,9 @@ def test_the_corpus_encoded_spans_make_the_same_request(wire, corpus_raws):
     for size in (1, 5, 64, len(pairs)):
         for start in range(0, len(pairs), size):
             items = [item for item, _ in pairs[start : start + size]]
-            request = wire.encode_encoded_request(items)
+            request, to_reference = handed(kernel, "request", kernel.encode_request, items)
             assert request == span_bytes.python_encode_request(items)
+            assert to_reference == 0  # written by the kernel itself
             assert request == encode.to_protobuf_bytes([s for _, spans in pairs[start : start + size] for s in spans])
 
 
@@ -123,24 +134,28 @@ def encoded_items(draw) -> list:
 
 @settings(max_examples=300, deadline=None)
 @given(encoded_items())
-def test_generated_encoded_spans_make_the_same_request(wire, items):
-    assert wire.encode_encoded_request(items) == span_bytes.python_encode_request(items)
+def test_generated_encoded_spans_make_the_same_request(kernel, items):
+    assert kernel.encode_request(items) == span_bytes.python_encode_request(items)
 
 
-def test_odd_encoded_items_go_to_the_reference(wire):
-    """Not a list, an item of another type, data that is not bytes: the reference's bytes,
-    or its error, on both twins."""
+def test_odd_encoded_items_go_to_the_reference(kernel):
+    """Not a list, an item of another type, data that is not bytes: handed to the reference
+    (counted), so its bytes, or its error, on both. The rest is written by the kernel."""
     item = span_bytes.EncodedSpans(_resources[0], b"\x12\x00", 1)
-    cases = [
+    handed_over = [
         (item, item),  # a tuple of items, not a list
         [item, (_resources[1], b"\x12\x00", 1)],  # a plain tuple: no .resource in the reference
         [item, span_bytes.EncodedSpans(_resources[1], bytearray(b"\x12\x00"), 1)],
         [item, span_bytes.EncodedSpans(_resources[1], "text", 1)],
-        [span_bytes.EncodedSpans(["unhashable"], b"", 0)],
-        [],
     ]
-    for items in cases:
-        assert outcome(wire.encode_encoded_request, items) == outcome(span_bytes.python_encode_request, items), items
+    kept = [
+        [span_bytes.EncodedSpans(["unhashable"], b"", 0)],  # the kernel raises the reference's error itself
+        [],
+        [item, span_bytes.EncodedSpans(Resource(_resources[0].attributes), b"\x12\x00", 1)],
+    ]
+    for items, count in [(items, 1) for items in handed_over] + [(items, 0) for items in kept]:
+        assert handed(kernel, "request", kernel.encode_request, items) == (
+            outcome(span_bytes.python_encode_request, items), count), items
 
 
 # Each key carries values of one type: the pair caches of both twins key on (key, value),
@@ -192,8 +207,8 @@ def span_records(draw) -> SpanRecord:
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(span_records(), max_size=6))
-def test_generated_spans_encode_to_the_same_bytes_or_fail_alike(wire, spans):
-    compiled = outcome(wire.encode_request, spans, SCOPE)
+def test_generated_spans_encode_to_the_same_bytes_or_fail_alike(kernel, spans):
+    compiled = outcome(kernel.encode_spans, spans, SCOPE)
     python = outcome(otlp_wire.python_encode_request, spans, SCOPE)
     if isinstance(python, tuple) and isinstance(compiled, tuple):
         # Both refuse. An integer outside int64 is refused by both, but with another error
@@ -202,15 +217,15 @@ def test_generated_spans_encode_to_the_same_bytes_or_fail_alike(wire, spans):
     assert compiled == python
 
 
-def test_copied_headers_are_not_cached_by_the_compiled_twin(wire):
+def test_copied_headers_are_not_cached_by_the_compiled_twin(kernel):
     resource = Resource((("service.name", "x"),))
     spans = [SpanRecord(b"\x01" * 16, i.to_bytes(8, "big"), b"", "s", 5, 1, 2, resource,
                         (("messaging.system", "nats"),
                          (otlp_wire._UNCACHED_PREFIX + "traceparent", (f"00-{i:032x}-{i:016x}-01",))))
              for i in range(1, 200)]
-    wire.clear_caches()
-    assert wire.encode_request(spans, SCOPE) == otlp_wire.python_encode_request(spans, SCOPE)
-    assert wire.cached_pairs(9) == [("messaging.system", "nats")]
+    kernel.clear_caches()
+    assert kernel.encode_spans(spans, SCOPE) == otlp_wire.python_encode_request(spans, SCOPE)
+    assert kernel.cached_pairs(9) == [("messaging.system", "nats")]
 
 
 FUZZ_CONVERTER = Converter(limits=LIMITS, link=LinkSettings(capacity=1000))
@@ -218,10 +233,10 @@ FUZZ_CONVERTER = Converter(limits=LIMITS, link=LinkSettings(capacity=1000))
 
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(payloads())
-def test_fuzzed_trace_messages_encode_to_the_same_bytes(wire, raw: RawTraceMessage):
+def test_fuzzed_trace_messages_encode_to_the_same_bytes(kernel, raw: RawTraceMessage):
     result = FUZZ_CONVERTER.convert(raw)
     if isinstance(result, Converted):
-        assert wire.encode_request(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
+        assert kernel.encode_spans(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
 
 
 def _bench_fuzzer() -> ModuleType:
@@ -233,7 +248,7 @@ def _bench_fuzzer() -> ModuleType:
     return module
 
 
-def test_the_bench_fuzzers_messages_encode_to_the_same_bytes(wire):
+def test_the_bench_fuzzers_messages_encode_to_the_same_bytes(kernel):
     fuzz = _bench_fuzzer()
     rnd = random.Random(17)
     converter = Converter(limits=fuzz.LIMITS)
@@ -243,7 +258,7 @@ def test_the_bench_fuzzers_messages_encode_to_the_same_bytes(wire):
         result = converter.convert(raw)
         if isinstance(result, Converted):
             converted += 1
-            assert wire.encode_request(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
+            assert kernel.encode_spans(result.spans, SCOPE) == otlp_wire.python_encode_request(result.spans, SCOPE)
     assert converted > 100
 
 
@@ -259,54 +274,42 @@ _stamp = st.builds(
 @settings(max_examples=1500, deadline=None)
 @given(_stamp | st.text(max_size=32) | st.from_regex(r"2026-11-22T02:16:3[0-9]\.[0-9\u0660-\u0669]{1,9}Z",
                                                          fullmatch=True))
-def test_timestamps_parse_alike(clock, text):
-    assert outcome(clock.parse_rfc3339_ns, text) == outcome(timestamps.python_parse_rfc3339_ns, text)
+def test_timestamps_parse_alike(primitives, text):
+    assert outcome(primitives.parse_rfc3339_ns, text) == outcome(timestamps.python_parse_rfc3339_ns, text)
 
 
 @pytest.mark.parametrize("text", ["2026-11-22T02:16:30Z", "2026-11-22T02:16:30.123456789Z", "1970-01-01T00:00:00.1Z",
                                   "2024-02-30T00:00:00Z", "2554-07-21T23:34:33.709551615Z", "0000-01-01T00:00:00Z",
                                   "2026-11-22T02:16:60.5Z", "2026-11-22T02:16:30.1234567890Z", None, 12])
-def test_timestamp_edges_parse_alike(clock, text):
-    assert outcome(clock.parse_rfc3339_ns, text) == outcome(timestamps.python_parse_rfc3339_ns, text)
-
-
-@pytest.fixture(scope="module")
-def ids_twin() -> ModuleType:
-    from nats_otel.core import ids
-
-    module = _twin("_ids")
-    module.configure(ids._ROLE_PREFIX[b"server"], ids._ROLE_PREFIX[b"event"], ids._POSITIONS, ids.python_fields,
-                     ids.python_server_span_id, ids.python_event_span_id, ids.python_parse_traceparent)
-    return module
+def test_timestamp_edges_parse_alike(primitives, text):
+    assert outcome(primitives.parse_rfc3339_ns, text) == outcome(timestamps.python_parse_rfc3339_ns, text)
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=600), st.integers(1, 64))
-def test_blake2b_in_c_is_hashlibs(ids_twin, data, size):
+def test_blake2b_in_c_is_hashlibs(kernel, data, size):
     import hashlib
 
-    assert ids_twin.blake2b(data, size) == hashlib.blake2b(data, digest_size=size).digest()
+    assert kernel.blake2b(data, size) == hashlib.blake2b(data, digest_size=size).digest()
 
 
-def test_blake2b_block_edges(ids_twin):
+def test_blake2b_block_edges(kernel):
     import hashlib
 
     for n in (0, 1, 127, 128, 129, 255, 256, 257, 1000):
-        assert ids_twin.blake2b(b"x" * n, 16) == hashlib.blake2b(b"x" * n, digest_size=16).digest()
+        assert kernel.blake2b(b"x" * n, 16) == hashlib.blake2b(b"x" * n, digest_size=16).digest()
 
 
 @settings(max_examples=600, deadline=None)
 @given(st.lists(st.text(max_size=20), max_size=4), st.binary(max_size=40), st.binary(max_size=20),
        st.binary(max_size=20), st.integers(-3, 300))
-def test_ids_hash_alike(ids_twin, texts, ident, trace_id, parent, position):
+def test_ids_hash_alike(kernel, primitives, texts, ident, trace_id, parent, position):
     from nats_otel.core import ids
 
-    assert outcome(ids_twin.fields, *texts) == outcome(ids.python_fields, *texts)
-    assert ids_twin.context_fields(trace_id, parent) == ids.python_context_fields(trace_id, parent)
+    assert primitives.context_fields(trace_id, parent) == ids._context_fields(trace_id, parent)
     ctx = ids.TraceContext(trace_id or b"\x01", parent)
-    assert ids_twin.server_span_id(ctx, ident) == ids.python_server_span_id(ctx, ident)
-    assert outcome(ids_twin.event_span_id, ctx, ident, position) == outcome(ids.python_event_span_id, ctx, ident,
-                                                                            position)
+    assert kernel.server_span_id(ctx, ident) == ids.server_span_id(ctx, ident)
+    assert outcome(kernel.event_span_id, ctx, ident, position) == outcome(ids.event_span_id, ctx, ident, position)
 
 
 _trace_hex = st.sampled_from(["0" * 32, "4bf92f3577b34da6a3ce929d0e0e4736", "4BF92F3577B34DA6A3CE929D0E0E4736",
@@ -327,16 +330,17 @@ _non_ascii = st.sampled_from(["00-4bf92f3577b34da6a3ce929d0e0e473é-00f067aa0ba9
 @settings(max_examples=800, deadline=None)
 @given(_traceparent | _non_ascii | st.text(min_size=55, max_size=55) | st.text(max_size=60)
        | st.sampled_from([None, 5, b"00"]))
-def test_traceparents_parse_alike(ids_twin, value):
+def test_traceparents_parse_alike(kernel, value):
     from nats_otel.core import ids
 
-    assert outcome(ids_twin.parse_traceparent, value) == outcome(ids.python_parse_traceparent, value)
+    assert outcome(kernel.parse_traceparent, value) == outcome(ids.parse_traceparent, value)
 
 
 def pipeline_outcomes(count: int) -> bytes:
-    """Every outcome of the bridge's path (decode, link, map, encode) for the corpus and
-    `count` messages of the bench fuzzer: spans as request bytes, rejections with their
-    reason and detail. Compared between two processes running different cores."""
+    """Which core runs (`engine.implementation()`), and every outcome of the bridge's path
+    through it (decode, link, map, encode) for the corpus and `count` messages of the bench
+    fuzzer: spans as request bytes, rejections with their reason and detail. Compared
+    between two processes running different cores."""
     import pickle
 
     from tests.conftest import corpus_files, read_raws
@@ -345,7 +349,7 @@ def pipeline_outcomes(count: int) -> bytes:
     rnd = random.Random(23)
     raws = [raw for path in corpus_files() for raw in read_raws(path)]
     raws += [fuzz.generate(rnd)[1] for _ in range(count)]
-    converter, straight = Converter(limits=fuzz.LIMITS), Converter(limits=fuzz.LIMITS)
+    converter, straight = engine.Converter(limits=fuzz.LIMITS), engine.Converter(limits=fuzz.LIMITS)
     out = []
     for raw in raws:
         result = converter.convert(raw)
@@ -354,23 +358,23 @@ def pipeline_outcomes(count: int) -> bytes:
             direct = straight.convert(raw, encoded=True)
             assert isinstance(direct, Converted) and direct.encoded is not None
             request = encode.to_protobuf_bytes(result.spans)
-            assert span_bytes.encode_request([direct.encoded]) == request
+            assert engine.encode_request([direct.encoded]) == request
             assert (direct.issues, direct.link) == (result.issues, result.link)
             out.append(("spans", request, result.issues, result.link))
         else:
             out.append(("rejected", result.reason, result.detail))
-    return pickle.dumps(out)
+    return pickle.dumps((engine.implementation(), out))
 
 
 def test_the_whole_path_gives_the_same_outcomes_on_both_cores():
-    # The decode hooks (`_model.pyx`) are bound when the classes are made: one process runs
-    # one core, so the other core runs in a child process.
+    # The decode hooks (`_primitives.pyx`) are bound when the classes are made: one process
+    # runs one core, so the other core runs in a child process (the compiled one must be
+    # built: in the NATS_OTEL_NO_EXTENSIONS run, the child runs it).
     import os
     import pickle
     import subprocess
     import sys
 
-    _twin("_otlp_wire")  # both cores must be there to compare
     env = dict(os.environ)
     if accel.NO_EXTENSIONS:
         env.pop("NATS_OTEL_NO_EXTENSIONS")
@@ -380,21 +384,16 @@ def test_the_whole_path_gives_the_same_outcomes_on_both_cores():
             "sys.stdout.buffer.write(pipeline_outcomes(2000))")
     root = Path(__file__).resolve().parents[2]
     other = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, check=True).stdout
-    ours = pipeline_outcomes(2000)
-    assert sum(1 for o in pickle.loads(ours) if o[0] == "spans") > 300
-    assert pickle.loads(other) == pickle.loads(ours)
+    (our_core, ours), (other_core, theirs) = pickle.loads(pipeline_outcomes(2000)), pickle.loads(other)
+    assert {our_core, other_core} == {"python", "compiled"}  # both cores ran
+    assert sum(1 for o in ours if o[0] == "spans") > 300
+    assert theirs == ours
 
 
-@pytest.fixture(scope="module")
-def mapper() -> ModuleType:
-    module = _twin("_mapping")
-    span_bytes.configure_map_encode(module)  # as span_bytes.py does (not done when NATS_OTEL_NO_EXTENSIONS is set)
-    return module
-
-
-def _map_encode_alike(mapper, raws, options=None) -> int:
-    """Both twins of map + encode on every message of `raws` (linked as `convert` links
-    them); returns how many gave spans."""
+def _map_encode_alike(kernel, raws, options=None) -> tuple[int, int]:
+    """The kernel's and the reference's map + encode on every message of `raws` (linked as
+    `convert` links them); returns how many were prepared, and how many of those the
+    kernel handed to the reference."""
     from nats_otel.core.decode import DecodeError
     from nats_otel.core.mapping import MappingOptions
     from nats_otel.core.pipeline import Linker, prepare
@@ -408,37 +407,37 @@ def _map_encode_alike(mapper, raws, options=None) -> int:
         except DecodeError:
             continue
         linker.observe(prepared[-1])
+    handed_over = 0
     for p in prepared:
         placement = linker.place(p)
-        assert outcome(mapper.map_encode, p.msg, p.ctx, placement, options) == outcome(
-            span_bytes.python_map_encode, p.msg, p.ctx, placement, options)
-    return len(prepared)
+        result, count = handed(kernel, "map", kernel.map_encode, p.msg, p.ctx, placement, options)
+        assert result == outcome(span_bytes.python_map_encode, p.msg, p.ctx, placement, options)
+        assert count in (0, 1)  # one message: handed whole, or not at all
+        handed_over += count
+    return len(prepared), handed_over
 
 
-def test_the_mapper_is_the_compiled_one_unless_forbidden():
-    running = span_bytes.IMPLEMENTATION
-    assert running == ("python" if accel.NO_EXTENSIONS else "compiled"), choice.unavailable()
-
-
-def test_the_corpus_maps_to_the_same_bytes(mapper, corpus_raws):
+def test_the_corpus_maps_to_the_same_bytes(kernel, corpus_raws):
     from nats_otel.core.mapping import MappingOptions
 
-    assert _map_encode_alike(mapper, corpus_raws) == len(corpus_raws)
+    # Decode's records, all of them mapped by the kernel itself.
+    assert _map_encode_alike(kernel, corpus_raws) == (len(corpus_raws), 0)
     # Every header copied, another service name: other attributes, other resources.
     options = MappingOptions("svc-é", frozenset({"traceparent", "content-encoding", "nats-trace-hop", "x"}))
-    assert _map_encode_alike(mapper, corpus_raws, options) == len(corpus_raws)
+    assert _map_encode_alike(kernel, corpus_raws, options) == (len(corpus_raws), 0)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(payloads(), min_size=1, max_size=3))
-def test_fuzzed_trace_messages_map_to_the_same_bytes(mapper, raws):
-    _map_encode_alike(mapper, raws)
+def test_fuzzed_trace_messages_map_to_the_same_bytes(kernel, raws):
+    _map_encode_alike(kernel, raws)
 
 
-def test_the_bench_fuzzers_messages_map_to_the_same_bytes(mapper):
+def test_the_bench_fuzzers_messages_map_to_the_same_bytes(kernel):
     fuzz = _bench_fuzzer()
     rnd = random.Random(29)
-    assert _map_encode_alike(mapper, [fuzz.generate(rnd)[1] for _ in range(1500)]) > 100
+    prepared, handed_over = _map_encode_alike(kernel, [fuzz.generate(rnd)[1] for _ in range(1500)])
+    assert prepared > 100 and handed_over < prepared  # the kernel's own mapping was compared
 
 
 @st.composite
@@ -476,11 +475,11 @@ def odd_messages(draw) -> RawTraceMessage:
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(odd_messages(), min_size=1, max_size=3))
-def test_odd_messages_map_to_the_same_bytes(mapper, raws):
-    _map_encode_alike(mapper, raws)
+def test_odd_messages_map_to_the_same_bytes(kernel, raws):
+    _map_encode_alike(kernel, raws)
 
 
-def test_one_server_id_with_other_fields_gets_its_own_resource(mapper):
+def test_one_server_id_with_other_fields_gets_its_own_resource(kernel):
     # The compiled mapper memoises resources by the server's fields: each must be in the key.
     import json
 
@@ -493,4 +492,4 @@ def test_one_server_id_with_other_fields_gets_its_own_resource(mapper):
         doc = message(ingress())
         doc["server"].update(variant)
         raws.append(raw(json.dumps(doc).encode()))
-    assert _map_encode_alike(mapper, raws * 2) == 2 * len(variants)
+    assert _map_encode_alike(kernel, raws * 2) == (2 * len(variants), 0)

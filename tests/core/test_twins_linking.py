@@ -1,45 +1,35 @@
-"""The compiled link index and linker (`_linking.pyx`) against the pure references
-(`linking.PythonLinkIndex`, `pipeline.PythonLinker`): the same links, counters and length,
-in every mode, on the corpus (also under reused contexts) and on generated index
-operations. As in test_twins.py, the twin is imported directly, whichever core the process
-chose; both CI runs of tests/core run these.
+"""The compiled kernel's link index and linker (`_kernel.LinkIndex`, `_kernel.Linker`:
+`_stage_link.pxi`) against the pure references (`linking.PythonLinkIndex`,
+`pipeline.PythonLinker`): the same links, counters and length, in every mode, on the
+corpus (also under reused contexts) and on generated index operations. As in
+test_twins.py, the kernel comes from the `kernel` fixture (skipped under
+NATS_OTEL_NO_EXTENSIONS=1) and is compared with the reference in one process.
 """
 
 from __future__ import annotations
-
-from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, choice
+from nats_otel.core import accel, engine, reference
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, convert_batch
-from tests.core.test_twins import _twin
 
-# --- The link index and linker (`_linking.pyx` against `linking.PythonLinkIndex` and
+# --- The link index and linker (`_kernel` against `linking.PythonLinkIndex` and
 # `pipeline.PythonLinker`): the same links, counters and length, in every mode. -----------
 
 
-@pytest.fixture(scope="module")
-def linking_twin() -> ModuleType:
+def test_the_process_links_with_the_core_it_was_asked_for():
     from nats_otel.core import linking, pipeline
 
-    module = _twin("_linking")
-    # As linking and pipeline do when they choose the twin.
-    module.configure(linking.Link, linking.MATCHED, linking.UNMATCHED, linking.AMBIGUOUS, linking.LinkSettings(),
-                     linking.HopSequences)
-    pipeline.configure_linker(module)
-    return module
-
-
-def test_the_process_runs_the_link_twins_it_was_asked_for():
-    from nats_otel.core import linking, pipeline
-
-    python = (linking.LinkIndex is linking.PythonLinkIndex, pipeline.Linker is pipeline.PythonLinker)
-    assert python == ((True, True) if accel.NO_EXTENSIONS else (False, False)), choice.unavailable()
+    # The pure modules' names are the references; `engine`'s are the kernel's unless forbidden.
+    assert (linking.LinkIndex, pipeline.Linker) == (linking.PythonLinkIndex, pipeline.PythonLinker)
+    assert (reference.LinkIndex, reference.Linker) == (linking.PythonLinkIndex, pipeline.PythonLinker)
+    running = engine.IMPLEMENTATIONS.get("python" if accel.NO_EXTENSIONS else "compiled")
+    assert running is not None, engine.unavailable()
+    assert (engine.LinkIndex, engine.Linker) == (running.LinkIndex, running.Linker)
 
 
 def _index_state(index) -> tuple:
@@ -66,21 +56,26 @@ def _reused(raws) -> list[RawTraceMessage]:
     return [*raws, *copies_of(copied, [0, 3_000, 2_000_000]), *copies_of(traced[:40], [0, 5_000_000], adhoc=True)]
 
 
-def test_the_corpus_links_alike_through_convert_batch(linking_twin, corpus_raws, monkeypatch):
+def test_the_corpus_links_alike_through_convert_batch(kernel, corpus_raws, monkeypatch):
     from nats_otel.core import pipeline
     from tests.core.test_linking_properties import WINDOW
 
     raws = _reused(corpus_raws)
-    outcomes = {}
-    for name, linker in (("python", pipeline.PythonLinker), ("compiled", linking_twin.Linker)):
-        monkeypatch.setattr(pipeline, "Linker", linker)
-        outcomes[name] = [convert_batch(raws), convert_batch(raws, link=WINDOW), convert_batch(raws[::-1], link=WINDOW)]
-    assert outcomes["compiled"] == outcomes["python"]
-    links = {r.link for batch in outcomes["python"] for r in batch if isinstance(r, Converted)}
+
+    def batches(convert) -> list:
+        return [convert(raws), convert(raws, link=WINDOW), convert(raws[::-1], link=WINDOW)]
+
+    python = batches(convert_batch)
+    # The kernel's whole `convert_batch` (its prepare, linker and mapping) ...
+    assert batches(kernel.convert_batch) == python
+    # ... and its linker alone, in the pure `convert_batch` (which looks `Linker` up when called).
+    monkeypatch.setattr(pipeline, "Linker", kernel.Linker)
+    assert batches(convert_batch) == python
+    links = {r.link for batch in python for r in batch if isinstance(r, Converted)}
     assert links == {"", "matched", "ambiguous", "unmatched"}  # every decision was compared
 
 
-def test_the_corpus_links_alike_in_a_bounded_converter(linking_twin, corpus_raws):
+def test_the_corpus_links_alike_in_a_bounded_converter(kernel, corpus_raws):
     from nats_otel.core import pipeline
     from tests.core.test_linking_properties import WINDOW
 
@@ -88,7 +83,7 @@ def test_the_corpus_links_alike_in_a_bounded_converter(linking_twin, corpus_raws
     for capacity in (1, 2, 5, 50, 10_000):
         settings = LinkSettings(WINDOW.max_hop_latency_s, WINDOW.max_clock_skew_s, capacity, retention_s=0.05)
         states, outcomes = [], []
-        for linker in (pipeline.PythonLinker(settings), linking_twin.Linker(settings)):
+        for linker in (pipeline.PythonLinker(settings), kernel.Linker(settings)):
             converter = Converter(link=settings)
             converter.linker = linker
             out = []
@@ -122,11 +117,11 @@ _windows = st.sampled_from([(3e-9, 1e-9), (0.0, 0.0), (5e9, 5e9)])
 
 @settings(max_examples=1500, deadline=None)
 @given(st.lists(_ops, max_size=40), _windows, st.integers(1, 5), st.booleans())
-def test_index_operations_give_the_same_links_and_counts(linking_twin, ops, window, capacity, bounded):
+def test_index_operations_give_the_same_links_and_counts(kernel, ops, window, capacity, bounded):
     from nats_otel.core.linking import Arrival, Egress, PythonLinkIndex
 
     settings = LinkSettings(window[0], window[1], capacity, retention_s=2.0)
-    indexes = (PythonLinkIndex(settings, bounded), linking_twin.LinkIndex(settings, bounded))
+    indexes = (PythonLinkIndex(settings, bounded), kernel.LinkIndex(settings, bounded))
     now = 0.0
     for op in ops:
         if op[0] == "expire":
@@ -144,8 +139,8 @@ def test_index_operations_give_the_same_links_and_counts(linking_twin, ops, wind
         assert _index_state(indexes[1]) == _index_state(indexes[0])
 
 
-def test_a_wrong_entry_is_an_error_not_a_crash(linking_twin):
-    index = linking_twin.LinkIndex(LinkSettings())
+def test_a_wrong_entry_is_an_error_not_a_crash(kernel):
+    index = kernel.LinkIndex(LinkSettings())
     for call in (index.add_egress, index.add_arrival, index.resolve):
         with pytest.raises(TypeError):
             call((b"c", "1", "a", "b"), 5)

@@ -1,40 +1,44 @@
-"""The compiled converter and `finish` (`_pipeline.pyx`) against the pure references
-(`pipeline.PythonConverter`, `pipeline.python_finish`): the same results, in the same
-order, with the same link index afterwards, whatever the calls: batches observed first or
-not, single messages, redeliveries (the same object again, or the same bytes in another
-object), a pending store and a link index at their bounds, encoded or as span records.
-As in test_twins.py, the twin is imported directly, whichever core the process chose; both
-CI runs of tests/core run these.
+"""The compiled kernel's converter and `finish` (`_kernel.Converter`, `_kernel.finish`:
+`_stage_convert.pxi`) against the pure references (`pipeline.PythonConverter`,
+`pipeline.python_finish`): the same results, in the same order, with the same link index
+afterwards, whatever the calls: batches observed first or not, single messages,
+redeliveries (the same object again, or the same bytes in another object), a pending store
+and a link index at their bounds, encoded or as span records. As in test_twins.py, the
+kernel comes from the `kernel` fixture (skipped under NATS_OTEL_NO_EXTENSIONS=1) and is
+compared with the reference in one process. Also: a compiled module that refuses to
+import is not used, and says why.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, choice, pipeline
+from nats_otel.core import accel, engine, pipeline, reference
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.mapping import MappingOptions
 from tests.core.test_fuzz_decode import LIMITS, payloads
-from tests.core.test_twins import _bench_fuzzer, _twin, outcome
+from tests.core.test_twins import _bench_fuzzer, outcome
 from tests.core.test_twins_linking import _index_state, _reused
 
 
-@pytest.fixture(scope="module")
-def pipeline_twin() -> ModuleType:
-    module = _twin("_pipeline")
-    pipeline.configure_pipeline(module)  # as pipeline.py does (not done when NATS_OTEL_NO_EXTENSIONS is set)
-    return module
-
-
-def test_the_process_runs_the_pipeline_twins_it_was_asked_for():
-    python = (pipeline.Converter is pipeline.PythonConverter, pipeline.finish is pipeline.python_finish)
-    assert python == ((True, True) if accel.NO_EXTENSIONS else (False, False)), choice.unavailable()
+def test_the_process_converts_with_the_core_it_was_asked_for():
+    # The pure module's names are the references; `engine`'s are the kernel's unless forbidden.
+    assert (pipeline.Converter, pipeline.finish) == (pipeline.PythonConverter, pipeline.python_finish)
+    assert (reference.Converter, reference.finish) == (pipeline.PythonConverter, pipeline.python_finish)
+    running = engine.IMPLEMENTATIONS.get("python" if accel.NO_EXTENSIONS else "compiled")
+    assert running is not None, engine.unavailable()
+    assert (engine.Converter, engine.finish, engine.convert_batch) == (running.Converter, running.finish,
+                                                                       running.convert_batch)
 
 
 def _play(converter, raws: list[RawTraceMessage], seed: int) -> list:
@@ -69,11 +73,11 @@ def _play(converter, raws: list[RawTraceMessage], seed: int) -> list:
     return out
 
 
-def _alike(twin: ModuleType, raws: list[RawTraceMessage], seed: int, link: LinkSettings,
+def _alike(kernel: ModuleType, raws: list[RawTraceMessage], seed: int, link: LinkSettings,
            pending_capacity: int = 200_000, options: MappingOptions | None = None) -> list:
     """Both converters through the same calls: the same results and link index state."""
     results, states = [], []
-    for converter_type in (pipeline.PythonConverter, twin.Converter):
+    for converter_type in (pipeline.PythonConverter, kernel.Converter):
         converter = converter_type(options or MappingOptions(), LIMITS, link, pending_capacity)
         results.append(_play(converter, raws, seed))
         assert all(r[1] <= pending_capacity for r in results[-1] if isinstance(r, tuple))
@@ -83,7 +87,7 @@ def _alike(twin: ModuleType, raws: list[RawTraceMessage], seed: int, link: LinkS
     return results[0]
 
 
-def test_the_corpus_converts_alike(pipeline_twin, corpus_raws):
+def test_the_corpus_converts_alike(kernel, corpus_raws):
     from tests.core.test_linking_properties import WINDOW
 
     raws = _reused(corpus_raws)
@@ -91,47 +95,48 @@ def test_the_corpus_converts_alike(pipeline_twin, corpus_raws):
     windows = [(0.5, 0.1), (WINDOW.max_hop_latency_s, WINDOW.max_clock_skew_s)]
     for seed, (capacity, pending) in enumerate([(1_000_000, 200_000), (5, 200_000), (50, 3), (10_000, 1)]):
         link = LinkSettings(*windows[seed % 2], capacity, retention_s=0.05)
-        results = _alike(pipeline_twin, raws, seed, link, pending)
+        results = _alike(kernel, raws, seed, link, pending)
         kinds |= {getattr(r, "link", "rejected") for r in results}
         assert any(getattr(r, "encoded", None) is not None for r in results)
         assert any(getattr(r, "spans", None) for r in results)
     assert kinds >= {"", "matched", "ambiguous", "unmatched"}  # every link decision was compared
     options = MappingOptions("svc", frozenset({"traceparent", "x"}))
-    _alike(pipeline_twin, raws, 9, LinkSettings(), options=options)
+    _alike(kernel, raws, 9, LinkSettings(), options=options)
 
 
-def test_the_bench_fuzzers_messages_convert_alike(pipeline_twin):
+def test_the_bench_fuzzers_messages_convert_alike(kernel):
     fuzz = _bench_fuzzer()
     rnd = random.Random(31)
-    results = _alike(pipeline_twin, [fuzz.generate(rnd)[1] for _ in range(1500)], 4, LinkSettings())
+    results = _alike(kernel, [fuzz.generate(rnd)[1] for _ in range(1500)], 4, LinkSettings())
     assert sum(1 for r in results if isinstance(r, pipeline.Rejected)) > 50  # the rejections were compared
     assert sum(1 for r in results if isinstance(r, pipeline.Converted)) > 100
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(payloads(), min_size=1, max_size=6), st.integers(0, 2**16))
-def test_fuzzed_messages_convert_alike(pipeline_twin, raws, seed):
-    _alike(pipeline_twin, raws, seed, LinkSettings(capacity=3, retention_s=0.1), pending_capacity=2)
+def test_fuzzed_messages_convert_alike(kernel, raws, seed):
+    _alike(kernel, raws, seed, LinkSettings(capacity=3, retention_s=0.1), pending_capacity=2)
 
 
-def test_finish_alike_and_bad_calls_fail_alike(pipeline_twin, corpus_raws):
+def test_finish_alike_and_bad_calls_fail_alike(kernel, corpus_raws):
     prepared = [pipeline.prepare(raw) for raw in corpus_raws]
     options = MappingOptions()
-    # `locate` claims a hop (its latency is counted once): each twin has a linker of its own.
-    linkers = (pipeline.Linker(bounded=False), pipeline.Linker(bounded=False))
+    # `locate` claims a hop (its latency is counted once): each has a linker of its own.
+    linkers = (kernel.Linker(bounded=False), pipeline.PythonLinker(bounded=False))
     for p in prepared:
         for linker in linkers:
             linker.observe(p)
     for p in prepared:
         for encoded in (False, True):
-            assert pipeline_twin.finish(p, linkers[0], options, encoded) == pipeline.python_finish(
+            assert kernel.finish(p, linkers[0], options, encoded) == pipeline.python_finish(
                 p, linkers[1], options, encoded)
-    linker = linkers[0]
+    assert _index_state(linkers[0].index) == _index_state(linkers[1].index)
     # Not a message, a linker or options: the same error from both.
-    for args in [("x", linker, options), (prepared[0], None, options), (prepared[0], linker, None)]:
-        assert outcome(pipeline_twin.finish, *args) == outcome(pipeline.python_finish, *args)
+    for linker in linkers:
+        for args in [("x", linker, options), (prepared[0], None, options), (prepared[0], linker, None)]:
+            assert outcome(kernel.finish, *args) == outcome(pipeline.python_finish, *args)
     # A raw message that is not one: both converters raise the same error.
-    for converter_type in (pipeline.PythonConverter, pipeline_twin.Converter):
+    for converter_type in (pipeline.PythonConverter, kernel.Converter):
         with pytest.raises(AttributeError):
             converter_type().convert("not a raw message")
 
@@ -140,36 +145,62 @@ class _PreparedCopy(pipeline.Prepared, frozen=True, gc=False):
     """A subclass: the compiled linker and `finish` read it by name, not at slot offsets."""
 
 
-def test_records_of_other_types_are_read_by_name_alike(pipeline_twin, corpus_raws):
+def test_records_of_other_types_are_read_by_name_alike(kernel, corpus_raws):
     prepared = [pipeline.prepare(raw) for raw in corpus_raws]
     copies = [_PreparedCopy(*(getattr(p, name) for name in p.__struct_fields__)) for p in prepared]
     options = MappingOptions()
-    linkers = (pipeline.Linker(bounded=False), pipeline.PythonLinker(bounded=False))
+    linkers = (kernel.Linker(bounded=False), pipeline.PythonLinker(bounded=False))
     for copy, p in zip(copies, prepared, strict=True):
         linkers[0].observe(copy)
         linkers[1].observe(p)
     for copy, p in zip(copies, prepared, strict=True):
-        assert pipeline_twin.finish(copy, linkers[0], options, True) == pipeline.python_finish(
+        assert kernel.finish(copy, linkers[0], options, True) == pipeline.python_finish(
             p, linkers[1], options, True)
     assert _index_state(linkers[0].index) == _index_state(linkers[1].index)
 
 
-def test_a_twin_whose_configure_refuses_it_is_not_used_and_says_why(monkeypatch):
-    from nats_otel.core.span_layout import LayoutChanged
-
+def test_a_compiled_module_that_refuses_to_import_is_not_used_and_says_why(monkeypatch):
     monkeypatch.setattr(accel, "_unavailable", {})
-
-    def refuse(error: Exception):
-        def configure(module: ModuleType) -> None:
-            raise error
-        return configure
-
-    assert accel.configured("_pipeline", refuse(TypeError("a field moved"))) is None
-    assert accel.configured("_network", refuse(LayoutChanged("a slot moved")), (LayoutChanged,)) is None
+    assert accel.compiled("_no_such_module") is None
     if accel.NO_EXTENSIONS:  # not imported at all: nothing to refuse
-        assert choice.unavailable() == {}
+        assert accel.refused() == engine.unavailable() == {}
         return
-    assert choice.unavailable() == {"_pipeline": "not used: a field moved", "_network": "not used: a slot moved"}
-    with pytest.raises(ValueError):  # anything else is a bug, not a refusal
-        accel.configured("_pipeline", refuse(ValueError("bug")))
-    assert accel.configured("_pipeline", lambda module: None) is not None
+    assert list(accel.refused()) == ["_no_such_module"]
+    assert "nats_otel.core._no_such_module" in accel.refused()["_no_such_module"]
+    assert engine.unavailable() == accel.refused()
+
+
+# In a child process (this one keeps its records): a NamedTuple the kernel builds by
+# position, its fields renamed, before anything imports the kernel.
+_CHANGED_RECORD = """
+from typing import NamedTuple
+
+from nats_otel.core import linking
+
+class Link(NamedTuple):
+    outcome: str
+    egress: object = None
+    candidates: int = 0
+    first: bool = False
+
+linking.Link = Link
+from nats_otel.core import accel, engine
+try:
+    import nats_otel.core._kernel
+except ImportError as exc:
+    print("ImportError:", exc)
+print(engine.implementation(), engine.IMPLEMENTATION, sorted(engine.IMPLEMENTATIONS))
+print(engine.unavailable().get("_kernel"))
+"""
+
+
+def test_the_kernel_refuses_a_record_laid_out_otherwise_and_the_reference_runs():
+    if accel.NO_EXTENSIONS:
+        pytest.skip("NATS_OTEL_NO_EXTENSIONS is set: the compiled kernel is not used in this run")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _CHANGED_RECORD], env=dict(os.environ), cwd=root,
+                          capture_output=True, text=True, check=True)
+    refusal, chosen, why = done.stdout.splitlines()
+    assert refusal.startswith("ImportError: a record is not laid out as the kernel reads it: Link's fields changed")
+    assert chosen == "python python ['python']"
+    assert "Link's fields changed" in why

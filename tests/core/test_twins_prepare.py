@@ -1,16 +1,18 @@
-"""The compiled `prepare` (`_prepare.pyx`) against the pure reference
-(`pipeline.python_prepare`): an equal `Prepared` (message, trace context, identity,
-arrival, issues, size), or the same error with the same reason and text, on the whole
-corpus, on fuzzed payloads, and on the header variants that decide which path a message
-takes (encodings, name case, repeated names, broken or missing traceparents, ad-hoc
-destinations, hop headers). As in test_twins.py the twin is imported directly, whichever
-core the process chose; both CI runs of tests/core run these.
+"""The compiled kernel's `prepare` (`_kernel.prepare`: `_stage_prepare.pxi`) against the
+pure reference (`pipeline.python_prepare`): an equal `Prepared` (message, trace context,
+identity, arrival, issues, size), or the same error with the same reason and text, on the
+whole corpus, on fuzzed payloads, and on the header variants that decide which path a
+message takes (encodings, name case, repeated names, broken or missing traceparents,
+ad-hoc destinations, hop headers); which messages the kernel hands to the reference
+(`handed_to_reference`); and the decoding hooks of the leaf of primitives against the
+pure ones. As in test_twins.py, the compiled modules come from the `kernel` and
+`primitives` fixtures (skipped under NATS_OTEL_NO_EXTENSIONS=1) and are compared with the
+reference in one process.
 """
 
 from __future__ import annotations
 
 import gzip
-from types import ModuleType
 
 import cramjam
 import orjson
@@ -18,18 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, choice, pipeline
+from nats_otel.core import accel, engine, pipeline
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage
 from tests.core import factories as f
 from tests.core.test_fuzz_decode import LIMITS, payloads
-from tests.core.test_twins import _twin
-
-
-@pytest.fixture(scope="module")
-def twin() -> ModuleType:
-    module = _twin("_prepare")
-    pipeline.configure_prepare(module)  # as pipeline.py does (not done when NATS_OTEL_NO_EXTENSIONS is set)
-    return module
 
 
 def outcome(prepare, raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()):
@@ -41,24 +35,37 @@ def outcome(prepare, raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()
         return type(exc), str(exc)
 
 
-def test_the_process_runs_the_prepare_it_was_asked_for():
-    assert (pipeline.prepare is pipeline.python_prepare) == accel.NO_EXTENSIONS, choice.unavailable()
+def handed(kernel, prepare, *args) -> tuple[object, int]:
+    """`outcome(prepare, *args)`, and how many messages the kernel's prepare handed to the
+    reference meanwhile."""
+    before = kernel.handed_to_reference()["prepare"]
+    result = outcome(prepare, *args)
+    return result, kernel.handed_to_reference()["prepare"] - before
 
 
-def test_the_corpus_prepares_alike(twin, corpus_raws):
+def test_the_process_prepares_with_the_core_it_was_asked_for():
+    assert pipeline.prepare is pipeline.python_prepare  # the pure module never chooses
+    running = engine.IMPLEMENTATIONS.get("python" if accel.NO_EXTENSIONS else "compiled")
+    assert running is not None, engine.unavailable()
+    assert engine.prepare is running.prepare
+
+
+def test_the_corpus_prepares_alike(kernel, corpus_raws):
     prepared = 0
+    before = kernel.handed_to_reference()["prepare"]
     for raw in corpus_raws:
-        ours = outcome(twin.prepare, raw)
+        ours = outcome(kernel.prepare, raw)
         assert ours == outcome(pipeline.python_prepare, raw)
         prepared += isinstance(ours, pipeline.Prepared)
     assert prepared > 100
-    assert twin.prepare(corpus_raws[0]) == pipeline.python_prepare(corpus_raws[0])  # default limits
+    assert kernel.handed_to_reference()["prepare"] == before  # the common case: all prepared by the kernel
+    assert kernel.prepare(corpus_raws[0]) == pipeline.python_prepare(corpus_raws[0])  # default limits
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(raw=payloads())
-def test_fuzzed_payloads_prepare_alike(twin, raw):
-    assert outcome(twin.prepare, raw, LIMITS) == outcome(pipeline.python_prepare, raw, LIMITS)
+def test_fuzzed_payloads_prepare_alike(kernel, raw):
+    assert outcome(kernel.prepare, raw, LIMITS) == outcome(pipeline.python_prepare, raw, LIMITS)
 
 
 TP = f.TRACEPARENT
@@ -78,7 +85,7 @@ ENCODINGS = [None, "identity", "Identity ", "", "gzip", "GZIP", "snappy", "br"]
        kind=st.sampled_from([0, 1, 2, 4, 6]), subject=st.sampled_from(["trace.a", None]),
        cid=st.sampled_from([5, 2**63, 2**64 - 1]),
        encoding_name=st.sampled_from(["Content-Encoding", "content-encoding"]))
-def test_header_variants_prepare_alike(twin, headers, encoding, kind, subject, cid, encoding_name):
+def test_header_variants_prepare_alike(kernel, headers, encoding, kind, subject, cid, encoding_name):
     doc = f.message(f.ingress(kind=kind, cid=cid), f.egress(kind=1, hop="h9", name="n2"), headers=headers)
     data = orjson.dumps(doc) if cid < 2**63 else _dumps(doc)
     if encoding and encoding.strip().lower() == "gzip":
@@ -86,7 +93,7 @@ def test_header_variants_prepare_alike(twin, headers, encoding, kind, subject, c
     elif encoding == "snappy":
         data = bytes(cramjam.snappy.compress(data))
     raw = RawTraceMessage(subject, {encoding_name: [encoding]} if encoding is not None else {}, data)
-    assert outcome(twin.prepare, raw) == outcome(pipeline.python_prepare, raw)
+    assert outcome(kernel.prepare, raw) == outcome(pipeline.python_prepare, raw)
 
 
 def _dumps(doc) -> bytes:
@@ -123,15 +130,11 @@ def numbered_messages(draw) -> RawTraceMessage:
 
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=numbered_messages())
-def test_headers_ids_and_uint64_edges_prepare_alike(twin, raw):
-    assert outcome(twin.prepare, raw) == outcome(pipeline.python_prepare, raw)
+def test_headers_ids_and_uint64_edges_prepare_alike(kernel, raw):
+    assert outcome(kernel.prepare, raw) == outcome(pipeline.python_prepare, raw)
 
 
-def _refuse(raw, limits):
-    raise AssertionError("handed to the reference")
-
-
-def test_the_edges_do_reach_the_compiled_path(twin):
+def test_the_edges_do_reach_the_compiled_path(kernel):
     # The cases above must not all be decided by the reference: these are prepared in C.
     doc = f.message(f.ingress(kind=1, cid=2**64 - 1), headers={"Nats-Trace-Hop": ["h1", "h2"], "X-İd": ["é"],
                                                                  "TraceParent": [TP], "traceparent": ["00-bad"]},
@@ -140,11 +143,11 @@ def test_the_edges_do_reach_the_compiled_path(twin):
     compressed = RawTraceMessage("trace.a", {"content-ENCODING": ["Gzip "]}, gzip.compress(_dumps(doc)))
     adhoc = RawTraceMessage(None, {}, orjson.dumps(f.message(f.ingress(), headers={"Nats-Trace-Dest": ["d"],
                                                                                      "traceparent": ["00-x"]})))
-    pipeline.configure_prepare(twin, reference=_refuse)
-    try:
-        prepared, unpacked, correlated = twin.prepare(raw), twin.prepare(compressed), twin.prepare(adhoc)
-    finally:
-        pipeline.configure_prepare(twin)
+    (prepared, by_reference), (unpacked, by_reference_unpacked), (correlated, by_reference_correlated) = (
+        handed(kernel, kernel.prepare, one) for one in (raw, compressed, adhoc))
+    assert (by_reference, by_reference_unpacked, by_reference_correlated) == (0, 0, 0)  # none handed over
+    assert isinstance(prepared, pipeline.Prepared) and isinstance(unpacked, pipeline.Prepared)
+    assert isinstance(correlated, pipeline.Prepared)
     assert prepared == pipeline.python_prepare(raw)
     assert unpacked == pipeline.python_prepare(compressed) and unpacked.msg == prepared.msg
     assert correlated == pipeline.python_prepare(adhoc) and correlated.issues == pipeline._BAD_TRACEPARENT
@@ -168,22 +171,46 @@ ODD_RAWS = [
 
 
 @pytest.mark.parametrize("raw", ODD_RAWS)
-def test_odd_raws_prepare_alike(twin, raw):
-    assert outcome(twin.prepare, raw) == outcome(pipeline.python_prepare, raw)
-    assert outcome(twin.prepare, raw, DecodeLimits(max_events=1)) == outcome(pipeline.python_prepare, raw,
-                                                                             DecodeLimits(max_events=1))
+def test_odd_raws_prepare_alike(kernel, raw):
+    assert outcome(kernel.prepare, raw) == outcome(pipeline.python_prepare, raw)
+    assert outcome(kernel.prepare, raw, DecodeLimits(max_events=1)) == outcome(pipeline.python_prepare, raw,
+                                                                               DecodeLimits(max_events=1))
 
 
-def test_the_decode_and_context_hooks_check_alike():
+# Raws the kernel does not take: each is handed whole to the reference (counted once).
+HANDED_RAWS = [
+    RawTraceMessage("trace.a", {"Content-Encoding": ["gzip"]}, b"not gzip"),  # decompress refuses it
+    RawTraceMessage("trace.a", {1: ["x"]}, orjson.dumps(f.message(f.ingress()))),  # type: ignore[dict-item]
+    RawTraceMessage("trace.a", {}, bytearray(orjson.dumps(f.message(f.ingress())))),  # type: ignore[arg-type]
+    RawTraceMessage("trace.a", {}, b"{not json"),  # the fast decode refuses it
+    "not a raw message",  # type: ignore[list-item]
+]
+
+
+@pytest.mark.parametrize("raw", HANDED_RAWS)
+def test_what_the_kernel_does_not_take_is_the_references(kernel, raw):
+    assert handed(kernel, kernel.prepare, raw, DecodeLimits()) == (outcome(pipeline.python_prepare, raw), 1)
+
+
+def _checked(hook, record) -> object:
+    """What a hook leaves in `record` (the fields it sets), or its error's text."""
+    try:
+        hook(record)
+    except ValueError as exc:
+        return str(exc)
+    return {name: getattr(record, name) for name in record.__struct_fields__}
+
+
+def test_the_decode_and_context_hooks_check_alike(primitives):
     from types import SimpleNamespace
+
+    import msgspec
 
     from nats_otel.core import ids, model
     from nats_otel.core.model import check_uint64
 
-    hooks, ids_twin = _twin("_model"), _twin("_ids")
-    hooks.configure(model.parse_rfc3339_ns, model._timestamp, check_uint64)  # as model.py does
     for value in (0, 2**64 - 1, 2**64, 2**70):
-        for hook, name in ((hooks.request_post_init, "msgsize"), (hooks.document_post_init, "hops")):
+        for hook, name in ((primitives.request_post_init, "msgsize"), (primitives.document_post_init, "hops")):
             expected = None
             try:
                 check_uint64(name, value)
@@ -195,8 +222,47 @@ def test_the_decode_and_context_hooks_check_alike():
             except ValueError as exc:
                 got = str(exc)
             assert got == expected
+
+    # The events' and the server's hooks: times as `model._timestamp` reads them (or its
+    # error), numbers as `check_uint64` checks them.
+    class Stamped(msgspec.Struct):
+        ts: str
+        cid: int = 0
+        seq: int = 0
+        time: str | None = None
+        ts_ns: int = -1
+        time_ns: int = -1
+
+    def expected(ts: str, cid: int, seq: int, time: str | None, fields: tuple[str, ...]) -> object:
+        record = Stamped(ts, cid, seq, time)
+        try:
+            for name in fields:
+                if name == "ts":
+                    record.ts_ns = model._timestamp(ts)
+                elif name == "time" and time is not None:
+                    record.time_ns = model._timestamp(time)
+                elif name in ("cid", "seq"):
+                    check_uint64(name, getattr(record, name))
+        except ValueError as exc:
+            return str(exc)
+        return {name: getattr(record, name) for name in record.__struct_fields__}
+
+    hooks = [(primitives.event_post_init, ("ts",)), (primitives.connection_post_init, ("cid", "ts")),
+             (primitives.server_post_init, ("seq", "time"))]
+    stamps = ["2026-11-22T02:16:30.123456789Z", "1969-12-31T23:59:59Z", "2554-07-21T23:34:33.709551616Z", "nope"]
+    for ts in stamps:
+        for number in (5, 2**64):
+            for time in (None, *stamps):
+                for hook, fields in hooks:
+                    assert _checked(hook, Stamped(ts, number, number, time)) == expected(
+                        ts, number, number, time, fields), (hook, ts, number, time)
+
     ctx = ids.TraceContext(b"\x01" * 16, b"\x02" * 8, id_fields=b"given")
-    ids_twin.context_post_init(ctx)
+    primitives.context_post_init(ctx)
     assert ctx.id_fields == b"given"
     ctx = ids.TraceContext(b"\x01" * 16, b"\x02" * 8)
-    assert ctx.id_fields == ids.python_context_fields(b"\x01" * 16, b"\x02" * 8)
+    assert ctx.id_fields == ids._context_fields(b"\x01" * 16, b"\x02" * 8)
+    bare = ids.TraceContext(b"\x01" * 16, b"\x02" * 8, id_fields=b"given")
+    msgspec.structs.force_setattr(bare, "id_fields", b"")
+    primitives.context_post_init(bare)  # not given: the leaf writes the reference's fields
+    assert bare.id_fields == ids._context_fields(b"\x01" * 16, b"\x02" * 8)

@@ -128,7 +128,7 @@ def _window(entries: list, lo_ns: int, hi_ns: int) -> tuple[int, int]:
 
 class PythonLinkIndex:
     """Both sides of every hop observed, by link key and by (link key, size), time-sorted;
-    bounded when `expire`d. The reference; `LinkIndex` is its compiled twin when built."""
+    bounded when `expire`d. The reference of the kernel's `LinkIndex` (`_stage_link.pxi`)."""
 
     __slots__ = ("_bounded", "_claimed", "_fifo", "_latency_ns", "_skew_ns", "_tables", "evicted",
                  "expired_unmatched", "sequences", "settings")

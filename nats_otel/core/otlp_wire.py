@@ -8,8 +8,8 @@ reads it, and a test checks it equals what the generated classes serialize.
 
 Field numbers are those of opentelemetry-proto (trace/v1, common/v1, resource/v1).
 
-This file is the reference; `_otlp_wire.pyx` is its compiled twin (same bytes, written into
-one C buffer), used when built (`accel`). `encode_request` is whichever runs.
+This file is the reference; the kernel's wire stage (`_stage_wire.pxi`, `encode_spans`) is
+its compiled counterpart (same bytes, written into one C buffer), which `engine` chooses.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ upstream's report is known, and trace messages arrive in any order:
 
 `convert_batch` observes the whole input, then finishes it: the result ignores the order.
 The live `Converter` observes each message on arrival and finishes it `link_wait` later.
+
+All of it is the reference: the kernel (`_kernel.pyx`) has the compiled counterparts, and
+`engine` chooses which runs; nothing here uses compiled code but msgspec's hooks.
 """
 
 from __future__ import annotations
@@ -145,7 +148,7 @@ python_prepare = prepare  # the reference of the kernel's `prepare` (`_stage_pre
 
 class PythonLinker:
     """The hop evidence of observed messages, and where each message's spans go. The
-    reference; `Linker` is its compiled twin (`_linking.pyx`) when built."""
+    reference of the kernel's `Linker` (`_stage_link.pxi`)."""
 
     __slots__ = ("_adhoc_arrivals", "_bounded", "index")
 
@@ -238,7 +241,7 @@ def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded:
 
 class PythonConverter:
     """Streaming conversion (the live bridge): `observe` on arrival, `convert` later. The
-    reference; `Converter` is its compiled twin (`_pipeline.pyx`) when built.
+    reference of the kernel's `Converter` (`_stage_convert.pxi`).
 
     Between the two, the message's decoded form waits here (bounded); the linker's memory
     is bounded in time and entries (`LinkSettings`), with what it had to drop counted.

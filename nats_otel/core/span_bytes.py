@@ -2,11 +2,10 @@
 span records (the bridge's OTLP path, where nothing else looks at the spans).
 
 `python_map_encode` is the reference: `mapping.map_message`, then each span as
-`otlp_wire` writes it. `_mapping.pyx` is its compiled twin (chosen when built, and when
-`span_layout` finds mapping.py's layout to be the one it writes). `encode_request` puts
-the messages' encoded spans into one `ExportTraceServiceRequest`: the same bytes as
-`encode.to_protobuf_bytes` of all their span records (`python_encode_request` is its
-reference, `_otlp_wire.encode_encoded_request` its compiled twin).
+`otlp_wire` writes it; the kernel's mapping stage (`_stage_map.pxi`) is its compiled
+counterpart (`engine.map_encode`). `encode_request` puts the messages' encoded spans into
+one `ExportTraceServiceRequest`: the same bytes as `encode.to_protobuf_bytes` of all their
+span records (`python_encode_request` is the reference of the kernel's `encode_request`).
 """
 
 from __future__ import annotations

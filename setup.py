@@ -1,5 +1,7 @@
-"""The optional compiled twins of the hot path (`nats_otel/core/_*.pyx` and the bridge's
-`nats_otel/bridge/sources/_frames.pyx` and `nats_otel/bridge/_network_metrics.pyx`, Cython).
+"""The optional compiled modules of the hot path (Cython): the core's kernel and its leaf of
+primitives (`nats_otel/core/_kernel.pyx`, which includes its stages, `_stage_*.pxi`, and
+`_primitives.pyx`), and the bridge's `nats_otel/bridge/sources/_frames.pyx` and
+`nats_otel/bridge/_network_metrics.pyx`.
 
 Everything else is configured in pyproject.toml. The build is optional, as in aiohttp and
 multidict: without Cython or a C compiler, or with NATS_OTEL_NO_EXTENSIONS=1, the install

@@ -48,12 +48,17 @@ def handed(kernel: ModuleType, stage: str, call, *args):
 
 
 def test_the_process_runs_the_core_it_was_asked_for():
-    from nats_otel.core import decode, ids, linking, model, pipeline
+    from nats_otel.core import decode, ids, linking, model, network, pipeline
 
     # The pure modules never choose: their names are the reference's, in both runs.
     assert (pipeline.Converter, pipeline.Linker, linking.LinkIndex) == (
         pipeline.PythonConverter, pipeline.PythonLinker, linking.PythonLinkIndex)
     assert (pipeline.prepare, pipeline.finish) == (pipeline.python_prepare, pipeline.python_finish)
+    assert network.network_sample is network.python_network_sample
+    # `reference` gathers exactly those.
+    assert (reference.Converter, reference.Linker, reference.LinkIndex) == (
+        pipeline.PythonConverter, pipeline.PythonLinker, linking.PythonLinkIndex)
+    assert (reference.prepare, reference.finish) == (pipeline.python_prepare, pipeline.python_finish)
     assert otlp_wire.encode_request is otlp_wire.python_encode_request
     assert (span_bytes.map_encode, span_bytes.encode_request) == (span_bytes.python_map_encode,
                                                                   span_bytes.python_encode_request)

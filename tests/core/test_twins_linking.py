@@ -12,24 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, engine, reference
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, convert_batch
 
 # --- The link index and linker (`_kernel` against `linking.PythonLinkIndex` and
 # `pipeline.PythonLinker`): the same links, counters and length, in every mode. -----------
-
-
-def test_the_process_links_with_the_core_it_was_asked_for():
-    from nats_otel.core import linking, pipeline
-
-    # The pure modules' names are the references; `engine`'s are the kernel's unless forbidden.
-    assert (linking.LinkIndex, pipeline.Linker) == (linking.PythonLinkIndex, pipeline.PythonLinker)
-    assert (reference.LinkIndex, reference.Linker) == (linking.PythonLinkIndex, pipeline.PythonLinker)
-    running = engine.IMPLEMENTATIONS.get("python" if accel.NO_EXTENSIONS else "compiled")
-    assert running is not None, engine.unavailable()
-    assert (engine.LinkIndex, engine.Linker) == (running.LinkIndex, running.Linker)
 
 
 def _index_state(index) -> tuple:

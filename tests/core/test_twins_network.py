@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import force_setattr
 
-from nats_otel.core import accel, engine, network
+from nats_otel.core import network
 from nats_otel.core.decode import DecodeError, RawTraceMessage
 from nats_otel.core.model import Egress, Ingress, JetStreamEvent, ServerInfo, SubjectMapping, TraceMessage
 from nats_otel.core.pipeline import prepare
@@ -46,13 +46,6 @@ def _samples_alike(kernel: ModuleType, raws: list[RawTraceMessage]) -> tuple[int
             assert sample == outcome(network.python_network_sample, msg, upstream), (msg, upstream)
             handed_over += count
     return decoded, handed_over
-
-
-def test_the_process_takes_network_samples_with_the_core_it_was_asked_for():
-    assert network.network_sample is network.python_network_sample  # the pure module never chooses
-    running = engine.IMPLEMENTATIONS.get("python" if accel.NO_EXTENSIONS else "compiled")
-    assert running is not None, engine.unavailable()
-    assert engine.network_sample is running.network_sample
 
 
 def test_the_corpus_gives_the_same_samples(kernel, corpus_raws):

@@ -22,23 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, engine, pipeline, reference
+from nats_otel.core import accel, engine, pipeline
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.mapping import MappingOptions
 from tests.core.test_fuzz_decode import LIMITS, payloads
 from tests.core.test_twins import _bench_fuzzer, outcome
 from tests.core.test_twins_linking import _index_state, _reused
-
-
-def test_the_process_converts_with_the_core_it_was_asked_for():
-    # The pure module's names are the references; `engine`'s are the kernel's unless forbidden.
-    assert (pipeline.Converter, pipeline.finish) == (pipeline.PythonConverter, pipeline.python_finish)
-    assert (reference.Converter, reference.finish) == (pipeline.PythonConverter, pipeline.python_finish)
-    running = engine.IMPLEMENTATIONS.get("python" if accel.NO_EXTENSIONS else "compiled")
-    assert running is not None, engine.unavailable()
-    assert (engine.Converter, engine.finish, engine.convert_batch) == (running.Converter, running.finish,
-                                                                       running.convert_batch)
 
 
 def _play(converter, raws: list[RawTraceMessage], seed: int) -> list:

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nats_otel.core import accel, engine, pipeline
+from nats_otel.core import pipeline
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage
 from tests.core import factories as f
 from tests.core.test_fuzz_decode import LIMITS, payloads
@@ -41,13 +41,6 @@ def handed(kernel, prepare, *args) -> tuple[object, int]:
     before = kernel.handed_to_reference()["prepare"]
     result = outcome(prepare, *args)
     return result, kernel.handed_to_reference()["prepare"] - before
-
-
-def test_the_process_prepares_with_the_core_it_was_asked_for():
-    assert pipeline.prepare is pipeline.python_prepare  # the pure module never chooses
-    running = engine.IMPLEMENTATIONS.get("python" if accel.NO_EXTENSIONS else "compiled")
-    assert running is not None, engine.unavailable()
-    assert engine.prepare is running.prepare
 
 
 def test_the_corpus_prepares_alike(kernel, corpus_raws):

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from nats_otel import gc_tuning
+from nats_otel import __version__, gc_tuning
 from nats_otel.bridge.accounting import BatchAccounting
 from nats_otel.bridge.exchange import exchange_for
 from nats_otel.bridge.export.result import ExportResult
@@ -41,6 +41,7 @@ from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSou
 from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
 from nats_otel.bridge.telemetry import HealthServer, Metrics
 from nats_otel.bridge.workers import WorkerDied, WorkerPool
+from nats_otel.core import engine
 from nats_otel.core.pipeline import Converted, Rejected
 
 __all__ = ["Bridge", "run_bridge"]
@@ -213,7 +214,8 @@ class Bridge:
         if self.exchange is not None and not await self.exchange.attach(getattr(self.sources[0], "nc", None), s):
             self.exchange = None
         self._started = True
-        log.info("bridge running", extra={"fields": {"mode": s.mode, "sources": [x.name for x in s.sources],
+        log.info("bridge running", extra={"fields": {"version": __version__, "core": engine.implementation(),
+                                                     "mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
         if s.mode == "core":
             delayed: asyncio.Queue[tuple[float, list[Delivery]] | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import platform
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -19,6 +20,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from nats_otel import __version__
 from nats_otel.core import engine
 
 __all__ = ["DROP_REASONS", "HealthServer", "JsonFormatter", "Metrics", "ReceivedCounter", "Tally", "TextFormatter",
@@ -147,6 +149,12 @@ class Metrics:
         self.core = Info("nats_otel_core", "The implementation of the core's hot path in use",
                          registry=r)
         self.core.info({"implementation": engine.implementation()})
+        # What is running, as Prometheus' own build_info convention has it:
+        # nats_otel_build_info{version, python, core} 1 (the version from the package metadata).
+        self.build = Info("nats_otel_build", "The nats-otel version running, its Python and its core",
+                          registry=r)
+        self.build.info({"version": __version__, "python": platform.python_version(),
+                         "core": engine.implementation()})
         self.core_reference = Counter(
             "nats_otel_core_reference",
             "Trace messages the compiled kernel handed whole to the pure-Python reference, by stage (prepare, "

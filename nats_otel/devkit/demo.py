@@ -6,7 +6,8 @@ It starts, in this order, and stops again in reverse (also on Ctrl-C, SIGTERM an
 2. real nats-servers (`devkit.topology.demo_topology()`): cluster ``east`` of 3 plus ``leaf-1``, a
    leafnode of east-1; account A traces every message with a sampled traceparent to ``trace.a``;
 3. the bridge (in-process `Bridge`) on east-1, subscribed to ``trace.a``;
-4. the instrumented app from ``examples/traced_app.py``: consumers on east-3 and leaf-1, the
+4. the instrumented app, `nats_otel.devkit.traced_app` (``examples/traced_app.py`` in a clone is
+   the same file): consumers on east-3 and leaf-1, the
    producer on east-2. So each message crosses routes (east-2 -> east-3, east-2 -> east-1)
    and a leafnode (east-1 -> leaf-1), and every server on the way reports it.
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import signal
 import sys
@@ -46,11 +46,10 @@ BRIDGE_SERVER = "east-1"
 PRODUCER_SERVER = "east-2"
 CONSUMER_SERVERS = ("east-3", "leaf-1")
 TRACE_SUBJECT = "trace.a"
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "traced_app.py"
 
 
 class DemoError(RuntimeError):
-    """The demo could not run (missing example, topology failure, incomplete traces)."""
+    """The demo could not run (topology failure, incomplete traces)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,25 +109,18 @@ class DemoReport:
         return sum(len(ss.spans) for r in self.requests for rs in r.resource_spans for ss in rs.scope_spans)
 
 
-# --- the app from examples/ ---------------------------------------------------------------------
+# --- the app users copy -------------------------------------------------------------------------
 
 
-def load_example(path: Path | None = None) -> ModuleType:
-    """`examples/traced_app.py` as a module: the demo runs exactly what users copy.
+def load_example() -> ModuleType:
+    """The instrumented app users copy, as a module: the demo runs exactly that code.
 
-    Found next to the package (a source checkout, `pip install -e .`) or under the current
-    directory (a clone, with the package installed from it non-editable).
+    It ships inside the package (`nats_otel/devkit/traced_app.py`; `examples/traced_app.py` in
+    a clone links to it), so the demo runs from an installed wheel in any folder.
     """
-    candidates = [path] if path else [EXAMPLE, Path.cwd() / "examples" / "traced_app.py"]
-    path = next((p for p in candidates if p.is_file()), None)
-    if path is None:
-        raise DemoError(f"examples/traced_app.py not found (looked at {', '.join(map(str, candidates))}): "
-                        "run the demo from a clone of the repository")
-    spec = importlib.util.spec_from_file_location("nats_otel_example_traced_app", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from nats_otel.devkit import traced_app
+
+    return traced_app
 
 
 # --- protobuf spans: OTLP/JSON and records for the tree ----------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -48,6 +49,17 @@ def test_metrics_expose_the_core_in_use():
     assert metrics.value(_CORE_INFO, {"implementation": running}) == 1.0
     other = "python" if running == "compiled" else "compiled"
     assert metrics.registry.get_sample_value(_CORE_INFO, {"implementation": other}) is None
+
+
+def test_metrics_expose_the_version_from_the_package_metadata():
+    from importlib.metadata import version
+
+    import nats_otel
+
+    metrics = Metrics()
+    labels = {"version": version("nats-otel"), "python": platform.python_version(), "core": engine.implementation()}
+    assert nats_otel.__version__ == labels["version"]
+    assert metrics.value("nats_otel_build_info", labels) == 1.0
 
 
 def test_what_the_kernel_hands_to_the_reference_is_counted_from_zero_by_stage():

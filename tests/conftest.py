@@ -73,3 +73,14 @@ def primitives() -> ModuleType:
     if module is None:
         pytest.fail(f"the compiled leaf of primitives is not built ({engine.unavailable()}): pip install -e .")
     return module
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under pytest-xdist (`-n`, on by default: pyproject.toml), the backfill's tests share one
+    worker, so one SparkSession (a JVM of ~2 GB, seconds to start) serves them all, as in a
+    serial run; every other test goes to whichever worker is free (`--dist loadgroup`)."""
+    if _BACKFILL in item.path.parents:
+        item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+_BACKFILL = Path(__file__).parent / "backfill"

@@ -54,7 +54,6 @@ from nats_otel.core.ids import server_span_id as _reference_server_span_id
 from nats_otel.core.ids import trace_context as _trace_context, upstream_hop as _upstream_hop
 from nats_otel.core.linking import AMBIGUOUS as _AMBIGUOUS, MATCHED as _MATCHED, UNMATCHED as _UNMATCHED
 from nats_otel.core.linking import Arrival as _Arrival, Egress as _LinkEgress, Link as _Link, LinkSettings
-from nats_otel.core.linking import body_size as _body_size
 from nats_otel.core.mapping import _NOT_FAILURES as _NOT_FAILURES_, HEADER_ATTRIBUTE_PREFIX, MappingOptions
 from nats_otel.core.mapping import Placement as _Placement, map_message as _map_message
 from nats_otel.core.mapping import server_resource as _server_resource
@@ -72,6 +71,8 @@ from nats_otel.core.pipeline import Converted as _Converted, Prepared as _Prepar
 from nats_otel.core.pipeline import observed
 from nats_otel.core.pipeline import prepare as _reference_prepare
 from nats_otel.core.sequences import HopSequences as _HopSequences
+from nats_otel.core.shapes import CONTEXT_HEADERS, SERVER_HEADERS, SHAPE_DIGEST
+from nats_otel.core.shapes import message_shape as _message_shape, shape_digest as _shape_digest
 from nats_otel.core.span_bytes import _SCOPE as _encoded_scope, EncodedSpans as _EncodedSpans
 from nats_otel.core.span_bytes import python_encode_request as _reference_request
 from nats_otel.core.span_bytes import python_map_encode as _reference_map_encode
@@ -87,6 +88,9 @@ IMPLEMENTATION = "compiled"
 cdef object _new = tuple.__new__
 cdef object _UNSET = object()
 cdef str _HOP_HEADER = "nats-trace-hop"
+cdef frozenset _SERVER_HEADERS = SERVER_HEADERS
+cdef frozenset _CONTEXT_HEADERS = CONTEXT_HEADERS
+cdef object _SHAPE_DIGEST = SHAPE_DIGEST
 cdef frozenset _FORWARDING = frozenset(FORWARDING_KINDS)
 cdef tuple _NOT_FAILURES = tuple(_NOT_FAILURES_)
 cdef dict _KIND_LABELS = dict(_KIND_LABELS_)

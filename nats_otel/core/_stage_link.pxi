@@ -81,8 +81,9 @@ cdef class _Side:
     cdef object candidate(self, object center, object below, object above, long long below_c,
                           long long above_c, bint small_window, object size, Py_ssize_t* count):
         """`linking.LinkIndex._candidates` for the window [center - below, center + above]:
-        the one candidate (or the one of the same size, when several fit in time), else None
-        and how many fit (in `count`)."""
+        the one candidate (or the one of the same shape, when several fit in time), else None
+        and how many fit (in `count`). A digest (`shapes.message_shape`) admits only entries of
+        its own shape; an entry with a digest admits only its own shape."""
         cdef list entries = self.entries
         cdef list sized
         cdef long long center_c = 0, ts_c = 0
@@ -97,13 +98,22 @@ cdef class _Side:
                 fits = center_c - below_c <= ts_c <= center_c + above_c
             else:
                 fits = center - below <= ts <= center + above
-            if fits:
+            if fits and _shapes_agree(size, (<tuple>entry)[1]):
                 count[0] = 1
                 return entry
             return None
         lo, hi = center - below, center + above
+        if size >= _SHAPE_DIGEST:  # exact evidence: only the same message counts
+            sized = self.by_size.get(size)
+            if sized is None:
+                return None
+            start, end = bisect_left(sized, (lo,)), bisect_left(sized, (hi + 1,))
+            count[0] = end - start
+            return sized[start] if end - start == 1 else None
         start, end = bisect_left(entries, (lo,)), bisect_left(entries, (hi + 1,))
         if end - start <= 1:
+            if end > start and (<tuple>entries[start])[1] >= _SHAPE_DIGEST:
+                return None  # another message's, by its digest
             count[0] = end - start
             return entries[start] if end > start else None
         count[0] = end - start
@@ -115,6 +125,11 @@ cdef class _Side:
             count[0] = 1
             return sized[start]
         return None
+
+
+cdef inline bint _shapes_agree(object arrival_shape, object egress_shape):
+    """`shapes.shapes_agree`."""
+    return arrival_shape == egress_shape or (arrival_shape < _SHAPE_DIGEST and egress_shape < _SHAPE_DIGEST)
 
 
 @cython.freelist(64)
@@ -237,6 +252,8 @@ cdef class LinkIndex:
                                                                 bucket.arrivals.entries or [], probe)
             if egress is None:
                 return _new(_Link, (result, None, candidates, True))
+            if not _shapes_agree(probe[1], (<tuple>egress)[1]):  # never against exact evidence
+                return _new(_Link, (_AMBIGUOUS, None, max(candidates, 2), True))
         elif claimed is None or probe not in claimed:
             self.sequences.learn(key, probe, egress)
         first = claimed is None or probe not in claimed
@@ -324,8 +341,8 @@ cdef class Linker:
             if type(event) is _EgressEvent and field(event, EG.hop) and field(event, EG.kind) in _FORWARDING:
                 size = _read(prepared, _Prepared, PREPARED.size, "size")
                 if size < 0:
-                    size = _body_size(_read(msg, _TraceMessage, MSG.msg_size, "msg_size"),
-                                      _read(msg, _TraceMessage, MSG.headers, "headers"))
+                    size = _message_shape(_read(msg, _TraceMessage, MSG.msg_size, "msg_size"),
+                                          _read(msg, _TraceMessage, MSG.headers, "headers"))
                 server = _read(msg, _TraceMessage, MSG.server, "server")
                 key = (_read(ctx, _TraceContext, CTX.id_fields, "id_fields"), field(event, EG.hop),
                        _read(server, _ServerInfo, SRV.name, "name"), field(event, EG.name))

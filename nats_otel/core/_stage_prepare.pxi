@@ -1,5 +1,5 @@
 # The compiled twin of `pipeline.prepare` (see there, and `decode.decode`,
-# `ids.trace_context`, `ids.identity`, `linking.body_size`, `pipeline._arrival`, which it
+# `ids.trace_context`, `ids.identity`, `shapes.message_shape`, `pipeline._arrival`, which it
 # follows step by step) for the common case: msgspec's one-call decode succeeds (after the
 # reference's `decompress` when the payload is compressed) and the traceparent is valid.
 # Anything else - a payload `decompress` refuses, a document the fast decode refuses, a
@@ -55,23 +55,28 @@ cpdef object prepare(object raw, object limits=_UNSET):
         return _prepare_by_reference(raw, limits)
     message_headers = field(request, REQ.header)
     msg_size = field(request, REQ.msgsize)
-    # model.first_values and linking.body_size, in one pass over the headers
+    # model.first_values and shapes.message_shape, in one pass over the headers
     cdef dict index = {}
     size = msg_size
     cdef Py_ssize_t at = 0
     cdef PyObject* key_p
     cdef PyObject* values_p
-    cdef bint hop_seen = False
+    cdef list own = None  # the message's own headers, when it has any (shapes.message_shape)
     while PyDict_Next(message_headers, &at, &key_p, &values_p):
         key = <object>key_p
         values = <list>values_p  # msgspec gave a dict[str, list[str]]
         lowered = _lower(key)
         if values:
             PyDict_SetDefault(index, lowered, values[0])
-        if not hop_seen and lowered == _HOP_HEADER:
-            hop_seen = True
+        if lowered in _SERVER_HEADERS:
             for value in values:
                 size -= len(key) + len(value) + 4
+        elif lowered not in _CONTEXT_HEADERS:
+            if own is None:
+                own = []
+            own.append((lowered, values))
+    if own is not None:  # rare: a per-message header; the digest is the reference's own
+        size = _shape_digest(size, own)
     ingress = events[0]
     msg = _TraceMessage(server, message_headers, msg_size, field(doc, DOC.hops), ingress, _tail(events), (), index)
     # ids.trace_context, when the traceparent is valid; otherwise the reference decides

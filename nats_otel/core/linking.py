@@ -9,9 +9,14 @@ report belongs to. The servers report two more things, and we use exactly those:
 
 * time: the egress left at most `max_hop_latency` before the ingress (and at most
   `max_clock_skew` after it: servers' clocks differ);
-* size: the forwarded message is the upstream's message plus the `Nats-Trace-Hop` header
-  (`body_size` takes that header out on both sides). Service imports add headers on the
-  way, so size only breaks ties between several candidates in time, never vetoes one.
+* the message itself (`shapes.message_shape`): its size without the headers servers add or
+  rewrite on the way (`Nats-Trace-Hop` on every forward; `Nats-Request-Info` and
+  `Nats-Trace-Dest` across a service import), and, when it carries any header beyond those
+  and the trace context (`Nats-Msg-Id`, an application's id or sequence), a digest of those
+  headers. A size alone only breaks ties between several candidates in time. A digest is
+  exact evidence: an arrival and an egress whose shapes differ while either carries a
+  digest are different messages and are never linked, whatever the time, the order or the
+  losses say; one whose digest no other message of the window shares is linked by it.
 
 A downstream report is linked to an egress only when each is the other's one candidate
 (mutually unique): a lost trace message or another message of the same context can then
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from nats_otel.core.sequences import HopSequences
+from nats_otel.core.shapes import SHAPE_DIGEST, shapes_agree
 
 __all__ = [
     "AMBIGUOUS",
@@ -46,7 +52,6 @@ __all__ = [
     "LinkKey",
     "LinkSettings",
     "PythonLinkIndex",
-    "body_size",
 ]
 
 MATCHED = "matched"
@@ -56,8 +61,6 @@ AMBIGUOUS = "ambiguous"
 # Context id fields (trace id + parent span id, or the ad-hoc group), hop id, upstream server
 # name, downstream server name. Names, not ids: the downstream only knows its upstream by name.
 LinkKey = tuple[bytes, str, str, str]
-
-_HOP_HEADER = "nats-trace-hop"
 
 
 class Egress(NamedTuple):
@@ -105,20 +108,6 @@ class LinkSettings:
     @property
     def skew_ns(self) -> int:
         return int(self.max_clock_skew_s * 1e9)
-
-
-def body_size(msg_size: int, headers: dict[str, list[str]]) -> int:
-    """The traced message's size without its `Nats-Trace-Hop` header line(s).
-
-    Servers add `Nats-Trace-Hop: <hop>\\r\\n` when they forward; taking it out makes the
-    upstream's and the downstream's sizes of one message equal (seen on every corpus hop).
-    """
-    for name, values in headers.items():
-        if name.lower() == _HOP_HEADER:
-            for value in values:  # a loop, not sum() over a generator: once per downstream report
-                msg_size -= len(name) + len(value) + 4
-            return msg_size
-    return msg_size
 
 
 def _window(entries: list, lo_ns: int, hi_ns: int) -> tuple[int, int]:
@@ -197,20 +186,29 @@ class PythonLinkIndex:
         if self._bounded:
             self._fifo.append((now, is_egress, key, entry))
 
-    def _candidates(self, is_egress: bool, key: LinkKey, lo_ns: int, hi_ns: int, size: int) -> tuple[list, int]:
-        """The one candidate in [lo_ns, hi_ns] (or of the same size, when several fit in
-        time) as a list of one, else [] and how many fit."""
+    def _candidates(self, is_egress: bool, key: LinkKey, lo_ns: int, hi_ns: int, shape: int) -> tuple[list, int]:
+        """The one candidate in [lo_ns, hi_ns] (or of the same shape, when several fit in
+        time) as a list of one, else [] and how many fit. A digest (`message_shape`) admits
+        only entries of its own shape; an entry with a digest admits only its own shape."""
         by_key, by_size = self._tables[is_egress]
         entries = by_key.get(key)
         if entries is None:
             return [], 0
         if len(entries) == 1:  # the common case: one entry for the key, no search
-            ts_ns = entries[0].ts_ns
-            return (entries, 1) if lo_ns <= ts_ns <= hi_ns else ([], 0)
+            entry = entries[0]
+            if lo_ns <= entry.ts_ns <= hi_ns and shapes_agree(shape, entry.size):
+                return entries, 1
+            return [], 0
+        if shape >= SHAPE_DIGEST:  # exact evidence: only the same message counts
+            sized = by_size.get((key, shape), [])
+            s_start, s_end = _window(sized, lo_ns, hi_ns)
+            return sized[s_start:s_end] if s_end - s_start == 1 else [], s_end - s_start
         start, end = _window(entries, lo_ns, hi_ns)
         if end - start <= 1:
+            if end > start and entries[start].size >= SHAPE_DIGEST:
+                return [], 0  # another message's, by its digest
             return entries[start:end], end - start
-        sized = by_size.get((key, size), [])
+        sized = by_size.get((key, shape), [])
         s_start, s_end = _window(sized, lo_ns, hi_ns)
         if s_end - s_start == 1:
             return sized[s_start:s_end], 1
@@ -236,6 +234,8 @@ class PythonLinkIndex:
                                                            self._tables[False][0].get(key, ()), arrival)
             if egress is None:
                 return Link(result, None, count)
+            if not shapes_agree(arrival.size, egress.size):  # never against exact evidence
+                return Link(AMBIGUOUS, None, max(count, 2))
         elif (False, key, arrival) not in self._claimed:
             self.sequences.learn(key, arrival, egress)
         claimed = self._claimed

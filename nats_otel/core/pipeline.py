@@ -36,13 +36,13 @@ from nats_otel.core.linking import (
     LinkKey,
     LinkSettings,
     PythonLinkIndex,
-    body_size,
 )
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
 from nats_otel.core.model import Egress as EgressEvent
 from nats_otel.core.model import TraceMessage
 from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
+from nats_otel.core.shapes import message_shape
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
 __all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonConverter", "PythonLinker", "Rejected",
@@ -69,7 +69,7 @@ class Prepared(Struct, frozen=True, gc=False):
     #: Both `observe` and `place` need it: worked out once, in `prepare`.
     arrival: tuple[LinkKey, Arrival] | None = None
     issues: tuple[str, ...] = ()
-    #: `linking.body_size` of the message (its arrival and its egresses carry it); -1: not
+    #: `shapes.message_shape` of the message (its arrival and its egresses carry it); -1: not
     #: worked out yet (a hand-built `Prepared`).
     size: int = -1
 
@@ -79,7 +79,7 @@ class Prepared(Struct, frozen=True, gc=False):
         found: list[tuple[LinkKey, Egress]] = []
         for position, event in enumerate(msg.events, start=1):
             if type(event) is EgressEvent and event.forwards:
-                size = self.size if self.size >= 0 else body_size(msg.msg_size, msg.headers)
+                size = self.size if self.size >= 0 else message_shape(msg.msg_size, msg.headers)
                 key = (self.ctx.id_fields, event.hop, msg.server.name, event.name)
                 found.append((key, _new(Egress, (event.ts_ns, size, self.ident,
                                                  event_span_id(self.ctx, self.ident, position)))))
@@ -131,7 +131,7 @@ def prepare(raw: RawTraceMessage, limits: DecodeLimits = DecodeLimits()) -> Prep
     if ctx.adhoc_key is not None and msg.header("traceparent") is not None:
         issues = _BAD_TRACEPARENT
     ident = identity(msg)
-    size = body_size(msg.msg_size, msg.headers)
+    size = message_shape(msg.msg_size, msg.headers)
     return Prepared(raw, msg, ctx, ident, _arrival(msg, ctx, ident, size), issues, size)
 
 

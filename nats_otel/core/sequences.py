@@ -46,6 +46,7 @@ from nats_otel.core.link_latency import (
     latency_from_times,
 )
 from nats_otel.core.report_ledger import ReportLedger
+from nats_otel.core.shapes import shapes_agree
 
 __all__ = ["MAX_WALK", "HopSequences"]
 
@@ -217,6 +218,8 @@ class HopSequences:
         if decided is not None and arrival in decided:
             return decided[arrival]
         egress = self._by_order(key, egresses, arrivals, position)
+        if egress is not None and not shapes_agree(arrival[1], egress[1]):
+            egress = None  # the messages' own headers say otherwise: exact evidence wins
         if egress is not None:
             if self._bounded:
                 self.latency.learn((key[2], key[3]), arrival[0] - egress[0])
@@ -225,6 +228,8 @@ class HopSequences:
                 egress = self._by_numbers(key, egresses, arrivals, position)
             if egress is None:
                 egress = self._by_time(key, egresses, arrivals, position)
+            if egress is not None and not shapes_agree(arrival[1], egress[1]):
+                egress = None
         if egress is not None:
             self._decided.setdefault(key, {})[arrival] = egress
             self._mark(key, egress, arrival)

@@ -210,7 +210,7 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
     import nats
 
     options = TrafficOptions(mode=args.mode, messages=args.messages, batch_size=args.batch_size, gap_ms=args.gap_ms,
-                             seed=args.seed)
+                             seed=args.seed, numbered=not args.unnumbered)
     subjects = [TRACE_SUBJECT] + ([options.adhoc_dest] if args.mode == "adhoc" else [])
     started = time.monotonic()
     topo: RunningTopology = start_topology(hop_topology(), workdir / "nats")
@@ -383,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                         "fraction of trace messages dropped at random")
     parser.add_argument("--convert-archive", type=Path, help="only the convert row, on this archive (no servers)")
     parser.add_argument("--seed", type=int, default=29)
+    parser.add_argument("--unnumbered", action="store_true",
+                        help="no per-message header (Hop-Check-Seq): messages of a context alike but for time")
     parser.add_argument("--workdir", type=Path, help="keep archive, spans and logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
     # SIGTERM (and SIGINT, even where a shell started us with it ignored) unwinds through

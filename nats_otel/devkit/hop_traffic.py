@@ -13,9 +13,11 @@ What differs between the modes is what makes linking hard:
 * `adhoc`: no traceparent, a `Nats-Trace-Dest` header naming one fixed destination (a
   shared debug subject: every message shares the ad-hoc context), `gap_ms` apart.
 
-Every message has the same payload size, so size never tells two messages apart, and
-carries its number in `hop_truth.SEQUENCE_HEADER` (fixed width: sizes stay alike), which
-the servers copy into their reports: a check of the order-based truth that no linker reads.
+Every message has the same payload size, so size never tells two messages apart. By default
+each carries its number in `hop_truth.SEQUENCE_HEADER` (fixed width: sizes stay alike), which
+the servers copy into their reports: a check of the order-based truth, and a header of the
+message's own, which the linker takes as exact evidence (`core/shapes.py`); `numbered=False`
+sends the messages of a context alike but for their time (the truth then rests on order).
 The plan
 (headers, payloads, pauses) is a pure function of the options and the seed
 (`plan_messages`); `run_traffic` sends it with nats-py and counts what the subscribers got.
@@ -54,6 +56,10 @@ class TrafficOptions:
     subject: str = "hops.traffic"
     adhoc_dest: str = "trace.adhoc.hops"
     seed: int = 29
+    #: Each message carries its number in `SEQUENCE_HEADER`: a header of its own, which the
+    #: linker uses as exact evidence (`core/shapes.py`). False: the messages of a context
+    #: are alike but for their time and order, what a loop publishing one payload sends.
+    numbered: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -102,7 +108,8 @@ def plan_messages(options: TrafficOptions) -> list[PlannedMessage]:
                 pause = batch_gap_s if first_of_batch else gap_s
             else:
                 pause = batch_gap_s if first_of_batch else 0.0
-        headers[SEQUENCE_HEADER] = f"{number:08d}"
+        if options.numbered:
+            headers[SEQUENCE_HEADER] = f"{number:08d}"
         plan.append(PlannedMessage(headers, payload, 0.0 if number == 0 else pause))
     return plan
 

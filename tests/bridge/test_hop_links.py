@@ -31,7 +31,7 @@ def hop_links():
 
 def _run(hop_links, tmp_path: Path, **options):
     args = argparse.Namespace(bridges=3, mode="per_message", messages=300, batch_size=50, gap_ms=2.0, seed=29,
-                              workers=1)
+                              workers=1, unnumbered=False)
     vars(args).update(options)
     return asyncio.run(hop_links.live_run(args, tmp_path))
 
@@ -49,7 +49,9 @@ def test_sidecars_link_a_traceparent_per_message_as_one_bridge(hop_links, tmp_pa
 
 @pytest.mark.parametrize("mode", ["batch", "back_to_back", "adhoc"])
 def test_sidecars_never_link_a_span_under_another_message(hop_links, tmp_path, mode):
-    row, truth, archive = _run(hop_links, tmp_path, mode=mode)
+    """Messages alike but for their time (no header of their own): order, report numbers and
+    latency decide where they can, `ambiguous` elsewhere, never another message's egress."""
+    row, truth, archive = _run(hop_links, tmp_path, mode=mode, unnumbered=True)
     assert not truth.problems and not row.notes, (truth.problems, row.notes)
     counts = row.result.counts
     assert counts["wrong"] == 0 and counts["missing"] == 0, counts
@@ -58,6 +60,21 @@ def test_sidecars_never_link_a_span_under_another_message(hop_links, tmp_path, m
     # The same archive through `convert`, a tenth of its trace messages lost: still none wrong.
     converted = hop_links.convert_row(truth, archive, 0.1, 29, tmp_path)
     assert converted.result.counts["wrong"] == 0, converted.result.counts
+
+
+@pytest.mark.parametrize("mode", ["back_to_back", "adhoc"])
+def test_a_header_per_message_links_every_hop_exactly(hop_links, tmp_path, mode):
+    """Each message with a header of its own (`Hop-Check-Seq`, as an application's id or
+    `Nats-Msg-Id`): back to back under one context, or ad hoc to one fixed destination, every
+    hop is linked, by the sidecars live and by `convert` of their archive with a tenth lost."""
+    row, truth, archive = _run(hop_links, tmp_path, mode=mode)
+    assert not truth.problems and not row.notes, (truth.problems, row.notes)
+    counts = row.result.counts
+    assert counts["right"] == row.result.hops == 900, counts
+    converted = hop_links.convert_row(truth, archive, 0.1, 29, tmp_path)
+    linkable = converted.result.hops
+    assert converted.result.counts["wrong"] == 0 and converted.result.counts["right"] == linkable, \
+        converted.result.counts
 
 
 def test_sidecars_with_worker_processes_link_as_without(hop_links, tmp_path):

@@ -34,6 +34,7 @@ result does not depend on the input order.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -84,8 +85,8 @@ class HopSequences:
     `keys` lists every key held with its egresses and arrivals: the whole-input mode
     (`bounded` False) learns from all of them before its first decision."""
 
-    __slots__ = ("_aligned", "_bounded", "_decided", "_key_latency", "_keys", "_link_pairs", "latency", "latency_ns",
-                 "ledger", "skew_ns")
+    __slots__ = ("_aligned", "_bounded", "_decided", "_key_latency", "_keys", "_link_pairs", "decided_by", "latency",
+                 "latency_ns", "ledger", "skew_ns")
 
     def __init__(self, latency_ns: int, skew_ns: int, capacity: int, retention_s: float,
                  bounded: bool = True, keys: Callable[[], Iterable[tuple[Any, Sequence[Any], Sequence[Any]]]]
@@ -104,6 +105,10 @@ class HopSequences:
         # cluster's start is trusted when one of them precedes it in both servers' runs.
         # Whole input: only pairs of the same context (the backfill converts one at a time).
         self._link_pairs: dict[tuple[str, str], list[tuple[Any, Any, bytes]]] = {}
+        # Crowded hops decided here, by the rule that decided them ("order", "numbers",
+        # "latency"): what each rule's share is (tests, bench/hop_links.py). The others
+        # linked were each other's only candidate, or the only one of their shape.
+        self.decided_by: Counter[str] = Counter()
 
     def forget(self, key: Any, arrival: Any) -> None:
         """An arrival expired from the index: its decision goes with it."""
@@ -217,6 +222,7 @@ class HopSequences:
         decided = self._decided.get(key)
         if decided is not None and arrival in decided:
             return decided[arrival]
+        rule = "order"
         egress = self._by_order(key, egresses, arrivals, position)
         if egress is not None and not shapes_agree(arrival[1], egress[1]):
             egress = None  # the messages' own headers say otherwise: exact evidence wins
@@ -225,14 +231,17 @@ class HopSequences:
                 self.latency.learn((key[2], key[3]), arrival[0] - egress[0])
         elif by_time:
             if not self._bounded:
+                rule = "numbers"
                 egress = self._by_numbers(key, egresses, arrivals, position)
             if egress is None:
+                rule = "latency"
                 egress = self._by_time(key, egresses, arrivals, position)
             if egress is not None and not shapes_agree(arrival[1], egress[1]):
                 egress = None
         if egress is not None:
             self._decided.setdefault(key, {})[arrival] = egress
             self._mark(key, egress, arrival)
+            self.decided_by[rule] += 1
         return egress
 
     def _by_order(self, key: Any, egresses: Sequence[Any], arrivals: Sequence[Any], position: int) -> Any:

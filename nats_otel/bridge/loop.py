@@ -271,6 +271,8 @@ class Bridge:
         mode, `holdable`: `JetStreamSource.holdable`; core mode settles nothing: empty)."""
         raws = [d.raw for d in deliveries]
         if self.workers is None:
+            if self._vouching:
+                self.processor.whole(self._whole_streams())  # how far each stream is known whole
             loop = asyncio.get_running_loop()
             converted = await loop.run_in_executor(self._pool, self.processor.convert, raws, holdable)
             outcome = await loop.run_in_executor(self._export_pool, self.processor.export, converted,
@@ -350,13 +352,43 @@ class Bridge:
         hop are known when the downstream span's parent is decided (core/linking.py)."""
         raws = [d.raw for d in deliveries]
         if self.workers is None:
+            # One bridge receiving in core mode, in one process, sees every report of its
+            # subscriptions in order, but for the losses its sources count (`Delivery.breaks`):
+            # its ledger may vouch for the gaps in the servers' numbers (`ReportLedger.vouch`).
+            # Not with peers (what they lost, it cannot see), nor from a JetStream consumer
+            # (redeliveries come out of order).
+            received = None
+            if self._vouching:
+                self.processor.whole(self._whole_streams())
+                received = [(d.source, d.breaks) for d in deliveries]
             shared = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self.processor.observe, raws, None if self.exchange is None else self.exchange.sender)
+                self._pool, self.processor.observe, raws, None if self.exchange is None else self.exchange.sender,
+                received)
             if shared and self.exchange is not None:
                 await self.exchange.publish(shared)
         else:
             self.workers.observe(raws)
         return time.monotonic() + self.settings.link.wait
+
+    @property
+    def _vouching(self) -> bool:
+        """One bridge receiving in core mode, in one process: it sees every report of its
+        subscriptions, in each server's order, but for the losses its sources count."""
+        return self.settings.mode == "core" and self.workers is None and self.exchange is None
+
+    def _whole_streams(self) -> dict[str, tuple[int, int | None, int]]:
+        """Each source's losses so far, since when it is whole (its subscription, while it lost
+        nothing) and until when (`ReportLedger.whole`): now, less the servers' clock skew and
+        as much again for a report still on its way, in report time."""
+        skew_ns = int(self.settings.link.max_clock_skew * 1e9)
+        until_ns = time.time_ns() - 2 * skew_ns
+        streams = {}
+        for source in self.sources:
+            if isinstance(source, CoreSource):
+                breaks = source.breaks
+                since = source.whole_since_ns if breaks == 0 else None
+                streams[source.source.name] = (breaks, since, until_ns)
+        return streams
 
     async def _until(self, ripe_at: float) -> None:
         """Sleep until `ripe_at`; not at all once draining (what arrived is observed)."""

@@ -33,7 +33,7 @@ from nats_otel.core.evidence import (
     observe_numbers,
 )
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from nats_otel.core.pipeline import Converted, Rejected
+from nats_otel.core.pipeline import Converted, Rejected, vouch_observed
 from nats_otel.core.records import SpanRecord
 
 __all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]
@@ -123,15 +123,27 @@ class Processor:
         self._handed_seen: dict[str, int] = engine.handed_to_reference()
         self.implementation = log_core()
 
-    def observe(self, raws: Sequence[RawTraceMessage], sender: str | None = None) -> bytes:
+    def observe(self, raws: Sequence[RawTraceMessage], sender: str | None = None,
+                received: Sequence[tuple[str, int]] | None = None) -> bytes:
         """Record the hop evidence of messages that just arrived (mapped `link.wait` later);
         with the exchange's `sender` name, also the batch of it to publish for the other
-        bridges (with the link latencies learned here)."""
-        self.converter.observe_many(raws, time.monotonic())
+        bridges (with the link latencies learned here). `received`: each message's stream and
+        its stream's losses before it, when this process receives every report in order
+        (`pipeline.vouch_observed`)."""
+        now = time.monotonic()
+        self.converter.observe_many(raws, now)
+        if received is not None:
+            vouch_observed(self.converter, raws, received, now)
         if sender is None:
             return b""
         reports = [evidence_of(p) for p in observed(self.converter, raws)]
         return encode_batch(sender, reports, self.link_latencies()) if reports else b""
+
+    def whole(self, streams: dict[str, tuple[int, int | None, int]]) -> None:
+        """What each receiving stream says of its completeness (`ReportLedger.whole`)."""
+        ledger = self.converter.linker.index.sequences.ledger
+        for stream, (breaks, since_ns, until_ns) in streams.items():
+            ledger.whole(stream, breaks, since_ns, until_ns)
 
     def observe_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate] = ()) -> None:
         """Record other bridges' hop evidence (the link exchange), in this thread."""

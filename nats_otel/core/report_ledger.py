@@ -56,6 +56,19 @@ class _ServerRuns:
         self.until_ns.insert(at + 1, ts_ns)
         self.touched.insert(at + 1, now)
 
+    def join(self, first: int, last: int, now: float) -> None:
+        """One run from the run holding `first` to the one holding `last` (both seen): the
+        numbers between are vouched for as no report of ours (`ReportLedger.vouch`)."""
+        at, end = self.run_of(first), self.run_of(last)
+        if at < 0 or end <= at:
+            return
+        self.lasts[at] = self.lasts[end]
+        self.since_ns[at] = min(self.since_ns[at:end + 1])
+        self.until_ns[at] = max(self.until_ns[at:end + 1])
+        self.touched[at] = now
+        for column in (self.firsts, self.lasts, self.since_ns, self.until_ns, self.touched):
+            del column[at + 1:end + 1]
+
     def run_of(self, seq: int) -> int:
         """Index of the run holding `seq`, or -1."""
         at = bisect_right(self.firsts, seq) - 1
@@ -69,11 +82,19 @@ class _ServerRuns:
                 setattr(self, name, [column[i] for i in keep])
 
 
+# A gap wider than this between two reports of one server is not vouched for (a restarted
+# server numbers from 1 again; a wide gap is not worth the doubt).
+_VOUCHED_GAP = 100_000
+# (stream, server) pairs followed by `vouch`: the servers of a deployment, times its sources.
+_VOUCHED_STREAMS = 4096
+
+
 class ReportLedger:
     """Which reports of each server were observed (`server.seq`), and which report an
     identity is: says whether a stretch of one server's reports is complete."""
 
-    __slots__ = ("_bounded", "_fifo", "_fixed", "_reports", "_servers", "capacity", "retention_s")
+    __slots__ = ("_bounded", "_fifo", "_first_vouched", "_fixed", "_reports", "_servers", "_vouched", "_whole",
+                 "capacity", "retention_s")
 
     def __init__(self, capacity: int, retention_s: float, bounded: bool = True) -> None:
         self.capacity, self.retention_s, self._bounded = capacity, retention_s, bounded
@@ -82,6 +103,12 @@ class ReportLedger:
         self._reports: dict[bytes, tuple[str, int, str]] = {}
         self._fifo: deque[tuple[float, bytes]] = deque()
         self._fixed = False
+        # (stream, server id) -> (breaks, seq) of the last report `vouch`ed on that stream.
+        self._vouched: dict[tuple[str, str], tuple[int, int]] = {}
+        # (stream, server id) -> the seq of its first report on that stream, if it lost nothing before.
+        self._first_vouched: dict[tuple[str, str], int] = {}
+        # stream -> (breaks, whole since, whole until): what its receiver says of it (`whole`).
+        self._whole: dict[str, tuple[int, int | None, int]] = {}
 
     def use_runs(self, runs: dict[str, Sequence[tuple[int, int, int, int]]]) -> None:
         """Take every server's runs as given (`report_runs` of a whole input), for a part of
@@ -121,6 +148,65 @@ class ReportLedger:
         runs.add(seq, ts_ns, now)
         if self._bounded:
             self._fifo.append((now, ident))
+
+    def vouch(self, stream: str, server_id: str, seq: int, breaks: int, now: float = 0.0) -> None:
+        """A report observed (`observe`) that arrived on `stream` after `breaks` possible
+        losses of that stream (`Delivery.breaks`), vouching for what a gap in the numbers
+        hides. A server publishes its trace messages in the order it numbers them and one
+        stream delivers them in that order, so when the last report of this server on this
+        stream came with the same `breaks` and a lower number, every trace message of this
+        server for this stream between the two arrived: the numbers in between are the
+        server's other events (statsz, advisories, other accounts' trace messages), no
+        report of ours, and the two runs become one. Only for a stream that receives every
+        report of its subscriptions (core mode, one process: the bridge says when)."""
+        if seq <= 0 or self._fixed:
+            return
+        key = (stream, server_id)
+        last = self._vouched.get(key)
+        if last is None and breaks == 0 and len(self._first_vouched) < _VOUCHED_STREAMS:
+            # The first report of this server on a stream that has lost nothing: none of this
+            # server's came before it since the stream is whole (`complete`).
+            self._first_vouched[key] = seq
+        if last is not None and last[0] == breaks:
+            if seq <= last[1]:
+                return  # out of order (a redelivery): it vouches for nothing
+            if seq - last[1] <= _VOUCHED_GAP:
+                runs = self._servers.get(server_id)
+                if runs is not None:
+                    runs.join(last[1], seq, now)
+        elif last is None and len(self._vouched) >= _VOUCHED_STREAMS:
+            return  # a hostile input's bound: streams times servers
+        self._vouched[key] = (breaks, seq)
+
+    def whole(self, stream: str, breaks: int, since_ns: int | None, until_ns: int) -> None:
+        """The receiver of `stream` says it got every report of its subscriptions, in each
+        server's order, from `since_ns` (None: unknown; only with no loss since: `breaks`
+        0) to `until_ns` (report times: the clock skew taken off), but for the `breaks`
+        losses it counted before (`vouch`). A run whose last report was vouched for on that
+        stream, with no loss since, is then known whole until `until_ns` (`complete`)."""
+        if stream in self._whole or len(self._whole) < _VOUCHED_STREAMS:
+            self._whole[stream] = (breaks, since_ns, until_ns)
+
+    def _whole_since(self, server_id: str, runs: _ServerRuns, at: int, since_ns: int) -> bool:
+        """Whether the run `at` of a server holds its first report on a stream that has lost
+        nothing, whole since `since_ns` or earlier: no report of that server came before."""
+        for (stream, server), first in self._first_vouched.items():
+            whole = self._whole.get(stream)
+            if (server == server_id and whole is not None and whole[0] == 0 and whole[1] is not None
+                    and whole[1] <= since_ns and runs.run_of(first) == at):
+                return True
+        return False
+
+    def _whole_until(self, server_id: str, runs: _ServerRuns, at: int) -> int | None:
+        """How far the run `at` of a server is known whole on a stream that vouched for its
+        last report and lost nothing since."""
+        best = None
+        for (stream, server), (breaks, seq) in self._vouched.items():
+            whole = self._whole.get(stream)
+            if (server == server_id and whole is not None and whole[0] == breaks
+                    and runs.run_of(seq) == at and (best is None or whole[2] > best)):
+                best = whole[2]
+        return best
 
     def observe_number(self, server_id: str, seq: int, ts_ns: int, now: float = 0.0) -> None:
         """A report seen elsewhere (a sibling worker's, whose traces this one never links):
@@ -172,8 +258,13 @@ class ReportLedger:
         at = runs.run_of(min(a[1], b[1]))
         if at < 0 or runs.lasts[at] < max(a[1], b[1]):
             return False
-        return (since_ns is None or runs.since_ns[at] <= since_ns) and (until_ns is None
-                                                                        or runs.until_ns[at] >= until_ns)
+        if since_ns is not None and runs.since_ns[at] > since_ns and not (
+                self._whole and self._whole_since(a[0], runs, at, since_ns)):
+            return False
+        if until_ns is None or runs.until_ns[at] >= until_ns:
+            return True
+        whole_until = self._whole_until(a[0], runs, at) if self._whole else None
+        return whole_until is not None and whole_until >= until_ns
 
 
 def report_runs(reports: Iterable[tuple[str, int, int]]) -> dict[str, tuple[tuple[int, int, int, int], ...]]:

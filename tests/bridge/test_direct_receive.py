@@ -211,6 +211,10 @@ async def test_burst_counts_exactly_and_the_drain_keeps_what_was_read(url: str) 
         assert metrics.value("nats_otel_messages_dropped_total", {"reason": "queue_full"}) == 2000
         assert metrics.value("nats_otel_messages_dropped_total", {"reason": "slow_consumer"}) == 0
         assert isinstance(source.nc, direct.DirectClient) and not source.nc._direct  # unsubscribed
+        # Each delivery carries the losses of its source before it (the ledger's vouching):
+        # the 3,000 held came before the first drop; the source counts the 2,000 drops.
+        assert {delivery.breaks for delivery in taken(intake)} == {0}
+        assert source.breaks == 2000
     finally:
         await source.close()
 

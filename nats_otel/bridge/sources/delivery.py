@@ -25,13 +25,16 @@ MESSAGE_OVERHEAD = 512
 
 class Delivery(msgspec.Struct):
     """A received trace message; `size` what it counts against the intake's bound
-    (`size_of`); `msg` the JetStream message to settle, if any. Made by `delivery`, or
-    positionally where it runs per message."""
+    (`size_of`); `msg` the JetStream message to settle, if any; `breaks` how many times its
+    source could have lost a trace message before it was received (`CoreSource.breaks`: two
+    deliveries with the same count came with nothing lost between them). Made by
+    `delivery`, or positionally where it runs per message."""
 
     raw: RawTraceMessage
     source: str
     size: int
     msg: Any = None
+    breaks: int = 0
 
 
 def size_of(raw: RawTraceMessage) -> int:

@@ -102,6 +102,7 @@ class Link:
         self.reason: str | None = None
         self.error: str | None = None      # the failure as raised, for the log
         self.failures = 0                  # attempts failed in a row
+        self.downs = 0                     # connections lost: what was in flight then may be lost
         self.retry_in: float | None = None
         self.down_since = time.monotonic()
         self.ever_connected = False
@@ -127,6 +128,7 @@ class Link:
     def down(self) -> None:
         if self.connected:
             self.connected = False
+            self.downs += 1
             self.down_since = time.monotonic()
 
     def down_for(self) -> float:

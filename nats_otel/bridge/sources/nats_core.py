@@ -38,6 +38,10 @@ from nats_otel.core.decode import RawTraceMessage
 
 __all__ = ["CoreSource", "Delivery"]
 
+# How long after subscribing the bridge counts on every server of the network to send it
+# the reports of its subjects (interest propagation over routes, gateways, leafnodes).
+_INTEREST_MARGIN_NS = 500_000_000
+
 log = logging.getLogger("nats_otel.core")
 
 _HEADER_LOG_EVERY_S = 10.0
@@ -69,7 +73,18 @@ class CoreSource:
         self._bad_headers = metrics.issues.labels("malformed_header")
         self._bad_headers_logged_at = -_HEADER_LOG_EVERY_S
         self._bad_headers_since_log = 0
+        # Times a trace message of this source could have been lost since it started: a drop
+        # of its own (queue_full, slow_consumer) or a lost connection (`link.downs`). Each
+        # delivery carries the count it was received under (`Delivery.breaks`).
+        self._dropped = 0
+        # Report time from which this source received every report of its subscriptions,
+        # while it lost nothing (`ReportLedger.whole`); None until subscribed.
+        self.whole_since_ns: int | None = None
         self._on_raw = self.direct_handler()
+
+    @property
+    def breaks(self) -> int:
+        return self._dropped + self.link.downs
 
     @property
     def connected(self) -> bool:
@@ -78,6 +93,7 @@ class CoreSource:
     def _on_error(self, exc: Exception) -> None:
         if isinstance(exc, nats.errors.SlowConsumerError):
             self._slow.inc()  # nats-py reports each message it dropped
+            self._dropped += 1
 
     async def start(self, stopping: asyncio.Event) -> bool:
         """Connect and subscribe; False if asked to stop before connecting."""
@@ -92,6 +108,10 @@ class CoreSource:
         for subject in self.source.subjects:
             self._subs.append(await self._subscribe(self.nc, subject))
         await self.nc.flush()
+        # The server has the subscriptions; the other servers of its cluster, gateways and
+        # leafnodes learn of the interest a little later: a report published before that is
+        # never sent. A margin, generous against the milliseconds that takes.
+        self.whole_since_ns = time.time_ns() + _INTEREST_MARGIN_NS
         log.info("subscribed", extra={"fields": {"source": self.source.name, "subjects": self.source.subjects,
                                                  "queue": self.source.queue,
                                                  "direct": isinstance(self.nc, direct.DirectClient),
@@ -123,6 +143,7 @@ class CoreSource:
         queue_full = self._queue_full
         name = self.source.name
         headers_of = self._headers
+        link = self.link
 
         def on_raw(subject: bytes, header_block: bytes | None, payload: bytes) -> None:
             tally.value += 1
@@ -130,8 +151,10 @@ class CoreSource:
             raw = RawTraceMessage(subject_text, headers_of(header_block) if header_block else {}, payload,
                                   received_at())
             # `delivery(raw, name)`, inline (a call less per message): sized as `size_of` sizes it.
-            if not offer(Delivery(raw, name, len(payload) + len(subject_text) + MESSAGE_OVERHEAD)):
+            if not offer(Delivery(raw, name, len(payload) + len(subject_text) + MESSAGE_OVERHEAD, None,
+                                  self._dropped + link.downs)):
                 queue_full.inc()
+                self._dropped += 1
 
         return on_raw
 
@@ -152,8 +175,11 @@ class CoreSource:
     async def _on_msg(self, msg: Any) -> None:
         # The fallback path. Never blocks, never awaits: the NATS read path must keep up.
         self._received.inc()
-        if not self.intake.offer(delivery(raw_from_msg(msg), self.source.name)):
+        received = delivery(raw_from_msg(msg), self.source.name)
+        received.breaks = self.breaks
+        if not self.intake.offer(received):
             self._queue_full.inc()
+            self._dropped += 1
 
     async def stop_intake(self) -> None:
         """Unsubscribe after the messages already read have reached the intake."""

@@ -1,5 +1,6 @@
 """What one trace message says about the network: time in the server, the hop that brought
-it, and what failed. The live bridge turns these into metrics (`bridge/network_metrics.py`).
+it, and what failed. The live bridge turns these into metrics (`bridge/network_metrics.py`),
+with the trace and the server span each sample came from as the buckets' exemplars.
 
 Pure and small on purpose: it runs once per trace message, next to mapping. A hop's latency
 needs both sides of it - the upstream server's egress time and this server's ingress time -
@@ -43,10 +44,16 @@ class NetworkSample(NamedTuple):
     hop: HopSample | None  # the hop that brought it, when its upstream egress was matched
     #: (to_server, kind) of each forwarding egress that reported an error.
     failed_hops: tuple[tuple[str, str], ...] = ()
+    #: The trace the message's spans were exported in, and this server's span in it: what an
+    #: exemplar of the latencies points at (empty when the caller had none to give).
+    trace_id: bytes = b""
+    span_id: bytes = b""
 
 
-def network_sample(msg: TraceMessage, upstream_egress_ns: int | None) -> NetworkSample:
-    """The facts of `msg`; `upstream_egress_ns` is the matched upstream egress's time, if any."""
+def network_sample(msg: TraceMessage, upstream_egress_ns: int | None, trace_id: bytes = b"",
+                   span_id: bytes = b"") -> NetworkSample:
+    """The facts of `msg`; `upstream_egress_ns` is the matched upstream egress's time, if any;
+    `trace_id` and `span_id` (the placement's trace, the server span) are carried as given."""
     ingress = msg.ingress
     failed = is_failure(ingress.error)
     failed_hops: tuple[tuple[str, str], ...] = ()  # grown only on a failure (rare): no list per message
@@ -62,7 +69,7 @@ def network_sample(msg: TraceMessage, upstream_egress_ns: int | None) -> Network
         hop = _new(HopSample, (ingress.name, msg.server.name, kind_label(ingress.kind),
                                ingress.ts_ns - upstream_egress_ns))
     return _new(NetworkSample, (msg.server.name, ingress.account, ingress.subject, msg.end_ns - ingress.ts_ns,
-                                failed, hop, failed_hops))
+                                failed, hop, failed_hops, trace_id, span_id))
 
 
 # A tuple, not `Egress | JetStreamEvent`: isinstance is several times faster with a tuple.

@@ -1,5 +1,6 @@
 """A real Prometheus server on loopback, scraping given targets (tests, the dashboard check,
-the docs' screenshot). Uses the `prometheus` binary on PATH (Debian's `prometheus` package).
+the docs' screenshot), with exemplar storage on (it then scrapes in the OpenMetrics format,
+which carries them). Uses the `prometheus` binary on PATH (Debian's `prometheus` package).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class PrometheusServer:
         log = (self.workdir / "prometheus.log").open("wb")
         self._process = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
+             "--enable-feature=exemplar-storage"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
@@ -79,6 +81,16 @@ class PrometheusServer:
             raise ValueError(f"prometheus query {expr!r} failed ({status}): {doc.get('error', body[:300])}")
         data = doc["data"]
         return data["result"] if data["resultType"] in ("vector", "matrix") else [{"value": data["result"]}]
+
+    def query_exemplars(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
+        """`/api/v1/query_exemplars`: per series of `expr`, its `seriesLabels` and `exemplars`
+        (each `labels`, `value`, `timestamp`) between `start` and `end` (Unix seconds)."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}"}
+        status, body = self._get("/api/v1/query_exemplars?" + urllib.parse.urlencode(params))
+        doc = json.loads(body) if body else {}
+        if status != 200 or doc.get("status") != "success":
+            raise ValueError(f"prometheus exemplar query {expr!r} failed ({status}): {doc.get('error', body[:300])}")
+        return list(doc["data"] or [])
 
     def targets_up(self) -> int:
         """How many targets the last scrapes reached."""

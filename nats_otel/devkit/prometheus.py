@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,8 +40,10 @@ def find_prometheus() -> str:
 class PrometheusServer:
     """`with PrometheusServer(["127.0.0.1:9464"]) as prom: prom.query("up")`."""
 
-    def __init__(self, targets: list[str], scrape_interval: str = "1s", workdir: Path | None = None) -> None:
+    def __init__(self, targets: list[str], scrape_interval: str = "1s", workdir: Path | None = None,
+                 rule_files: Sequence[Path] = ()) -> None:
         self.targets = targets
+        self.rule_files = [str(Path(f).resolve()) for f in rule_files]
         self.scrape_interval = scrape_interval
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="nats-otel-prometheus-"))
@@ -54,6 +57,7 @@ class PrometheusServer:
         config = self.workdir / "prometheus.yml"
         config.write_text(json.dumps({  # JSON is YAML
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
+            "rule_files": self.rule_files,
             "scrape_configs": [{"job_name": "nats-otel", "static_configs": [{"targets": self.targets}]}],
         }))
         log = (self.workdir / "prometheus.log").open("wb")
@@ -91,6 +95,15 @@ class PrometheusServer:
         if status != 200 or doc.get("status") != "success":
             raise ValueError(f"prometheus exemplar query {expr!r} failed ({status}): {doc.get('error', body[:300])}")
         return list(doc["data"] or [])
+
+    def rules(self) -> list[dict[str, Any]]:
+        """`/api/v1/rules`: every rule of the rule files, with its `health` ("ok", "err",
+        "unknown" before its first evaluation) and `lastError`."""
+        status, body = self._get("/api/v1/rules")
+        doc = json.loads(body) if body else {}
+        if status != 200 or doc.get("status") != "success":
+            raise ValueError(f"prometheus rules failed ({status}): {doc.get('error', body[:300])}")
+        return [rule for group in doc["data"]["groups"] for rule in group["rules"]]
 
     def targets_up(self) -> int:
         """How many targets the last scrapes reached."""

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import nats
 import pytest
+import yaml
 
 from nats_otel.bridge.settings import load_settings
 from nats_otel.devkit.processes import start_topology, wait_for_interest
@@ -42,6 +43,7 @@ from tests.bridge.bridge_helpers import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "config" / "grafana" / "dashboards" / "nats-otel.json"
+ALERTS = Path(__file__).resolve().parents[2] / "config" / "prometheus" / "alerts.yml"
 # Two rounds of traffic, Prometheus scraping in between: rates need an increase it has seen.
 ROUNDS = 2
 N_DOWN = 15 * ROUNDS  # east-2 -> east-3 (route); east-2 -> east-1 (route) -> leaf-1 (leafnode)
@@ -222,7 +224,7 @@ async def test_hop_histogram_counts_every_crossing_and_the_dashboard_has_data(to
         try:
             await wait_for_interest(recorder, core.sources[0].nc)
             targets = [f"127.0.0.1:{core.metrics_port}", f"127.0.0.1:{js.metrics_port}"]
-            with PrometheusServer(targets) as prom:
+            with PrometheusServer(targets, rule_files=[ALERTS]) as prom:
                 # Both bridges see every trace message: the core one's series, by its instance.
                 of_core = f'instance="{targets[0]}"'
 
@@ -263,6 +265,11 @@ async def test_hop_histogram_counts_every_crossing_and_the_dashboard_has_data(to
                     (name,): float(n) for name, n in per_server.items()}
                 assert metric(text, "nats_otel_hop_links_total", result="matched") == sum(CROSSINGS.values())
                 assert metric(text, "nats_otel_server_errors_total", server="east-2") == 0
+                # The alerts name only metrics this bridge exports (with series, after this traffic).
+                sample_names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+                                if line and not line.startswith("#")}
+                alert_names = set(re.findall(r"\bnats_otel_[a-z_]+", ALERTS.read_text()))
+                assert len(alert_names) == 8 and alert_names <= sample_names, alert_names - sample_names
 
                 # Prometheus scraped both bridges; every dashboard query returns data.
                 await wait_until(lambda: prom.targets_up() == 2, 20, "both bridges scraped")
@@ -277,6 +284,10 @@ async def test_hop_histogram_counts_every_crossing_and_the_dashboard_has_data(to
                     elif "hop_latency" in expr:
                         assert any(math.isfinite(float(r["value"][1])) for r in result), expr
                 assert not empty, f"dashboard queries without data: {empty}"
+                # The alerts evaluate on the bridges' real series, without error.
+                await wait_until(lambda: all(r["health"] == "ok" for r in prom.rules()), 20, "every rule evaluated")
+                assert len(prom.rules()) == 15
+                assert prom.query("nats_otel:setting:hop_latency_p99_seconds")[0]["value"][1] == "0.1"
                 per_edge = prom.query(
                     f"sum by (from_server, to_server, kind) (nats_otel_hop_latency_seconds_count{{{of_core}}})")
                 assert {(r["metric"]["from_server"], r["metric"]["to_server"], r["metric"]["kind"]):
@@ -320,3 +331,21 @@ def test_dashboard_is_provisionable_and_uses_only_bridge_metrics() -> None:
         assert needed in names
     provider = (DASHBOARD.parents[1] / "provisioning" / "dashboards" / "nats-otel.yaml").read_text()
     assert "/var/lib/grafana/dashboards/nats-otel" in provider
+
+
+def test_grafana_shows_exemplars_and_links_their_trace_ids_to_the_trace_backends() -> None:
+    doc = json.loads(DASHBOARD.read_text())
+    latency_targets = [t for p in doc["panels"] for t in p.get("targets", [])
+                       if re.search(r"histogram_quantile\(.*nats_otel_(hop|server)_latency_seconds_bucket", t["expr"])]
+    assert len(latency_targets) == 3 and all(t.get("exemplar") is True for t in latency_targets)
+    folder = DASHBOARD.parents[1] / "provisioning" / "datasources"
+    sources = {s["uid"]: s for f in sorted(folder.glob("*.yaml")) for s in yaml.safe_load(f.read_text())["datasources"]}
+    destinations = sources["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
+    assert {(d["name"], d["datasourceUid"]) for d in destinations} == {("trace_id", "tempo"), ("trace_id", "jaeger")}
+    assert (sources["tempo"]["type"], sources["jaeger"]["type"]) == ("tempo", "jaeger")
+    # The docker-compose example runs them: Prometheus keeping exemplars, Grafana provisioned.
+    compose = yaml.safe_load((DASHBOARD.parents[3] / "examples" / "docker-compose" / "docker-compose.yaml").read_text())
+    services = compose["services"]
+    assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
+    assert any(v.startswith("../../config/grafana/provisioning:") for v in services["grafana"]["volumes"])
+    assert "nats-otel-bridge" in services["bridge"]["networks"]["default"]["aliases"]

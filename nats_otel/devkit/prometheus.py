@@ -86,6 +86,15 @@ class PrometheusServer:
         data = doc["data"]
         return data["result"] if data["resultType"] in ("vector", "matrix") else [{"value": data["result"]}]
 
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """The matrix of `expr` from `start` to `end` (Unix seconds) every `step` seconds."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        status, body = self._get("/api/v1/query_range?" + urllib.parse.urlencode(params))
+        doc = json.loads(body) if body else {}
+        if status != 200 or doc.get("status") != "success":
+            raise ValueError(f"prometheus query {expr!r} failed ({status}): {doc.get('error', body[:300])}")
+        return list(doc["data"]["result"])
+
     def query_exemplars(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
         """`/api/v1/query_exemplars`: per series of `expr`, its `seriesLabels` and `exemplars`
         (each `labels`, `value`, `timestamp`) between `start` and `end` (Unix seconds)."""

@@ -16,7 +16,7 @@ from nats_otel.core.network import HopSample as _Hop, NetworkSample as _Sample
 # Read by position below: a change of their fields makes this module refuse to import (and
 # `accel` then records why, and the Python loop counts every sample).
 if tuple(_Sample._fields) != ("server", "account", "subject", "in_server_ns", "failed", "hop", "failed_hops",
-                              "trace_id", "span_id"):
+                              "trace_id", "id_fields", "ident"):
     raise ImportError(f"NetworkSample's fields are {_Sample._fields}: the compiled counting reads others")
 if tuple(_Hop._fields[:4]) != ("from_server", "to_server", "kind", "latency_ns"):
     raise ImportError(f"HopSample's fields are {_Hop._fields}: the compiled counting reads others")

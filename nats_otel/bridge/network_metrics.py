@@ -10,8 +10,8 @@ whose labels are all `_other`, counted in `nats_otel_network_series_overflow_tot
 
 Exemplars: each bucket of the two latency histograms keeps the last sample counted into it
 (a reference, no copy), and a scrape in the OpenMetrics format shows it as the bucket's
-exemplar: its trace id and server span id (`trace_id`, `span_id`), its latency. The ids are
-made hex only then, for the few samples still held.
+exemplar: its trace id and server span id (`trace_id`, `span_id`), its latency. The span id
+is hashed and the ids made hex only then, for the few samples still held.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class NetworkMetrics(Collector):
         extra_labels = self.extra_labels
         extra: tuple[str, ...] = ()
         for sample in samples:
-            server, _, _, in_server_ns, failed, hop, failed_hops, _, _ = sample
+            server, _, _, in_server_ns, failed, hop, failed_hops, _, _, _ = sample
             if extra_labels:
                 extra = self._extra(sample)
                 server_key: object = (server, *extra)

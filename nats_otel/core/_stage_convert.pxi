@@ -44,8 +44,10 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
         issues.append(f"hop_{placement_link}: no single upstream egress for hop "
                       f"{_upstream_hop(msg)} from {msg.ingress.name}"
                       + (f" ({candidates} candidates)" if candidates else ""))
-    # The trace and the server span, for the latency histograms' exemplars (as in pipeline.finish).
-    sample = network_sample(msg, egress_ns, trace_id, server_span_id(ctx, ident))
+    # The trace and the server span's id inputs, for the latency histograms' exemplars (as in
+    # pipeline.finish).
+    id_fields = field(ctx, CTX.id_fields) if type(ctx) is _TraceContext else ctx.id_fields
+    sample = network_sample(msg, egress_ns, trace_id, id_fields, ident)
     return _Converted(spans, issues, placement_link, sample, encoding)
 
 

@@ -31,7 +31,6 @@ from nats_otel.core.ids import (
     adhoc_trace_id,
     event_span_id,
     identity,
-    server_span_id,
     trace_context,
     upstream_hop,
 )
@@ -244,9 +243,9 @@ def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded:
         issues.append(f"hop_{placement.link}: no single upstream egress for hop "
                       f"{upstream_hop(prepared.msg)} from {prepared.msg.ingress.name}"
                       + (f" ({placement.candidates} candidates)" if placement.candidates else ""))
-    # The sample names the trace and the server span (mapping hashed that id too: hashing it
-    # again here keeps mapping's results as they are) for the latency histograms' exemplars.
-    sample = network_sample(prepared.msg, egress_ns, placement.trace_id, server_span_id(prepared.ctx, placement.ident))
+    # The sample names the trace and the server span (by its id's inputs: hashed only when an
+    # exemplar shows it) for the latency histograms' exemplars.
+    sample = network_sample(prepared.msg, egress_ns, placement.trace_id, prepared.ctx.id_fields, placement.ident)
     return Converted(spans, issues, placement.link, sample, encoding)
 
 

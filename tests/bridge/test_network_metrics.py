@@ -19,6 +19,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from nats_otel.bridge.network_metrics import NetworkMetrics, PythonNetworkMetrics
+from nats_otel.core.ids import server_span_id_of
 from nats_otel.core.network import HopSample, NetworkSample
 
 
@@ -66,7 +67,10 @@ def test_each_bucket_offers_its_last_sample_as_exemplar(metrics_class):
 
     def traced(n: int, server: str, in_server_ns: int, hop_ns: int | None) -> NetworkSample:
         hop = None if hop_ns is None else HopSample("up", server, "leaf", hop_ns)
-        return NetworkSample(server, "A", "s", in_server_ns, False, hop, (), bytes([n]) * 16, bytes([n]) * 8)
+        return NetworkSample(server, "A", "s", in_server_ns, False, hop, (), bytes([n]) * 16, b"ctx", bytes([n]) * 9)
+
+    def span(n: int) -> str:  # the server span's id, hashed from its inputs at the scrape
+        return server_span_id_of(b"ctx", bytes([n]) * 9).hex()
 
     # Twice each (the second batch: rows found before, the compiled counting's case when built).
     network.record([traced(1, "n1", 3_000, 200_000), traced(2, "n1", 4_000, 300_000), traced(3, "n1", 900, None)])
@@ -74,15 +78,15 @@ def test_each_bucket_offers_its_last_sample_as_exemplar(metrics_class):
                     NetworkSample("n1", "A", "s", 1_000_000, False, None)])  # no ids: counted, no exemplar
     hop_series = (("from_server", "up"), ("kind", "leaf"), ("to_server", "n1"))
     assert _exemplars(registry, "nats_otel_hop_latency_seconds") == {
-        (hop_series, "0.00025"): ("01" * 16, "01" * 8, 0.0002),
-        (hop_series, "0.0005"): ("02" * 16, "02" * 8, 0.0003),
-        (hop_series, "0.001"): ("04" * 16, "04" * 8, 0.0007),
-        (hop_series, "0.0025"): ("05" * 16, "05" * 8, 0.002),
+        (hop_series, "0.00025"): ("01" * 16, span(1), 0.0002),
+        (hop_series, "0.0005"): ("02" * 16, span(2), 0.0003),
+        (hop_series, "0.001"): ("04" * 16, span(4), 0.0007),
+        (hop_series, "0.0025"): ("05" * 16, span(5), 0.002),
     }
     server_series = (("server", "n1"),)
     assert _exemplars(registry, "nats_otel_server_latency_seconds") == {
-        (server_series, "1e-05"): ("05" * 16, "05" * 8, 8e-06),  # 3 us, then 4, 0.9 and 8 us: the last
-        (server_series, "5e-05"): ("04" * 16, "04" * 8, 4e-05),
+        (server_series, "1e-05"): ("05" * 16, span(5), 8e-06),  # 3 us, then 4, 0.9 and 8 us: the last
+        (server_series, "5e-05"): ("04" * 16, span(4), 4e-05),
     }
     # The classic text format has no exemplars (Prometheus asks for OpenMetrics to get them).
     assert b"trace_id" not in generate_latest(registry)
@@ -165,7 +169,7 @@ def _random_batches(rng: random.Random, batches: int) -> list[list[NetworkSample
             failed_hops = (("n1", "router"),) if rng.random() < 0.05 else ()
             if rng.random() < 0.03:
                 failed = 1  # truthy, not a bool
-            ids = (rng.randbytes(16), rng.randbytes(8)) if rng.random() < 0.9 else (b"", b"")
+            ids = (rng.randbytes(16), rng.randbytes(56), rng.randbytes(30)) if rng.random() < 0.9 else ()
             batch.append(NetworkSample(server, rng.choice("AB"), rng.choice(["s1", "s2"]), in_server, failed, hop,
                                        failed_hops, *ids))
         out.append(batch)

@@ -117,7 +117,8 @@ def test_claims_never_outlive_the_entries_they_mark(core):
 
 def test_each_sample_names_its_trace_and_the_server_span_mapped(core, corpus_raws):
     """The exemplars' names: the trace id and span id of the report's server span, as mapped
-    (same ids in the encoded path the bridge takes: the span ids are hashes)."""
+    (same ids in the encoded path the bridge takes: the span ids are hashes; the sample's is
+    hashed from its inputs, `NetworkSample.span_id`)."""
     results = [r for r in core.convert_batch(corpus_raws) if isinstance(r, Converted)]
     assert len(results) > 50
     for result in results:

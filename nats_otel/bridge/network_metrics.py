@@ -102,12 +102,18 @@ class _Histogram(_Family):
             self.exemplars[labels] = [None] * (len(self.bounds_ns) + 1)
         return row, self.exemplars[labels]
 
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+    def copy(self) -> list[tuple[tuple[str, ...], list[int], list[NetworkSample | None]]]:
+        """Each series' labels, counts and exemplars as they are now (for `family`)."""
+        return [(labels, row[:], self.exemplars[labels][:]) for labels, row in self.series.items()]
+
+    def family(self, name: str, documentation: str,
+               rows: list[tuple[tuple[str, ...], list[int], list[NetworkSample | None]]]) -> HistogramMetricFamily:
+        """The histogram of `rows` (a `copy`), each bucket with its exemplar."""
         metric = HistogramMetricFamily(name, documentation, labels=self.label_names)
         bucket_bounds = [*self.bounds_s, float("inf")]
-        for labels, row in list(self.series.items()):
+        for labels, row, exemplars in rows:
             cumulative, buckets = 0, []
-            for bound, count, sample in zip(bucket_bounds, row[:-1], self.exemplars[labels], strict=True):
+            for bound, count, sample in zip(bucket_bounds, row[:-1], exemplars, strict=True):
                 cumulative += count
                 exemplar = self._exemplar(sample)
                 buckets.append((_le(bound), cumulative) if exemplar is None else (_le(bound), cumulative, exemplar))
@@ -277,13 +283,22 @@ class NetworkMetrics(Collector):
         return tuple(sample.account if name == "account" else sample.subject for name in self.extra_labels)
 
     def collect(self) -> Iterator[Metric]:
-        # Built under the lock, yielded after it: a consumer that stops half-way (a failed
-        # scrape) must not leave the lock held and stall `record` in the event loop.
+        # Copied under the lock, built and yielded after it: the exemplars' span ids are
+        # hashed then, not while `record` waits in the event loop, and a consumer that stops
+        # half-way (a failed scrape) must not leave the lock held.
         with self._lock:
-            families = self._snapshot()
-        yield from families
+            hops, servers = self.hop_latency.copy(), self.server_latency.copy()
+            counters = self._counters()
+        yield self.hop_latency.family(
+            "nats_otel_hop_latency_seconds",
+            "Hop latency: the downstream server's ingress time minus the upstream server's egress time, "
+            "for every hop whose two trace messages the bridge matched (negative: clock skew)", hops)
+        yield self.server_latency.family(
+            "nats_otel_server_latency_seconds",
+            "Time a server held a traced message: from its arrival to the server's last action on it", servers)
+        yield from counters
 
-    def _snapshot(self) -> list[Metric]:
+    def _counters(self) -> list[Metric]:
         overflow = CounterMetricFamily(
             "nats_otel_network_series_overflow",
             "Samples counted under the _other series because a network metric reached "
@@ -291,13 +306,6 @@ class NetworkMetrics(Collector):
         for name, family in self._families():
             overflow.add_metric([name], family.overflowed)
         return [
-            self.hop_latency.family(
-                "nats_otel_hop_latency_seconds",
-                "Hop latency: the downstream server's ingress time minus the upstream server's egress time, "
-                "for every hop whose two trace messages the bridge matched (negative: clock skew)"),
-            self.server_latency.family(
-                "nats_otel_server_latency_seconds",
-                "Time a server held a traced message: from its arrival to the server's last action on it"),
             self.server_errors.family(
                 "nats_otel_server_errors", "Trace messages on which a server reported a failure (span status ERROR)"),
             self.hop_errors.family(

@@ -2,13 +2,15 @@
 against another one (a baseline), in alternating fresh processes.
 
     git worktree add /tmp/base <commit>
-    python bench/core_ab.py /tmp/base [--messages 20000] [--rounds 5] [--path convert|bridge]
+    python bench/core_ab.py /tmp/base [--messages 20000] [--rounds 5] [--path convert|bridge|view]
 
 Each round runs both checkouts once, each in a new process that imports only its own
 `nats_otel` and times one path over the same replicated corpus, GC off, best of 3 passes:
 `convert` (the default), `convert_throughput.ours` (`Converter.convert` one message at a
 time, then one request per 512 spans); `bridge`, the bridge's calls (`observe_many`, then
-`convert_many` encoded, per batch of 512; no request). The machine is shared and noisy:
+`convert_many` encoded, per batch of 512; no request); `view`, the same and the batch's
+network samples counted into the live network view (`NetworkMetrics.record`, as
+`accounting` does; exemplars included). The machine is shared and noisy:
 alternation spreads the noise over both, and the summary gives the best round of each and
 their ratio. For CPU per message, not throughput: nothing else runs.
 """
@@ -27,15 +29,25 @@ HERE = Path(__file__).resolve()
 OURS = HERE.parent.parent
 
 
-def bridge_calls(raws) -> None:
-    """The bridge's calls to the core: observed on arrival, converted per batch."""
+def bridge_calls(raws, view: bool = False) -> None:
+    """The bridge's calls to the core: observed on arrival, converted per batch; with `view`,
+    each batch's network samples counted as the bridge counts them."""
     from _core_api import hot_path
 
     converter = hot_path().Converter()
+    record = None
+    if view:
+        from prometheus_client import CollectorRegistry
+
+        from nats_otel.bridge.network_metrics import NetworkMetrics
+
+        record = NetworkMetrics(CollectorRegistry()).record
     for start in range(0, len(raws), 512):
         batch = raws[start : start + 512]
         converter.observe_many(batch, 0.0)
-        converter.convert_many(batch, 0.0, True)
+        results = converter.convert_many(batch, 0.0, True)
+        if record is not None:
+            record([r.network for r in results if getattr(r, "network", None) is not None])
 
 
 def measure(messages: int, path: str) -> None:
@@ -45,7 +57,7 @@ def measure(messages: int, path: str) -> None:
     from convert_throughput import ours
     from corpus_replay import replicate
 
-    run_path = bridge_calls if path == "bridge" else ours
+    run_path = {"bridge": bridge_calls, "view": lambda raws: bridge_calls(raws, view=True)}.get(path, ours)
     raws = replicate(messages)
     gc.disable()
     best = float("inf")
@@ -69,8 +81,9 @@ def main() -> None:
     parser.add_argument("baseline", type=Path, nargs="?", help="the other checkout")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--path", choices=("convert", "bridge"), default="convert",
-                        help="convert: Converter.convert per message + requests; bridge: the bridge's batch calls")
+    parser.add_argument("--path", choices=("convert", "bridge", "view"), default="convert",
+                        help="convert: Converter.convert per message + requests; bridge: the bridge's batch calls; "
+                             "view: those and the network view's counting")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -83,9 +96,9 @@ def main() -> None:
     for round_number in range(1, args.rounds + 1):
         base, ours = run(args.baseline.resolve(), args.messages, args.path), run(OURS, args.messages, args.path)
         best["baseline"], best["ours"] = min(best["baseline"], base), min(best["ours"], ours)
-        print(f"round {round_number}: baseline {base:6.1f} us/msg   ours {ours:6.1f} us/msg   "
+        print(f"round {round_number}: baseline {base:6.2f} us/msg   ours {ours:6.2f} us/msg   "
               f"ratio {base / ours:.2f}x", flush=True)
-    print(f"\nbest: baseline {best['baseline']:.1f} us/msg, ours {best['ours']:.1f} us/msg: "
+    print(f"\nbest: baseline {best['baseline']:.2f} us/msg, ours {best['ours']:.2f} us/msg: "
           f"ours uses {best['ours'] / best['baseline']:.2f} of the baseline's CPU "
           f"({best['baseline'] / best['ours']:.2f}x as many messages per core)")
 

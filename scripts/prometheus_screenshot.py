@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""How docs/images/prometheus-hop-latency.png is made: a real cluster of three servers with a
-leafnode, a bridge started like a user would, a real Prometheus scraping it, a minute of
-traced traffic over each link, and Prometheus's own graph page of the p99 hop latency per
-link, photographed by headless Chromium.
+"""How docs/images/prometheus-hop-latency.png (and -exemplars.png) is made: a real cluster of
+three servers with a leafnode, a bridge started like a user would, a real Prometheus (exemplar
+storage on) scraping it, a minute of traced traffic over each link, and Prometheus's own graph
+page of the p99 hop latency per link, photographed by headless Chromium. With `--exemplars`,
+the same query's graph with the exemplars Prometheus stored (each dot a traced message, with
+its trace id): drawn by `exemplar_chart.py` from Prometheus's API, as Debian's package ships
+the classic web UI, which does not draw exemplars.
 
     # once: Prometheus and Chromium from Debian
     apt-get install -y prometheus chromium
     # then, from the repository root, with the project's venv:
-    python scripts/prometheus_screenshot.py [--seconds 90]
+    python scripts/prometheus_screenshot.py [--seconds 90] [--exemplars]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chromium_shot import find_chromium, screenshot  # noqa: E402 (the script's own folder)
+from exemplar_chart import page as exemplar_page  # noqa: E402
 
 from nats_otel.devkit.processes import start_topology, wait_for_interest  # noqa: E402
 from nats_otel.devkit.prometheus import PrometheusServer  # noqa: E402
@@ -64,9 +68,12 @@ async def traffic(topo, seconds: float) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=90.0, help="how long to publish")
-    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "images" / "prometheus-hop-latency.png")
+    parser.add_argument("--exemplars", action="store_true", help="show the stored exemplars on the graph")
+    parser.add_argument("--output", type=Path, help="default: docs/images/prometheus-hop-latency[-exemplars].png")
     parser.add_argument("--window-size", default="1400,900")
     args = parser.parse_args()
+    name = "prometheus-hop-latency-exemplars.png" if args.exemplars else "prometheus-hop-latency.png"
+    output = args.output or ROOT / "docs" / "images" / name
     chromium = find_chromium()
     with tempfile.TemporaryDirectory(prefix="prom-shot-") as tmp, start_topology(demo_topology()) as topo:
         work = Path(tmp)
@@ -80,11 +87,22 @@ def main() -> int:
             with PrometheusServer([f"127.0.0.1:{metrics_port}"], workdir=work / "prometheus") as prom:
                 sent = asyncio.run(traffic(topo, args.seconds))
                 time.sleep(5)
-                print(f"published {sent} traced messages; series: {len(prom.query(QUERY))}")
-                params = {"g0.expr": QUERY, "g0.tab": "0", "g0.range_input": f"{int(args.seconds) + 30}s",
-                          "g0.stacked": "0", "g0.show_exemplars": "0"}
-                page = f"{prom.url}/graph?{urllib.parse.urlencode(params)}"
-                screenshot(chromium, page, args.output, args.window_size, work)
+                end = time.time()
+                stored = prom.query_exemplars(QUERY, end - args.seconds - 30, end)
+                print(f"published {sent} traced messages; series: {len(prom.query(QUERY))}; exemplars: "
+                      f"{sum(len(s['exemplars']) for s in stored)} in {len(stored)} bucket series")
+                if args.exemplars:
+                    lines = prom.query_range(QUERY, end - args.seconds - 30, end, 1)
+                    chart = work / "exemplars.html"
+                    chart.write_text(exemplar_page("p99 hop latency per link, with exemplars (Prometheus, "
+                                                   "exemplar storage on)", QUERY, lines, stored,
+                                                   ("from_server", "to_server", "kind")))
+                    page = chart.as_uri()
+                else:
+                    params = {"g0.expr": QUERY, "g0.tab": "0", "g0.range_input": f"{int(args.seconds) + 30}s",
+                              "g0.stacked": "0", "g0.show_exemplars": "0"}
+                    page = f"{prom.url}/graph?{urllib.parse.urlencode(params)}"
+                screenshot(chromium, page, output, args.window_size, work)
         finally:
             bridge.terminate()
             bridge.wait(30)

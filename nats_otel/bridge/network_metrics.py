@@ -7,6 +7,11 @@ custom collector at scrape time. Label sets are bounded: server names (and edge 
 default, accounts and subjects only when asked (`telemetry.network_labels`), and at most
 `telemetry.network_max_series` label sets per metric; samples past that go to one series
 whose labels are all `_other`, counted in `nats_otel_network_series_overflow_total`.
+
+Exemplars: each bucket of the two latency histograms keeps the last sample counted into it
+(a reference, no copy), and a scrape in the OpenMetrics format shows it as the bucket's
+exemplar: its trace id and server span id (`trace_id`, `span_id`), its latency. The span id
+is hashed and the ids made hex only then, for the few samples still held.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Exemplar, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nats_otel.core import accel
@@ -47,49 +52,80 @@ class _Family:
         self.overflowed = 0
         self.series: dict[tuple[str, ...], list[int]] = {}
 
+    def resolve(self, labels: tuple[str, ...]) -> tuple[str, ...]:
+        """`labels`, or the `_other` labels (counted) for a new label set past the bound."""
+        if labels in self.series or len(self.series) < self.max_series:
+            return labels
+        self.overflowed += 1
+        return (OTHER,) * len(labels)
+
     def row(self, labels: tuple[str, ...], width: int) -> list[int]:
+        labels = self.resolve(labels)
         row = self.series.get(labels)
         if row is None:
-            if len(self.series) >= self.max_series:
-                self.overflowed += 1
-                labels = (OTHER,) * len(labels)
-                row = self.series.get(labels)
-            if row is None:
-                row = self.series[labels] = [0] * width
+            row = self.series[labels] = [0] * width
         return row
 
 
-def _count(row: list[int], bounds_ns: list[int], value_ns: int) -> None:
+def _count(row: list[int], exemplars: list[NetworkSample | None], bounds_ns: list[int], value_ns: int,
+           sample: NetworkSample) -> None:
     """One sample into a histogram row (`_Histogram`): its bucket, the first whose `le`
-    holds it, and the sum."""
-    row[bisect_left(bounds_ns, value_ns)] += 1
+    holds it, and the sum; the sample becomes that bucket's exemplar."""
+    at = bisect_left(bounds_ns, value_ns)
+    row[at] += 1
     row[-1] += value_ns
+    exemplars[at] = sample
 
 
 class _Histogram(_Family):
     """Bucket counts (not cumulative) then the +Inf bucket, then the sum, in nanoseconds:
-    integers, so the sum is exact whatever the order of the samples."""
+    integers, so the sum is exact whatever the order of the samples. Beside each row, the
+    last sample of each bucket (None before the first), and `value_of` reads its value."""
 
-    __slots__ = ("bounds_ns", "bounds_s")
+    __slots__ = ("bounds_ns", "bounds_s", "exemplars", "value_of")
 
-    def __init__(self, label_names: Sequence[str], bounds_s: Sequence[float], max_series: int) -> None:
+    def __init__(self, label_names: Sequence[str], bounds_s: Sequence[float], max_series: int,
+                 value_of: Callable[[NetworkSample], int]) -> None:
         super().__init__(label_names, max_series)
         self.bounds_s = list(bounds_s)
         self.bounds_ns = [round(b * 1e9) for b in bounds_s]
+        self.exemplars: dict[tuple[str, ...], list[NetworkSample | None]] = {}
+        self.value_of = value_of
 
-    def histogram_row(self, labels: tuple[str, ...]) -> list[int]:
-        """The row of a label set (`row`), as wide as this histogram's layout."""
-        return self.row(labels, len(self.bounds_ns) + 2)
+    def histogram_row(self, labels: tuple[str, ...]) -> tuple[list[int], list[NetworkSample | None]]:
+        """The row of a label set (as `row`), as wide as this histogram's layout, and its
+        buckets' exemplars."""
+        labels = self.resolve(labels)
+        row = self.series.get(labels)
+        if row is None:
+            row = self.series[labels] = [0] * (len(self.bounds_ns) + 2)
+            self.exemplars[labels] = [None] * (len(self.bounds_ns) + 1)
+        return row, self.exemplars[labels]
 
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+    def copy(self) -> list[tuple[tuple[str, ...], list[int], list[NetworkSample | None]]]:
+        """Each series' labels, counts and exemplars as they are now (for `family`)."""
+        return [(labels, row[:], self.exemplars[labels][:]) for labels, row in self.series.items()]
+
+    def family(self, name: str, documentation: str,
+               rows: list[tuple[tuple[str, ...], list[int], list[NetworkSample | None]]]) -> HistogramMetricFamily:
+        """The histogram of `rows` (a `copy`), each bucket with its exemplar."""
         metric = HistogramMetricFamily(name, documentation, labels=self.label_names)
-        for labels, row in list(self.series.items()):
+        bucket_bounds = [*self.bounds_s, float("inf")]
+        for labels, row, exemplars in rows:
             cumulative, buckets = 0, []
-            for bound, count in zip([*self.bounds_s, float("inf")], row[:-1], strict=True):
+            for bound, count, sample in zip(bucket_bounds, row[:-1], exemplars, strict=True):
                 cumulative += count
-                buckets.append((_le(bound), cumulative))
+                exemplar = self._exemplar(sample)
+                buckets.append((_le(bound), cumulative) if exemplar is None else (_le(bound), cumulative, exemplar))
             metric.add_metric(list(labels), buckets, row[-1] / 1e9)
         return metric
+
+    def _exemplar(self, sample: NetworkSample | None) -> Exemplar | None:
+        # Only in the OpenMetrics format: prometheus_client leaves them out of the classic one.
+        if sample is None or not sample.trace_id:
+            return None
+        return Exemplar({"trace_id": sample.trace_id.hex(), "span_id": sample.span_id.hex()},
+                        self.value_of(sample) / 1e9)
 
 
 class _Counter(_Family):
@@ -105,16 +141,27 @@ class _Counter(_Family):
         return metric
 
 
-def _no_compiled(samples: list[NetworkSample], *rows: object) -> list[NetworkSample]:
-    """No compiled counting: every sample goes to the Python loop."""
-    return samples
+_Rows = tuple[list[int], list[int], list[NetworkSample | None]]
+
+
+def _in_server_ns(sample: NetworkSample) -> int:
+    return sample.in_server_ns
+
+
+def _hop_latency_ns(sample: NetworkSample) -> int:
+    return sample.hop.latency_ns if sample.hop is not None else 0
+
+
+def _no_compiled(samples: list[NetworkSample], start: int, *rows: object) -> int:
+    """No compiled counting: the Python loop counts every sample."""
+    return start
 
 
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
-def _compiled_record_known() -> Callable[..., list[NetworkSample]] | None:
+def _compiled_record_known() -> Callable[..., int] | None:
     compiled = accel.compiled("nats_otel.bridge._network_metrics")
     return None if compiled is None else compiled.record_known
 
@@ -122,10 +169,11 @@ def _compiled_record_known() -> Callable[..., list[NetworkSample]] | None:
 class NetworkMetrics(Collector):
     """Hop latency, server latency and failures, registered on the bridge's registry.
 
-    `record` counts each batch's samples. The per-sample loop is Python (the reference); when
-    built, `_network_metrics.record_known` counts the samples whose rows were found before
-    (the common case) in C first, and leaves the others to it. `PythonNetworkMetrics` runs
-    the loop alone.
+    `record` counts each batch's samples, in order (each bucket's exemplar is the last
+    sample counted into it). The per-sample loop is Python (the reference); when built,
+    `_network_metrics.record_known` counts the samples whose rows were found before (the
+    common case) in C, up to the first it does not take, which the loop counts before handing
+    back. `PythonNetworkMetrics` runs the loop alone.
     """
 
     #: The compiled counting of known rows (`_network_metrics.record_known`), or None.
@@ -137,19 +185,20 @@ class NetworkMetrics(Collector):
         extra = list(self.extra_labels)
         self._warned: set[str] = set()
         self._lock = threading.Lock()  # batches are recorded in the loop, scraped in the HTTP thread
-        self.hop_latency = _Histogram(["from_server", "to_server", "kind", *extra], HOP_LATENCY_BUCKETS, max_series)
-        self.server_latency = _Histogram(["server", *extra], SERVER_LATENCY_BUCKETS, max_series)
+        self.hop_latency = _Histogram(["from_server", "to_server", "kind", *extra], HOP_LATENCY_BUCKETS, max_series,
+                                      _hop_latency_ns)
+        self.server_latency = _Histogram(["server", *extra], SERVER_LATENCY_BUCKETS, max_series, _in_server_ns)
         self.server_errors = _Counter(["server", *extra], max_series)
         self.hop_errors = _Counter(["from_server", "to_server", "kind"], max_series)
         self.sides_expired = _Counter(["side"], 2)
         for side in ("upstream", "downstream"):
             self.sides_expired.inc((side,), 0)
-        # The rows each label set counts into (latency histogram, error counter), found once:
-        # per sample one dict look-up, not one per metric. Only label sets with series of
-        # their own are kept (at most max_series each); those past the bound go through
-        # `_Family.row` every time, which counts them as overflow.
-        self._server_rows: dict[object, tuple[list[int], list[int]]] = {}  # by server name (or labels)
-        self._hop_rows: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
+        # The rows each label set counts into (latency histogram, error counter, the latency
+        # buckets' exemplars), found once: per sample one dict look-up, not one per metric.
+        # Only label sets with series of their own are kept (at most max_series each); those
+        # past the bound go through `_Family.resolve` every time, which counts them as overflow.
+        self._server_rows: dict[object, _Rows] = {}  # by server name (or labels)
+        self._hop_rows: dict[tuple[str, ...], _Rows] = {}
         registry.register(self)
 
     def record(self, samples: Iterable[NetworkSample], expired_unmatched: dict[str, int] | None = None) -> None:
@@ -158,46 +207,61 @@ class NetworkMetrics(Collector):
         server_bounds, hop_bounds = self.server_latency.bounds_ns, self.hop_latency.bounds_ns
         extra_labels = self.extra_labels
         with self._lock:
-            if not extra_labels:  # rows keyed by server and edge alone: the compiled counting's case
+            known = self._record_known
+            if extra_labels or known is _no_compiled:
+                self._count_each(samples)
+            else:  # rows keyed by server and edge alone: the compiled counting's case
                 batch = samples if type(samples) is list else list(samples)
-                samples = self._record_known(batch, server_rows, hop_rows, server_bounds, hop_bounds)
-            extra: tuple[str, ...] = ()
-            for sample in samples:
-                server, _, _, in_server_ns, failed, hop, failed_hops = sample
-                if extra_labels:
-                    extra = self._extra(sample)
-                    server_key: object = (server, *extra)
-                else:
-                    server_key = server
-                rows = server_rows.get(server_key)
-                if rows is None:
-                    labels = (server, *extra)
-                    rows = self._rows(server_rows, server_key, labels, self.server_latency, self.server_errors, labels)
-                latency, errors = rows
-                _count(latency, server_bounds, in_server_ns)
-                # Error series exist (at 0) from the first sample on: rate() and alerts see them.
-                errors[0] += failed
-                if hop is not None:
-                    from_server, to_server, kind, hop_ns = hop
-                    edge = (from_server, to_server, kind)
-                    hop_key = (*edge, *extra) if extra_labels else edge
-                    rows = hop_rows.get(hop_key)
-                    if rows is None:
-                        rows = self._rows(hop_rows, hop_key, hop_key, self.hop_latency, self.hop_errors, edge)
-                    _count(rows[0], hop_bounds, hop_ns)
-                for to_server, kind in failed_hops:
-                    self.hop_errors.inc((server, to_server, kind))
+                at, end = 0, len(batch)
+                while at < end:
+                    at = known(batch, at, server_rows, hop_rows, server_bounds, hop_bounds)
+                    if at < end:  # a sample it does not take (a new label set, a failed hop, odd values)
+                        self._count_each(batch[at:at + 1])
+                        at += 1
             for side, count in (expired_unmatched or {}).items():
                 if count:
                     self.sides_expired.inc((side,), count)
             self._warn_overflow()
 
+    def _count_each(self, samples: Iterable[NetworkSample]) -> None:
+        """The reference: count each sample into its rows, found (and cached) on first sight."""
+        server_rows, hop_rows = self._server_rows, self._hop_rows
+        server_bounds, hop_bounds = self.server_latency.bounds_ns, self.hop_latency.bounds_ns
+        extra_labels = self.extra_labels
+        extra: tuple[str, ...] = ()
+        for sample in samples:
+            server, _, _, in_server_ns, failed, hop, failed_hops, _, _, _ = sample
+            if extra_labels:
+                extra = self._extra(sample)
+                server_key: object = (server, *extra)
+            else:
+                server_key = server
+            rows = server_rows.get(server_key)
+            if rows is None:
+                labels = (server, *extra)
+                rows = self._rows(server_rows, server_key, labels, self.server_latency, self.server_errors, labels)
+            latency, errors, exemplars = rows
+            _count(latency, exemplars, server_bounds, in_server_ns, sample)
+            # Error series exist (at 0) from the first sample on: rate() and alerts see them.
+            errors[0] += failed
+            if hop is not None:
+                from_server, to_server, kind, hop_ns = hop
+                edge = (from_server, to_server, kind)
+                hop_key = (*edge, *extra) if extra_labels else edge
+                rows = hop_rows.get(hop_key)
+                if rows is None:
+                    rows = self._rows(hop_rows, hop_key, hop_key, self.hop_latency, self.hop_errors, edge)
+                _count(rows[0], rows[2], hop_bounds, hop_ns, sample)
+            for to_server, kind in failed_hops:
+                self.hop_errors.inc((server, to_server, kind))
+
     @staticmethod
     def _rows(cache: dict, key: object, labels: tuple[str, ...], latency: _Histogram, errors: _Counter,
-              error_labels: tuple[str, ...]) -> tuple[list[int], list[int]]:
+              error_labels: tuple[str, ...]) -> _Rows:
         """The rows a label set counts into (`labels` for the histogram, `error_labels` for the
         errors), kept in `cache` under `key` while both are series of their own."""
-        rows = (latency.histogram_row(labels), errors.row(error_labels, 1))
+        row, exemplars = latency.histogram_row(labels)
+        rows = (row, errors.row(error_labels, 1), exemplars)
         if labels in latency.series and error_labels in errors.series:
             cache[key] = rows
         return rows
@@ -219,13 +283,22 @@ class NetworkMetrics(Collector):
         return tuple(sample.account if name == "account" else sample.subject for name in self.extra_labels)
 
     def collect(self) -> Iterator[Metric]:
-        # Built under the lock, yielded after it: a consumer that stops half-way (a failed
-        # scrape) must not leave the lock held and stall `record` in the event loop.
+        # Copied under the lock, built and yielded after it: the exemplars' span ids are
+        # hashed then, not while `record` waits in the event loop, and a consumer that stops
+        # half-way (a failed scrape) must not leave the lock held.
         with self._lock:
-            families = self._snapshot()
-        yield from families
+            hops, servers = self.hop_latency.copy(), self.server_latency.copy()
+            counters = self._counters()
+        yield self.hop_latency.family(
+            "nats_otel_hop_latency_seconds",
+            "Hop latency: the downstream server's ingress time minus the upstream server's egress time, "
+            "for every hop whose two trace messages the bridge matched (negative: clock skew)", hops)
+        yield self.server_latency.family(
+            "nats_otel_server_latency_seconds",
+            "Time a server held a traced message: from its arrival to the server's last action on it", servers)
+        yield from counters
 
-    def _snapshot(self) -> list[Metric]:
+    def _counters(self) -> list[Metric]:
         overflow = CounterMetricFamily(
             "nats_otel_network_series_overflow",
             "Samples counted under the _other series because a network metric reached "
@@ -233,13 +306,6 @@ class NetworkMetrics(Collector):
         for name, family in self._families():
             overflow.add_metric([name], family.overflowed)
         return [
-            self.hop_latency.family(
-                "nats_otel_hop_latency_seconds",
-                "Hop latency: the downstream server's ingress time minus the upstream server's egress time, "
-                "for every hop whose two trace messages the bridge matched (negative: clock skew)"),
-            self.server_latency.family(
-                "nats_otel_server_latency_seconds",
-                "Time a server held a traced message: from its arrival to the server's last action on it"),
             self.server_errors.family(
                 "nats_otel_server_errors", "Trace messages on which a server reported a failure (span status ERROR)"),
             self.hop_errors.family(

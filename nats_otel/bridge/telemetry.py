@@ -144,6 +144,10 @@ class Metrics:
             ["source"], registry=r)
         self.connected = Gauge("nats_otel_nats_connected", "1 while the source's connection is up",
                                ["source"], registry=r)
+        # What /readyz says, for alerts (config/prometheus/alerts.yml): read at scrape time
+        # (`HealthServer` gives it the bridge's `ready`), 0 until then.
+        self.ready = Gauge("nats_otel_ready", "1 while /readyz says ready: every source connected, every "
+                           "exporter reaching its backend", registry=r)
         # Which core converts: "compiled" (the Cython twins) or "python" (not built, or
         # NATS_OTEL_NO_EXTENSIONS set). Exported as nats_otel_core_info{implementation=...} 1.
         self.core = Info("nats_otel_core", "The implementation of the core's hot path in use",
@@ -184,6 +188,7 @@ class HealthServer:
         self._metrics_app = make_wsgi_app(metrics.registry)
         self._healthy = healthy
         self._ready = ready
+        metrics.ready.set_function(lambda: float(ready()[0]))
         self._server = make_server(host, port, self._app, server_class=_Server, handler_class=_QuietHandler)
         self.port: int = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name="nats-otel-http", daemon=True)

@@ -185,7 +185,7 @@ def _plain(network: NetworkSample | None) -> tuple[Any, ...] | None:
     if network is None:
         return None
     hop = network.hop
-    return (*network[:5], None if hop is None else tuple(hop), network.failed_hops)
+    return (*network[:5], None if hop is None else tuple(hop), *network[6:])
 
 
 def _sample(plain: tuple[Any, ...] | None) -> NetworkSample | None:
@@ -193,7 +193,7 @@ def _sample(plain: tuple[Any, ...] | None) -> NetworkSample | None:
         return None
     hop = plain[5]
     return NetworkSample(plain[0], plain[1], plain[2], plain[3], plain[4],
-                         None if hop is None else HopSample(*hop), plain[6])
+                         None if hop is None else HopSample(*hop), *plain[6:])
 
 
 def _unpack(packed: Sequence[Any]) -> list[Converted | Rejected]:

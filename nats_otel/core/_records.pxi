@@ -47,7 +47,8 @@ _BY_POSITION = {
     _LinkEgress: ("ts_ns", "size", "ident", "span_id"),
     _Arrival: ("ts_ns", "size", "ident"),
     _HopSample: ("from_server", "to_server", "kind", "latency_ns"),
-    _NetworkSample: ("server", "account", "subject", "in_server_ns", "failed", "hop", "failed_hops"),
+    _NetworkSample: ("server", "account", "subject", "in_server_ns", "failed", "hop", "failed_hops", "trace_id",
+                     "id_fields", "ident"),
     _EncodedSpans: ("resource", "data", "span_count"),
 }
 

@@ -35,14 +35,20 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
     issues = [*prepared_issues, *map_issues] if prepared_issues else map_issues
     if type(placement) is _Placement:
+        ident, trace_id = (<tuple>placement)[0], (<tuple>placement)[1]
         placement_link, candidates = (<tuple>placement)[3], (<tuple>placement)[4]
     else:
+        ident, trace_id = placement.ident, placement.trace_id
         placement_link, candidates = placement.link, placement.candidates
     if placement_link and placement_link != _MATCHED:
         issues.append(f"hop_{placement_link}: no single upstream egress for hop "
                       f"{_upstream_hop(msg)} from {msg.ingress.name}"
                       + (f" ({candidates} candidates)" if candidates else ""))
-    return _Converted(spans, issues, placement_link, network_sample(msg, egress_ns), encoding)
+    # The trace and the server span's id inputs, for the latency histograms' exemplars (as in
+    # pipeline.finish).
+    id_fields = field(ctx, CTX.id_fields) if type(ctx) is _TraceContext else ctx.id_fields
+    sample = network_sample(msg, egress_ns, trace_id, id_fields, ident)
+    return _Converted(spans, issues, placement_link, sample, encoding)
 
 
 @cython.final

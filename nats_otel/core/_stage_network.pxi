@@ -14,29 +14,31 @@ cdef inline int _failure(object error) except -1:
     return 1 if error and not (<str>error).startswith(_NOT_FAILURES) else 0
 
 
-cdef object _network_by_reference(object msg, object upstream_egress_ns):
+cdef object _network_by_reference(object msg, object upstream_egress_ns, object trace_id, object id_fields,
+                                  object ident):
     _handed[H_NETWORK] += 1
-    return _reference_network_sample(msg, upstream_egress_ns)
+    return _reference_network_sample(msg, upstream_egress_ns, trace_id, id_fields, ident)
 
 
-cpdef object network_sample(object msg, object upstream_egress_ns):
+cpdef object network_sample(object msg, object upstream_egress_ns, object trace_id=b"", object id_fields=b"",
+                            object ident=b""):
     """As `network.network_sample`; the reference decides whatever is not decode's records."""
     if type(msg) is not _TraceMessage:
-        return _network_by_reference(msg, upstream_egress_ns)
+        return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
     ingress = field(msg, MSG.ingress)
     server = field(msg, MSG.server)
     events = field(msg, MSG.events)
     if (type(ingress) is not _Ingress or type(server) is not _ServerInfo or type(events) is not tuple
             or (upstream_egress_ns is not None and type(upstream_egress_ns) is not int)):
-        return _network_by_reference(msg, upstream_egress_ns)
+        return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
     cdef int failed = _failure(field(ingress, IN.error))
     if failed < 0:
-        return _network_by_reference(msg, upstream_egress_ns)
+        return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
     cdef tuple failed_hops = ()
     cdef int event_failed
     ingress_ts = field(ingress, TS_NS)
     if type(ingress_ts) is not int:
-        return _network_by_reference(msg, upstream_egress_ns)
+        return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
     end = ingress_ts  # TraceMessage.end_ns: the latest event time
     for event in <tuple>events:
         kind = type(event)
@@ -47,9 +49,9 @@ cpdef object network_sample(object msg, object upstream_egress_ns):
         elif kind in _QUIET_EVENTS:
             event_failed = 0
         else:
-            return _network_by_reference(msg, upstream_egress_ns)
+            return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
         if event_failed < 0:
-            return _network_by_reference(msg, upstream_egress_ns)
+            return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
         if event_failed:
             failed = 1
             # Egress.forwards
@@ -57,7 +59,7 @@ cpdef object network_sample(object msg, object upstream_egress_ns):
                 failed_hops += ((field(event, EG.name), _label(field(event, EG.kind))),)
         ts = field(event, TS_NS)
         if type(ts) is not int:  # only ints here: the reference raises in its own order
-            return _network_by_reference(msg, upstream_egress_ns)
+            return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
         if ts > end:
             end = ts
     server_name = field(server, SRV.name)
@@ -66,4 +68,5 @@ cpdef object network_sample(object msg, object upstream_egress_ns):
         hop = _new(_HopSample, (field(ingress, IN.name), server_name, _label(field(ingress, IN.kind)),
                                 ingress_ts - upstream_egress_ns))
     return _new(_NetworkSample, (server_name, field(ingress, IN.account), field(ingress, IN.subject),
-                                 end - ingress_ts, bool(failed), hop, failed_hops))
+                                 end - ingress_ts, bool(failed), hop, failed_hops, trace_id, id_fields,
+                                 ident))

@@ -31,6 +31,7 @@ __all__ = [
     "identity",
     "parse_traceparent",
     "server_span_id",
+    "server_span_id_of",
     "trace_context",
     "upstream_hop",
 ]
@@ -163,6 +164,12 @@ def server_span_id(ctx: TraceContext, ident: bytes) -> bytes:
     return _span_id(b"server", ctx, ident)
 
 
+def server_span_id_of(id_fields: bytes, ident: bytes) -> bytes:
+    """`server_span_id` of the context whose `id_fields` these are: for what keeps the two
+    instead of the id (a `network.NetworkSample`: hashed only when an exemplar shows it)."""
+    return _digest(_ROLE_PREFIX[b"server"] + id_fields + ident)
+
+
 def event_span_id(ctx: TraceContext, ident: bytes, position: int) -> bytes:
     """Id of the span of the event at `position` (1-based) in one server's report."""
     return _span_id(b"event", ctx, ident, _POSITIONS[position] if position < 256 else _fields(str(position)))
@@ -170,7 +177,11 @@ def event_span_id(ctx: TraceContext, ident: bytes, position: int) -> bytes:
 
 def _span_id(role: bytes, ctx: TraceContext, *encoded: bytes) -> bytes:
     # Same bytes as _hash(role, trace hex, parent hex, *fields), with the prefixes reused.
-    digest = hashlib.blake2b(_ROLE_PREFIX[role] + ctx.id_fields + b"".join(encoded), digest_size=16).digest()[:8]
+    return _digest(_ROLE_PREFIX[role] + ctx.id_fields + b"".join(encoded))
+
+
+def _digest(data: bytes) -> bytes:
+    digest = hashlib.blake2b(data, digest_size=16).digest()[:8]
     # An all-zero span id is invalid in OTLP; astronomically unlikely, but never emit one.
     return digest if any(digest) else b"\x00" * 7 + b"\x01"
 

@@ -26,7 +26,14 @@ from collections.abc import Iterable, Sequence
 from msgspec import Struct
 
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decode
-from nats_otel.core.ids import TraceContext, adhoc_trace_id, event_span_id, identity, trace_context, upstream_hop
+from nats_otel.core.ids import (
+    TraceContext,
+    adhoc_trace_id,
+    event_span_id,
+    identity,
+    trace_context,
+    upstream_hop,
+)
 from nats_otel.core.linking import (
     AMBIGUOUS,
     MATCHED,
@@ -236,7 +243,10 @@ def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded:
         issues.append(f"hop_{placement.link}: no single upstream egress for hop "
                       f"{upstream_hop(prepared.msg)} from {prepared.msg.ingress.name}"
                       + (f" ({placement.candidates} candidates)" if placement.candidates else ""))
-    return Converted(spans, issues, placement.link, network_sample(prepared.msg, egress_ns), encoding)
+    # The sample names the trace and the server span (by its id's inputs: hashed only when an
+    # exemplar shows it) for the latency histograms' exemplars.
+    sample = network_sample(prepared.msg, egress_ns, placement.trace_id, prepared.ctx.id_fields, placement.ident)
+    return Converted(spans, issues, placement.link, sample, encoding)
 
 
 class PythonConverter:

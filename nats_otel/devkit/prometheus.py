@@ -1,5 +1,6 @@
 """A real Prometheus server on loopback, scraping given targets (tests, the dashboard check,
-the docs' screenshot). Uses the `prometheus` binary on PATH (Debian's `prometheus` package).
+the docs' screenshot), with exemplar storage on (it then scrapes in the OpenMetrics format,
+which carries them). Uses the `prometheus` binary on PATH (Debian's `prometheus` package).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -38,8 +40,10 @@ def find_prometheus() -> str:
 class PrometheusServer:
     """`with PrometheusServer(["127.0.0.1:9464"]) as prom: prom.query("up")`."""
 
-    def __init__(self, targets: list[str], scrape_interval: str = "1s", workdir: Path | None = None) -> None:
+    def __init__(self, targets: list[str], scrape_interval: str = "1s", workdir: Path | None = None,
+                 rule_files: Sequence[Path] = ()) -> None:
         self.targets = targets
+        self.rule_files = [str(Path(f).resolve()) for f in rule_files]
         self.scrape_interval = scrape_interval
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="nats-otel-prometheus-"))
@@ -53,12 +57,14 @@ class PrometheusServer:
         config = self.workdir / "prometheus.yml"
         config.write_text(json.dumps({  # JSON is YAML
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
+            "rule_files": self.rule_files,
             "scrape_configs": [{"job_name": "nats-otel", "static_configs": [{"targets": self.targets}]}],
         }))
         log = (self.workdir / "prometheus.log").open("wb")
         self._process = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
+             "--enable-feature=exemplar-storage"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
@@ -79,6 +85,34 @@ class PrometheusServer:
             raise ValueError(f"prometheus query {expr!r} failed ({status}): {doc.get('error', body[:300])}")
         data = doc["data"]
         return data["result"] if data["resultType"] in ("vector", "matrix") else [{"value": data["result"]}]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """The matrix of `expr` from `start` to `end` (Unix seconds) every `step` seconds."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        status, body = self._get("/api/v1/query_range?" + urllib.parse.urlencode(params))
+        doc = json.loads(body) if body else {}
+        if status != 200 or doc.get("status") != "success":
+            raise ValueError(f"prometheus query {expr!r} failed ({status}): {doc.get('error', body[:300])}")
+        return list(doc["data"]["result"])
+
+    def query_exemplars(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
+        """`/api/v1/query_exemplars`: per series of `expr`, its `seriesLabels` and `exemplars`
+        (each `labels`, `value`, `timestamp`) between `start` and `end` (Unix seconds)."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}"}
+        status, body = self._get("/api/v1/query_exemplars?" + urllib.parse.urlencode(params))
+        doc = json.loads(body) if body else {}
+        if status != 200 or doc.get("status") != "success":
+            raise ValueError(f"prometheus exemplar query {expr!r} failed ({status}): {doc.get('error', body[:300])}")
+        return list(doc["data"] or [])
+
+    def rules(self) -> list[dict[str, Any]]:
+        """`/api/v1/rules`: every rule of the rule files, with its `health` ("ok", "err",
+        "unknown" before its first evaluation) and `lastError`."""
+        status, body = self._get("/api/v1/rules")
+        doc = json.loads(body) if body else {}
+        if status != 200 or doc.get("status") != "success":
+            raise ValueError(f"prometheus rules failed ({status}): {doc.get('error', body[:300])}")
+        return [rule for group in doc["data"]["groups"] for rule in group["rules"]]
 
     def targets_up(self) -> int:
         """How many targets the last scrapes reached."""

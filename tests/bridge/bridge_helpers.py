@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import time
@@ -123,6 +124,37 @@ def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def scrape_openmetrics(port: int) -> str:
+    """/metrics as Prometheus asks for it when it stores exemplars: the OpenMetrics format."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                     headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    with _NO_PROXY.open(request, timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+        return resp.read().decode()
+
+
+# `name_bucket{labels} count # {exemplar labels} value`: an OpenMetrics bucket with its exemplar.
+_EXEMPLAR = re.compile(r'^(\w+)_bucket\{([^}]*)\} \S+ # \{([^}]*)\} (\S+)')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def exemplars(text: str, name: str) -> list[tuple[dict[str, str], dict[str, str], float]]:
+    """(series labels with `le`, exemplar labels, exemplar value) of each bucket of histogram
+    `name` that has an exemplar, read from OpenMetrics text line by line."""
+    out = []
+    for line in text.splitlines():
+        found = _EXEMPLAR.match(line)
+        if found and found[1] == name:
+            out.append((dict(_LABEL.findall(found[2])), dict(_LABEL.findall(found[3])), float(found[4])))
+    return out
+
+
+def exported_spans(requests: Iterable[ExportTraceServiceRequest]) -> set[tuple[str, str]]:
+    """(trace id, span id), in hex, of every exported span."""
+    return {(span.trace_id.hex(), span.span_id.hex())
+            for r in requests for rs in r.resource_spans for ss in rs.scope_spans for span in ss.spans}
 
 
 def metric(text: str, name: str, **labels: str) -> float:

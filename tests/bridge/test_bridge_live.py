@@ -155,6 +155,7 @@ async def test_core_mode_grpc_spans_match_topology_and_convert(topo, tmp_path: P
             assert metric(text, "nats_otel_messages_received_total", source="a") == messages
             assert scrape(bridge.metrics_port, "/readyz")[0] == 200
             assert scrape(bridge.metrics_port, "/healthz")[0] == 200
+            assert metric(scrape(bridge.metrics_port)[1], "nats_otel_ready") == 1
         finally:
             assert await stop_bridge(bridge, task) == 0
 
@@ -210,6 +211,7 @@ async def test_readyz_reports_export_failure(topo, tmp_path: Path) -> None:
             status, body = scrape(bridge.metrics_port, "/readyz")
             assert status == 503 and f"OTLP endpoint {rx.endpoint}: answers, but is unavailable" in body
             _, text = scrape(bridge.metrics_port)
+            assert metric(text, "nats_otel_ready") == 0  # what the alert NatsOtelBridgeNotReady reads
             assert metric(text, "nats_otel_messages_dropped_total", reason="export_failed") == 1
             assert metric(text, "nats_otel_export_failures_total", exporter="otlp-grpc") == 1
         finally:

@@ -21,10 +21,13 @@ from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import (
     archive_lines,
+    exemplars,
     expected_from_archive,
     expected_ids_from_archive,
+    exported_spans,
     metric,
     scrape,
+    scrape_openmetrics,
     span_ids,
     span_values,
     start_bridge,
@@ -81,6 +84,7 @@ async def test_core_workers_equal_convert(topo, tmp_path: Path) -> None:
             await wait_until(lambda: bridge.metrics.value("nats_otel_spans_exported_total", {"exporter": "otlp-grpc"})
                              >= rx.span_count, 10, "the last batch counted")
             _, text = scrape(bridge.metrics_port)
+            openmetrics = scrape_openmetrics(bridge.metrics_port)
         finally:
             assert await stop_bridge(bridge, task) == 0
         # Byte-identical spans (ids and links included): sharding kept each trace's reports together.
@@ -100,6 +104,23 @@ async def test_core_workers_equal_convert(topo, tmp_path: Path) -> None:
             sum(h.latency_ns for h in hops) / 1e9, abs=1e-9 * len(hops))
         assert sum_of(text, "nats_otel_server_latency_seconds_count") == sum(
             isinstance(r, Converted) for r in converted)
+        # Exemplars from the workers' samples: on every edge crossed, each naming an exported
+        # span (the downstream server's) of a trace that crossed it, with that crossing's latency.
+        samples = {(r.network.trace_id.hex(), r.network.span_id.hex()): r.network
+                   for r in converted if isinstance(r, Converted) and r.network}
+        exported = exported_spans(rx.requests)
+        by_edge: dict[tuple[str, ...], int] = {}
+        for series, names, value in exemplars(openmetrics, "nats_otel_hop_latency_seconds"):
+            key = (names["trace_id"], names["span_id"])
+            assert key in exported and key in samples
+            hop = samples[key].hop
+            assert hop is not None and abs(hop.latency_ns / 1e9 - value) <= 1e-6
+            edge = (series["from_server"], series["to_server"], series["kind"])
+            assert edge == hop[:3]
+            by_edge[edge] = by_edge.get(edge, 0) + 1
+        assert set(by_edge) == {h[:3] for h in hops}
+        in_server = exemplars(openmetrics, "nats_otel_server_latency_seconds")
+        assert in_server and all((n["trace_id"], n["span_id"]) in exported for _, n, _ in in_server)
 
 
 async def test_jetstream_workers_ack_only_after_export(topo, tmp_path: Path) -> None:

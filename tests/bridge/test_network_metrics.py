@@ -1,5 +1,6 @@
 """The network metrics' bounds: label sets capped per metric, the rest counted under `_other`
-and said once in the log; extra labels only when asked; the compiled counting of known rows
+and said once in the log; extra labels only when asked; each bucket's exemplar (the last
+sample counted into it) in the OpenMetrics format only; the compiled counting of known rows
 against the Python loop, and its refusal to import when the samples' fields change."""
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from nats_otel.bridge.network_metrics import NetworkMetrics, PythonNetworkMetrics
+from nats_otel.core.ids import server_span_id_of
 from nats_otel.core.network import HopSample, NetworkSample
 
 
@@ -41,6 +45,52 @@ def test_label_sets_past_the_bound_go_to_other_counted_and_logged_once(caplog):
     warnings = [r for r in caplog.records if "label-set bound" in r.getMessage()]
     assert sorted(r.fields["metric"] for r in warnings) == ["hop_errors", "hop_latency", "server_errors",
                                                               "server_latency"]
+
+
+def _exemplars(registry: CollectorRegistry, name: str) -> dict[tuple, tuple[str, str, float]]:
+    """(series labels, le) -> (trace_id, span_id, value) of each bucket's exemplar, as a
+    scraper reads them from the OpenMetrics format."""
+    out = {}
+    for family in text_string_to_metric_families(openmetrics.generate_latest(registry).decode()):
+        for sample in family.samples:
+            if sample.name == name + "_bucket" and sample.exemplar is not None:
+                labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+                ex = sample.exemplar
+                out[labels, sample.labels["le"]] = (ex.labels["trace_id"], ex.labels["span_id"], ex.value)
+    return out
+
+
+@pytest.mark.parametrize("metrics_class", [NetworkMetrics, PythonNetworkMetrics])
+def test_each_bucket_offers_its_last_sample_as_exemplar(metrics_class):
+    registry = CollectorRegistry()
+    network = metrics_class(registry)
+
+    def traced(n: int, server: str, in_server_ns: int, hop_ns: int | None) -> NetworkSample:
+        hop = None if hop_ns is None else HopSample("up", server, "leaf", hop_ns)
+        return NetworkSample(server, "A", "s", in_server_ns, False, hop, (), bytes([n]) * 16, b"ctx", bytes([n]) * 9)
+
+    def span(n: int) -> str:  # the server span's id, hashed from its inputs at the scrape
+        return server_span_id_of(b"ctx", bytes([n]) * 9).hex()
+
+    # Twice each (the second batch: rows found before, the compiled counting's case when built).
+    network.record([traced(1, "n1", 3_000, 200_000), traced(2, "n1", 4_000, 300_000), traced(3, "n1", 900, None)])
+    network.record([traced(4, "n1", 40_000, 700_000), traced(5, "n1", 8_000, 2_000_000),
+                    NetworkSample("n1", "A", "s", 1_000_000, False, None)])  # no ids: counted, no exemplar
+    hop_series = (("from_server", "up"), ("kind", "leaf"), ("to_server", "n1"))
+    assert _exemplars(registry, "nats_otel_hop_latency_seconds") == {
+        (hop_series, "0.00025"): ("01" * 16, span(1), 0.0002),
+        (hop_series, "0.0005"): ("02" * 16, span(2), 0.0003),
+        (hop_series, "0.001"): ("04" * 16, span(4), 0.0007),
+        (hop_series, "0.0025"): ("05" * 16, span(5), 0.002),
+    }
+    server_series = (("server", "n1"),)
+    assert _exemplars(registry, "nats_otel_server_latency_seconds") == {
+        (server_series, "1e-05"): ("05" * 16, span(5), 8e-06),  # 3 us, then 4, 0.9 and 8 us: the last
+        (server_series, "5e-05"): ("04" * 16, span(4), 4e-05),
+    }
+    # The classic text format has no exemplars (Prometheus asks for OpenMetrics to get them).
+    assert b"trace_id" not in generate_latest(registry)
+    assert registry.get_sample_value("nats_otel_server_latency_seconds_count", {"server": "n1"}) == 6
 
 
 def test_subject_label_only_when_asked():
@@ -119,8 +169,9 @@ def _random_batches(rng: random.Random, batches: int) -> list[list[NetworkSample
             failed_hops = (("n1", "router"),) if rng.random() < 0.05 else ()
             if rng.random() < 0.03:
                 failed = 1  # truthy, not a bool
+            ids = (rng.randbytes(16), rng.randbytes(56), rng.randbytes(30)) if rng.random() < 0.9 else ()
             batch.append(NetworkSample(server, rng.choice("AB"), rng.choice(["s1", "s2"]), in_server, failed, hop,
-                                       failed_hops))
+                                       failed_hops, *ids))
         out.append(batch)
     return out
 
@@ -129,7 +180,7 @@ def _random_batches(rng: random.Random, batches: int) -> list[list[NetworkSample
 def test_the_compiled_counting_counts_as_the_python_loop(extra, max_series):
     """`NetworkMetrics` (its known rows counted by `_network_metrics` when built) and
     `PythonNetworkMetrics` (the loop alone) expose the same metrics after the same batches,
-    with the label-set bound reached or not."""
+    with the label-set bound reached or not; their exemplars too (the OpenMetrics format)."""
     compiled_registry, python_registry = CollectorRegistry(), CollectorRegistry()
     compiled = NetworkMetrics(compiled_registry, extra, max_series)
     python = PythonNetworkMetrics(python_registry, extra, max_series)
@@ -137,7 +188,9 @@ def test_the_compiled_counting_counts_as_the_python_loop(extra, max_series):
         compiled.record(batch, {"upstream": 1})
         python.record(iter(batch), {"upstream": 1})  # any iterable, not only a list
         assert generate_latest(compiled_registry) == generate_latest(python_registry)
+        assert openmetrics.generate_latest(compiled_registry) == openmetrics.generate_latest(python_registry)
     assert compiled.server_latency.series and compiled.hop_latency.series
+    assert b"trace_id" in openmetrics.generate_latest(compiled_registry)
 
 
 def test_the_compiled_counting_is_used_when_built():

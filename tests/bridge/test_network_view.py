@@ -1,8 +1,10 @@
 """The live network view on real servers: a cluster of three (routes) and a leafnode, traced
 traffic crossing each link a known number of times, an independent record of every trace
 message (a plain subscriber, plain `json`). The bridge's hop histogram must count exactly
-those crossings per edge, with the same times; a real Prometheus scrapes two real bridges
-(core and JetStream mode) and every query of the Grafana dashboard returns data."""
+those crossings per edge, with the same times; a real Prometheus (exemplar storage on)
+scrapes two real bridges (core and JetStream mode), every query of the Grafana dashboard
+returns data, and the exemplars of both latency histograms, on /metrics and in Prometheus,
+name for every edge traces that crossed it, with the crossing's latency, and exported spans."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import asyncio
 import json
 import math
 import re
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import nats
 import pytest
+import yaml
 
 from nats_otel.bridge.settings import load_settings
 from nats_otel.devkit.processes import start_topology, wait_for_interest
@@ -24,8 +28,11 @@ from nats_otel.devkit.prometheus import PrometheusNotFound, PrometheusServer, fi
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.topology import demo_topology
 from tests.bridge.bridge_helpers import (
+    exemplars,
+    exported_spans,
     metric,
     scrape,
+    scrape_openmetrics,
     start_bridge,
     stop_bridge,
     traceparent,
@@ -36,6 +43,7 @@ from tests.bridge.bridge_helpers import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "config" / "grafana" / "dashboards" / "nats-otel.json"
+ALERTS = Path(__file__).resolve().parents[2] / "config" / "prometheus" / "alerts.yml"
 # Two rounds of traffic, Prometheus scraping in between: rates need an increase it has seen.
 ROUNDS = 2
 N_DOWN = 15 * ROUNDS  # east-2 -> east-3 (route); east-2 -> east-1 (route) -> leaf-1 (leafnode)
@@ -65,8 +73,17 @@ def ts_ns(text: str) -> int:
 
 
 def crossings_from_record(payloads: list[bytes]) -> dict[tuple[str, str, str], list[int]]:
-    """Edge -> hop latencies (ns), from the raw trace messages alone: each downstream ingress
-    joined to the upstream egress of the same traceparent, hop id and server names."""
+    """Edge -> hop latencies (ns), from the raw trace messages alone (`crossings_by_trace`)."""
+    latencies: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for (edge, _), latency in crossings_by_trace(payloads).items():
+        latencies[edge].append(latency)
+    return latencies
+
+
+def crossings_by_trace(payloads: list[bytes]) -> dict[tuple[tuple[str, str, str], str], int]:
+    """(edge, trace id in hex) -> hop latency (ns): each downstream ingress joined to the
+    upstream egress of the same traceparent, hop id and server names. Here a message crosses
+    each edge at most once."""
     docs = [json.loads(p) for p in payloads]
     egress_at: dict[tuple, int] = {}
     for doc in docs:
@@ -74,16 +91,62 @@ def crossings_from_record(payloads: list[bytes]) -> dict[tuple[str, str, str], l
         for event in doc["events"]:
             if event["type"] == "eg" and event.get("hop") and event["kind"] in FORWARDING_KINDS:
                 egress_at[(tp, event["hop"], doc["server"]["name"], event["name"])] = ts_ns(event["ts"])
-    latencies: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    crossings = {}
     for doc in docs:
         ingress = doc["events"][0]
         if ingress["kind"] not in FORWARDING_KINDS:
             continue
         header = doc["request"]["header"]
-        key = (header["traceparent"][0], header["Nats-Trace-Hop"][0], ingress["name"], doc["server"]["name"])
-        latencies[(ingress["name"], doc["server"]["name"], FORWARDING_KINDS[ingress["kind"]])].append(
-            ts_ns(ingress["ts"]) - egress_at[key])
-    return latencies
+        tp = header["traceparent"][0]
+        key = (tp, header["Nats-Trace-Hop"][0], ingress["name"], doc["server"]["name"])
+        edge = (ingress["name"], doc["server"]["name"], FORWARDING_KINDS[ingress["kind"]])
+        assert (edge, tp[3:35]) not in crossings
+        crossings[edge, tp[3:35]] = ts_ns(ingress["ts"]) - egress_at[key]
+    return crossings
+
+
+def in_server_by_trace(payloads: list[bytes]) -> dict[tuple[str, str], int]:
+    """(server, trace id in hex) -> time in that server (ns): its last event minus its ingress."""
+    out = {}
+    for doc in map(json.loads, payloads):
+        times = [ts_ns(event["ts"]) for event in doc["events"]]
+        out[doc["server"]["name"], doc["request"]["header"]["traceparent"][0][3:35]] = max(times) - times[0]
+    return out
+
+
+Exemplar = tuple[dict[str, str], dict[str, str], float]  # series labels, exemplar labels, value
+
+
+def check_exemplars(hop: list[Exemplar], in_server: list[Exemplar], record: list[bytes],
+                    exported: set[tuple[str, str]]) -> None:
+    """Every edge crossed has exemplars; each names a trace that crossed that edge (or, for
+    time in server, went through that server), with that crossing's latency (within 1 us),
+    and a span the bridge exported in that trace."""
+    crossings, held = crossings_by_trace(record), in_server_by_trace(record)
+    edges = set()
+    for series, names, value in hop:
+        edge = (series["from_server"], series["to_server"], series["kind"])
+        assert (edge, names["trace_id"]) in crossings, (edge, names)
+        assert abs(value - crossings[edge, names["trace_id"]] / 1e9) <= 1e-6, (edge, names, value)
+        assert (names["trace_id"], names["span_id"]) in exported, names
+        edges.add(edge)
+    assert edges == set(CROSSINGS)
+    servers = set()
+    for series, names, value in in_server:
+        key = (series["server"], names["trace_id"])
+        assert key in held and abs(value - held[key] / 1e9) <= 1e-6, (key, value)
+        assert (names["trace_id"], names["span_id"]) in exported, names
+        servers.add(series["server"])
+    assert servers == {server for server, _ in held}
+
+
+def prometheus_exemplars(prom: PrometheusServer, name: str, instance: str, since: float) -> list[Exemplar]:
+    """The exemplars Prometheus stored for histogram `name` of one scrape target."""
+    out = []
+    for series in prom.query_exemplars(f'{name}_bucket{{instance="{instance}"}}', since, time.time() + 60):
+        for exemplar in series["exemplars"]:
+            out.append((series["seriesLabels"], exemplar["labels"], float(exemplar["value"])))
+    return out
 
 
 def histogram_series(text: str, name: str, labels: tuple[str, ...]) -> dict[tuple[str, ...], float]:
@@ -149,6 +212,7 @@ async def test_hop_histogram_counts_every_crossing_and_the_dashboard_has_data(to
             record.append(msg.data)
 
     await recorder.subscribe("trace.a", cb=keep)
+    started = time.time()
     with OTLPGrpcReceiver() as rx:
         core_settings = load_settings(overrides=bridge_config(topo, rx.endpoint), env={})
         js_settings = load_settings(overrides=bridge_config(
@@ -160,7 +224,7 @@ async def test_hop_histogram_counts_every_crossing_and_the_dashboard_has_data(to
         try:
             await wait_for_interest(recorder, core.sources[0].nc)
             targets = [f"127.0.0.1:{core.metrics_port}", f"127.0.0.1:{js.metrics_port}"]
-            with PrometheusServer(targets) as prom:
+            with PrometheusServer(targets, rule_files=[ALERTS]) as prom:
                 # Both bridges see every trace message: the core one's series, by its instance.
                 of_core = f'instance="{targets[0]}"'
 
@@ -201,6 +265,11 @@ async def test_hop_histogram_counts_every_crossing_and_the_dashboard_has_data(to
                     (name,): float(n) for name, n in per_server.items()}
                 assert metric(text, "nats_otel_hop_links_total", result="matched") == sum(CROSSINGS.values())
                 assert metric(text, "nats_otel_server_errors_total", server="east-2") == 0
+                # The alerts name only metrics this bridge exports (with series, after this traffic).
+                sample_names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+                                if line and not line.startswith("#")}
+                alert_names = set(re.findall(r"\bnats_otel_[a-z_]+", ALERTS.read_text()))
+                assert len(alert_names) == 8 and alert_names <= sample_names, alert_names - sample_names
 
                 # Prometheus scraped both bridges; every dashboard query returns data.
                 await wait_until(lambda: prom.targets_up() == 2, 20, "both bridges scraped")
@@ -215,10 +284,30 @@ async def test_hop_histogram_counts_every_crossing_and_the_dashboard_has_data(to
                     elif "hop_latency" in expr:
                         assert any(math.isfinite(float(r["value"][1])) for r in result), expr
                 assert not empty, f"dashboard queries without data: {empty}"
+                # The alerts evaluate on the bridges' real series, without error.
+                await wait_until(lambda: all(r["health"] == "ok" for r in prom.rules()), 20, "every rule evaluated")
+                assert len(prom.rules()) == 15
+                assert prom.query("nats_otel:setting:hop_latency_p99_seconds")[0]["value"][1] == "0.1"
                 per_edge = prom.query(
                     f"sum by (from_server, to_server, kind) (nats_otel_hop_latency_seconds_count{{{of_core}}})")
                 assert {(r["metric"]["from_server"], r["metric"]["to_server"], r["metric"]["kind"]):
                         int(r["value"][1]) for r in per_edge} == CROSSINGS
+
+                # Exemplars, from both bridges: on /metrics (OpenMetrics), then as Prometheus stored them.
+                exported = exported_spans(rx.requests)
+                for bridge in (core, js):
+                    text = scrape_openmetrics(bridge.metrics_port)
+                    check_exemplars(exemplars(text, "nats_otel_hop_latency_seconds"),
+                                    exemplars(text, "nats_otel_server_latency_seconds"), record, exported)
+                for target in targets:
+                    def stored(name: str, target: str = target) -> list[Exemplar]:
+                        return prometheus_exemplars(prom, name, target, started - 60)
+
+                    await wait_until(lambda: {(s["from_server"], s["to_server"], s["kind"]) for s, _, _ in
+                                              stored("nats_otel_hop_latency_seconds")} == set(CROSSINGS), 20,
+                                     f"exemplars of every edge stored for {target}")
+                    check_exemplars(stored("nats_otel_hop_latency_seconds"),
+                                    stored("nats_otel_server_latency_seconds"), record, exported)
         finally:
             await recorder.close()
             assert await stop_bridge(js, js_task) == 0
@@ -242,3 +331,21 @@ def test_dashboard_is_provisionable_and_uses_only_bridge_metrics() -> None:
         assert needed in names
     provider = (DASHBOARD.parents[1] / "provisioning" / "dashboards" / "nats-otel.yaml").read_text()
     assert "/var/lib/grafana/dashboards/nats-otel" in provider
+
+
+def test_grafana_shows_exemplars_and_links_their_trace_ids_to_the_trace_backends() -> None:
+    doc = json.loads(DASHBOARD.read_text())
+    latency_targets = [t for p in doc["panels"] for t in p.get("targets", [])
+                       if re.search(r"histogram_quantile\(.*nats_otel_(hop|server)_latency_seconds_bucket", t["expr"])]
+    assert len(latency_targets) == 3 and all(t.get("exemplar") is True for t in latency_targets)
+    folder = DASHBOARD.parents[1] / "provisioning" / "datasources"
+    sources = {s["uid"]: s for f in sorted(folder.glob("*.yaml")) for s in yaml.safe_load(f.read_text())["datasources"]}
+    destinations = sources["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
+    assert {(d["name"], d["datasourceUid"]) for d in destinations} == {("trace_id", "tempo"), ("trace_id", "jaeger")}
+    assert (sources["tempo"]["type"], sources["jaeger"]["type"]) == ("tempo", "jaeger")
+    # The docker-compose example runs them: Prometheus keeping exemplars, Grafana provisioned.
+    compose = yaml.safe_load((DASHBOARD.parents[3] / "examples" / "docker-compose" / "docker-compose.yaml").read_text())
+    services = compose["services"]
+    assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
+    assert any(v.startswith("../../config/grafana/provisioning:") for v in services["grafana"]["volumes"])
+    assert "nats-otel-bridge" in services["bridge"]["networks"]["default"]["aliases"]

@@ -113,3 +113,17 @@ def test_claims_never_outlive_the_entries_they_mark(core):
     index.expire(now=51.0)
     assert index.expired_unmatched == {"upstream": 1, "downstream": 1}
     assert len(index) == 0 and not index._claimed  # nothing left behind
+
+
+def test_each_sample_names_its_trace_and_the_server_span_mapped(core, corpus_raws):
+    """The exemplars' names: the trace id and span id of the report's server span, as mapped
+    (same ids in the encoded path the bridge takes: the span ids are hashes; the sample's is
+    hashed from its inputs, `NetworkSample.span_id`)."""
+    results = [r for r in core.convert_batch(corpus_raws) if isinstance(r, Converted)]
+    assert len(results) > 50
+    for result in results:
+        sample = result.network
+        assert sample is not None and len(sample.trace_id) == 16 and len(sample.span_id) == 8
+        server_spans = [s for s in result.spans if s.span_id == sample.span_id]
+        assert len(server_spans) == 1
+        assert server_spans[0].trace_id == sample.trace_id and server_spans[0].name.startswith("receive")

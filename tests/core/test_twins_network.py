@@ -45,6 +45,13 @@ def _samples_alike(kernel: ModuleType, raws: list[RawTraceMessage]) -> tuple[int
             sample, count = handed(kernel, "network", kernel.network_sample, msg, upstream)
             assert sample == outcome(network.python_network_sample, msg, upstream), (msg, upstream)
             handed_over += count
+        # The trace id and the span id's inputs (the exemplars' names) are carried as given, by both.
+        ids = (bytes(range(16)), b"\x07" * 56, b"\x08" * 30)
+        sample, count = handed(kernel, "network", kernel.network_sample, msg, None, *ids)
+        assert sample == outcome(network.python_network_sample, msg, None, *ids)
+        if isinstance(sample, network.NetworkSample):
+            assert sample[-3:] == ids
+        handed_over += count
     return decoded, handed_over
 
 
@@ -114,3 +121,6 @@ def test_hand_built_messages_give_the_same_sample_or_error(kernel, msg, taken):
         expected_handed = 0 if taken and upstream != "x" else 1
         assert handed(kernel, "network", kernel.network_sample, msg, upstream) == (
             outcome(network.python_network_sample, msg, upstream), expected_handed), upstream
+        ids = (b"t" * 16, b"f" * 56, b"i" * 30)
+        assert handed(kernel, "network", kernel.network_sample, msg, upstream, *ids) == (
+            outcome(network.python_network_sample, msg, upstream, *ids), expected_handed), upstream

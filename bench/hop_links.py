@@ -44,6 +44,7 @@ from nats_otel.archive import archive_record, read_archive
 from nats_otel.bridge.sources.connection import raw_from_msg
 from nats_otel.core.decode import RawTraceMessage, decode
 from nats_otel.core.ids import identity
+from nats_otel.devkit.hop_statistics import link_statistics
 from nats_otel.devkit.hop_traffic import MODES, TrafficOptions, run_traffic
 from nats_otel.devkit.hop_truth import (
     AMBIGUOUS,
@@ -54,7 +55,6 @@ from nats_otel.devkit.hop_truth import (
     Score,
     Truth,
     compute_truth,
-    link_statistics,
     read_otlp_json_lines,
     score,
 )

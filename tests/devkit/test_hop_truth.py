@@ -13,16 +13,15 @@ from nats_otel.core.ids import event_span_id, identity, server_span_id, trace_co
 from nats_otel.core.model import Egress
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.core.records import SpanRecord
+from nats_otel.devkit.hop_statistics import QUANTILES, link_statistics
 from nats_otel.devkit.hop_truth import (
     AMBIGUOUS,
     MISSING,
-    QUANTILES,
     RIGHT,
     SEQUENCE_HEADER,
     UNMATCHED,
     WRONG,
     compute_truth,
-    link_statistics,
     read_otlp_json_lines,
     score,
     spans_from_records,

@@ -322,6 +322,15 @@ class BridgeSettings(_Model):
         path = self.link.exchange_key_file
         return None if path is None else path.read_bytes().strip()
 
+    def jetstream_link_retention(self) -> float:
+        """How long hop evidence must stay in the link window in JetStream mode: a bridge
+        killed with reports unacked restarts and replays the evidence it had shared; a
+        report's partner comes back up to an ack wait later (unacked when the bridge died,
+        or after its nak delay), waits `link.wait`, and may be held for up to another ack wait
+        (`JetStreamSource.hold`) before it is mapped."""
+        js = self.jetstream
+        return 2 * js.ack_wait + js.nak_delay_max + 2 * self.link.wait + 1.0
+
     @model_validator(mode="after")
     def _check(self) -> BridgeSettings:
         names = [s.name for s in self.sources]
@@ -336,6 +345,14 @@ class BridgeSettings(_Model):
         if self.mode == "jetstream" and self.otlp.retry_max_elapsed + self.otlp.timeout >= self.jetstream.ack_wait:
             raise ValueError("jetstream.ack_wait: must exceed otlp.retry_max_elapsed + otlp.timeout, "
                              "or batches are redelivered while still being exported")
+        if self.mode == "jetstream" and self.link.retention < self.jetstream_link_retention():
+            needed = self.jetstream_link_retention()
+            if "retention" in self.link.model_fields_set:
+                raise ValueError(f"link.retention: at least {needed:g} s in JetStream mode (twice jetstream.ack_wait, "
+                                 "plus nak_delay_max and twice link.wait): a report's partner may be redelivered "
+                                 "that late after a restart, and must still find its evidence")
+            # The default, raised to what JetStream mode needs (frozen model: set as pydantic would).
+            object.__setattr__(self, "link", self.link.model_copy(update={"retention": needed}))
         if not self.export_otlp and self.output is None:
             raise ValueError("export_otlp: nothing to export to (no output file either)")
         subject = self.exchange_subject

@@ -171,6 +171,7 @@ cdef class LinkIndex:
     cdef public dict expired_unmatched
     cdef dict _buckets  # link key -> _Bucket
     cdef object _fifo  # (observed at, is egress, bucket, entry) in observation order
+    cdef dict _refreshed  # (is egress, key, entry) observed again -> its later fifo records (`linking`)
     cdef bint _bounded
     cdef Py_ssize_t _count  # entries held
     cdef object _latency_ns, _skew_ns
@@ -187,6 +188,7 @@ cdef class LinkIndex:
         self._bounded = bounded
         self._buckets = {}
         self._fifo = deque()
+        self._refreshed = {}
         self._count = 0
         self.evicted = 0
         self.expired_unmatched = {"upstream": 0, "downstream": 0}
@@ -221,6 +223,9 @@ cdef class LinkIndex:
             bucket.key = key
             self._buckets[key] = bucket
         if not bucket.side(is_egress).add(entry):
+            if self._bounded:  # observed again (a redelivery): kept `retention_s` from now
+                self._refreshed[(is_egress, key, entry)] = self._refreshed.get((is_egress, key, entry), 0) + 1
+                self._fifo.append((now, is_egress, bucket, entry))
             return
         self._count += 1
         if self._bounded:
@@ -276,6 +281,12 @@ cdef class LinkIndex:
         fifo = self._fifo
         while fifo and ((<tuple>fifo[0])[0] < horizon or len(fifo) > capacity):
             observed, is_egress, bucket, entry = fifo.popleft()
+            if self._refreshed:
+                later = self._refreshed.pop((is_egress, bucket.key, entry), 0)
+                if later:  # observed again since: its last record expires it
+                    if later > 1:
+                        self._refreshed[(is_egress, bucket.key, entry)] = later - 1
+                    continue
             if not is_egress:
                 self.sequences.forget(bucket.key, entry)
             if observed >= horizon:

@@ -119,7 +119,7 @@ class PythonLinkIndex:
     """Both sides of every hop observed, by link key and by (link key, size), time-sorted;
     bounded when `expire`d. The reference of the kernel's `LinkIndex` (`_stage_link.pxi`)."""
 
-    __slots__ = ("_bounded", "_claimed", "_fifo", "_latency_ns", "_skew_ns", "_tables", "evicted",
+    __slots__ = ("_bounded", "_claimed", "_fifo", "_latency_ns", "_refreshed", "_skew_ns", "_tables", "evicted",
                  "expired_unmatched", "sequences", "settings")
 
     def __init__(self, settings: LinkSettings = LinkSettings(), bounded: bool = True) -> None:
@@ -134,6 +134,10 @@ class PythonLinkIndex:
             True: ({}, {}), False: ({}, {})}
         # (observed at, is egress, key, entry) in observation order: what `expire` drops first.
         self._fifo: deque[tuple[float, bool, LinkKey, Egress | Arrival]] = deque()
+        # Entries observed again (redelivered reports, replayed evidence) -> how many later
+        # records of theirs the fifo holds: each stays `retention_s` from its last
+        # observation, since its partner may be redelivered later still.
+        self._refreshed: dict[tuple[bool, LinkKey, Egress | Arrival], int] = {}
         self.evicted = 0  # entries dropped for the capacity bound before their time was up
         # (is egress, key, entry) of both sides of every matched hop, until they expire:
         # what was never matched is counted when it goes, by side.
@@ -176,6 +180,9 @@ class PythonLinkIndex:
         else:
             at = bisect_left(entries, entry)
             if at < len(entries) and entries[at] == entry:
+                if self._bounded:  # observed again (a redelivery): kept `retention_s` from now
+                    self._refreshed[(is_egress, key, entry)] = self._refreshed.get((is_egress, key, entry), 0) + 1
+                    self._fifo.append((now, is_egress, key, entry))
                 return
             entries.insert(at, entry)
             sized = by_size.get(sized_key)
@@ -252,6 +259,12 @@ class PythonLinkIndex:
         fifo = self._fifo
         while fifo and (fifo[0][0] < horizon or len(fifo) > self.settings.capacity):
             observed, is_egress, key, entry = fifo.popleft()
+            if self._refreshed:
+                later = self._refreshed.pop((is_egress, key, entry), 0)
+                if later:  # observed again since: its last record expires it
+                    if later > 1:
+                        self._refreshed[(is_egress, key, entry)] = later - 1
+                    continue
             if not is_egress:
                 self.sequences.forget(key, entry)
             if observed >= horizon:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import nats
@@ -154,5 +155,67 @@ async def test_a_sigkill_and_an_outage_lose_no_link(tmp_path: Path, run: int, mo
             else:  # batches: what the servers' own numbering leaves undecided stays unlinked, never wrong
                 assert counts["right"] >= 0.95 * 3 * 120, counts
             assert result().conflicting_duplicates == 0
+        finally:
+            terminate(proc)
+
+
+@pytest.mark.parametrize("run", range(RUNS))
+async def test_a_sigkill_before_the_link_wait_ran_out_loses_no_link(tmp_path: Path, run: int) -> None:
+    """Issue 36's scenario, to the letter: the bridge on east-1 with default settings but for
+    the stream and durable; four bursts of 30 messages sent back to back, each message with
+    its own traceparent: on east-1; the backend starts refusing; on leaf-1; 8 s later the
+    backend is back; on east-2, and 0.3 s after it (before its `link.wait` of 1 s ran out)
+    the bridge is SIGKILLed and restarted at once; on east-1. Every hop is linked."""
+    with start_topology(demo_topology(), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
+        url = topo.client_url("east-1", "a")
+        config = tmp_path / "bridge.yaml"
+        config.write_text(yaml.safe_dump({
+            "mode": "jetstream",
+            "sources": [{"name": "a", "urls": [url], "subjects": ["trace.a"]}],
+            "jetstream": {"stream": "TRACES", "durable": "steer-bridge", "create_stream": True},
+            "telemetry": {"metrics_host": "127.0.0.1"},
+        }))
+        (port,) = free_ports(1)
+        log = tmp_path / "bridge.log"
+        proc = _bridge(config, port, log, rx.endpoint)
+        try:
+            await wait_until(lambda: _ready(port), 60, "bridge ready")
+            urls = {name: topo.client_url(name, "a") for name in topo.names}
+
+            async def burst(server: str, number: int) -> None:
+                options = TrafficOptions(mode="per_message", messages=30, gap_ms=0.0, seed=1000 * run + number,
+                                         subject="app.orders")
+                report = await run_traffic(urls[server], urls, options, settle_s=10)
+                assert report.complete, report.received
+
+            await burst("east-1", 1)
+            rx.unavailable = True
+            await burst("leaf-1", 2)
+            await asyncio.sleep(8.0)
+            rx.unavailable = False
+            await burst("east-2", 3)
+            await asyncio.sleep(0.3)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            proc = _bridge(config, port, log, rx.endpoint)
+            await burst("east-1", 4)
+            raws = await _stream_raws(url, "TRACES")
+            assert len(raws) == 4 * 120  # a report per server per message
+            (tmp_path / "stream.jsonl").write_bytes(b"".join(archive_record(raw) for raw in raws))
+            truth = compute_truth(raws)
+            assert not truth.problems
+
+            def result():
+                return score(truth, _server_spans(rx))
+
+            await wait_until(lambda: result().counts["missing"] == 0, 90, "every server span exported")
+            counts = result().counts
+            by_span = {hop.downstream_span_id: hop for hop in truth.hops.values()}
+            unlinked = Counter((by_span[v.span_id].link.upstream_server, by_span[v.span_id].link.downstream_server)
+                               for v in _server_spans(rx) if v.span_id in by_span and v.link)
+            # What the restarted bridge says of its links, to look into (as the stream's copy).
+            (tmp_path / "metrics.txt").write_text("\n".join(
+                line for line in scrape(port)[1].splitlines() if line.startswith(("nats_otel_link", "nats_otel_hop"))))
+            assert result().hops == 3 * 120 and counts["right"] == 3 * 120, (counts, unlinked)
         finally:
             terminate(proc)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.linking import LinkSettings
 from nats_otel.core.pipeline import Converted, Converter, convert_batch
+from nats_otel.core.shapes import SHAPE_DIGEST
 
 # --- The link index and linker (`_kernel` against `linking.PythonLinkIndex` and
 # `pipeline.PythonLinker`): the same links, counters and length, in every mode. -----------
@@ -92,7 +93,9 @@ _keys = st.sampled_from([(b"c", "1", "a", "b"), (b"c", "2", "a", "b"), (b"d", "1
     lambda key: (bytes(key[0]), *key[1:]))
 _ts_ns = (st.integers(0, 12) | st.integers(2**62 - 3, 2**62 + 3) | st.integers(2**64 - 8, 2**64 - 1)
           | st.integers(0, 2**64 - 1) | st.integers(-3, -1))
-_entry_fields = st.tuples(_ts_ns, st.integers(0, 2), st.sampled_from([b"u", b"v", b"w"]))
+# Shapes: plain sizes, and digests (`shapes.SHAPE_DIGEST` and above: exact evidence).
+_shapes = st.integers(0, 2) | st.sampled_from([SHAPE_DIGEST, SHAPE_DIGEST + 1])
+_entry_fields = st.tuples(_ts_ns, _shapes, st.sampled_from([b"u", b"v", b"w"]))
 _ops = st.one_of(
     st.tuples(st.just("egress"), _keys, _entry_fields, st.sampled_from([b"s1", b"s2"])),
     st.tuples(st.just("arrival"), _keys, _entry_fields),
@@ -137,3 +140,24 @@ def test_a_wrong_entry_is_an_error_not_a_crash(kernel):
     index.add_egress((b"c", "1", "a", "b"), Egress(1, 2, b"u", b"s"))
     with pytest.raises(IndexError):  # read by position, bounds checked
         index.resolve((b"c", "1", "a", "b"), ())
+
+
+def test_evidence_observed_again_stays_a_retention_from_then(core):
+    """A redelivered report (or replayed evidence) is observed again: its entries stay
+    `retention_s` from then, for its partner may be redelivered later still (a SIGKILL)."""
+    from nats_otel.core.linking import MATCHED, Arrival, Egress
+
+    index = core.LinkIndex(LinkSettings(0.5, 0.1, 1000, retention_s=30.0))
+    key = (b"ctx", "1", "east-2", "east-1")
+    egress = Egress(1_000_000_000, 90, b"up", b"span0001")
+    index.add_egress(key, egress, 0.0)
+    index.add_egress(key, egress, 25.0)  # redelivered
+    index.expire(40.0)  # 40 s after the first observation, 15 s after the second
+    arrival = Arrival(1_000_200_000, 90, b"down")
+    index.add_arrival(key, arrival, 40.0)
+    link = index.resolve(key, arrival)
+    assert (link.result, link.egress) == (MATCHED, egress)
+    index.expire(56.0)  # the egress 31 s after its last observation
+    assert len(index) == 1
+    index.expire(71.0)
+    assert len(index) == 0

@@ -178,10 +178,10 @@ def test_link_exchange_subject_and_key(tmp_path: Path) -> None:
 
 def test_jetstream_mode_keeps_hop_evidence_as_long_as_a_partner_may_come_back() -> None:
     js = {"mode": "jetstream", "sources": [{"name": "a", "subjects": ["trace.a"]}],
-          "jetstream": {"stream": "TRACES", "durable": "d", "ack_wait": 20.0, "nak_delay_max": 5.0}}
+          "jetstream": {"stream": "TRACES", "durable": "d", "nak_delay_max": 5.0}}
     raised = load_settings(overrides=js, env={})
-    assert raised.link.retention == raised.link.core().retention_s == 2 * 20.0 + 5.0 + 2 * 1.0 + 1.0
+    assert raised.link.retention == raised.link.core().retention_s == 2 * 30.0 + 5.0 + 2 * 1.0 + 1.0
     core = load_settings(overrides={"sources": [{"name": "a", "subjects": ["trace.a"]}]}, env={})
     assert core.link.retention == 30.0  # core mode: nothing is redelivered
-    with pytest.raises(SettingsError, match=r"link.retention.*at least 48 s in JetStream mode"):
-        load_settings(overrides={**js, "link": {"retention": 20.0}}, env={})
+    with pytest.raises(SettingsError, match=r"link.retention.*at least 68 s in JetStream mode"):
+        load_settings(overrides={**js, "link": {"retention": 60.0}}, env={})

@@ -33,7 +33,7 @@ from nats_otel.core.evidence import (
     observe_numbers,
 )
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from nats_otel.core.pipeline import Converted, Rejected, vouch_observed
+from nats_otel.core.pipeline import Converted, Rejected
 from nats_otel.core.records import SpanRecord
 
 __all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]
@@ -128,12 +128,27 @@ class Processor:
         """Record the hop evidence of messages that just arrived (mapped `link.wait` later);
         with the exchange's `sender` name, also the batch of it to publish for the other
         bridges (with the link latencies learned here). `received`: each message's stream and
-        its stream's losses before it, when this process receives every report in order
-        (`pipeline.vouch_observed`)."""
+        its stream's losses before it, when this process receives every report in order: the
+        ledger then vouches for the gaps in the servers' numbers (`ReportLedger.vouch`), as it
+        observes each report."""
         now = time.monotonic()
-        self.converter.observe_many(raws, now)
-        if received is not None:
-            vouch_observed(self.converter, raws, received, now)
+        if received is None or not raws:
+            self.converter.observe_many(raws, now)
+        else:
+            ledger = self.converter.linker.index.sequences.ledger
+            try:
+                if received.count(received[0]) == len(received):  # the common case: one stream, no loss
+                    ledger.receiving = received[0]
+                    self.converter.observe_many(raws, now)
+                else:  # in runs of one stream and one count of losses, in arrival order
+                    start = 0
+                    for end in range(1, len(raws) + 1):
+                        if end == len(raws) or received[end] != received[start]:
+                            ledger.receiving = received[start]
+                            self.converter.observe_many(raws[start:end], now)
+                            start = end
+            finally:
+                ledger.receiving = None
         if sender is None:
             return b""
         reports = [evidence_of(p) for p in observed(self.converter, raws)]

@@ -328,21 +328,6 @@ python_finish = finish
 Converter = PythonConverter
 
 
-def vouch_observed(converter: Converter, raws: Sequence[RawTraceMessage], received: Sequence[tuple[str, int]],
-                   now: float = 0.0) -> None:
-    """Vouch for the gaps in the servers' numbers that `raws` leave, as they arrived: each
-    with its stream and the losses its stream had before it (`received`, one per raw;
-    `ReportLedger.vouch`). Only for a receiver that sees every report of its subscriptions,
-    in order: the caller knows."""
-    ledger = converter.linker.index.sequences.ledger
-    pending = converter._pending
-    for raw, (stream, breaks) in zip(raws, received, strict=True):
-        entry = pending.get(id(raw))
-        if entry is not None and entry[0] is raw and type(entry[1]) is Prepared:
-            server = entry[1].msg.server
-            ledger.vouch(stream, server.id, server.seq, breaks, now)
-
-
 def observed(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[Prepared]:
     """The decoded form of each of `raws` that `converter` observed and has not converted
     yet (either twin keeps them in `_pending`, by the raw's id): what the bridge shares with

@@ -94,7 +94,7 @@ class ReportLedger:
     identity is: says whether a stretch of one server's reports is complete."""
 
     __slots__ = ("_bounded", "_fifo", "_first_vouched", "_fixed", "_reports", "_servers", "_vouched", "_whole",
-                 "capacity", "retention_s")
+                 "capacity", "receiving", "retention_s")
 
     def __init__(self, capacity: int, retention_s: float, bounded: bool = True) -> None:
         self.capacity, self.retention_s, self._bounded = capacity, retention_s, bounded
@@ -109,6 +109,9 @@ class ReportLedger:
         self._first_vouched: dict[tuple[str, str], int] = {}
         # stream -> (breaks, whole since, whole until): what its receiver says of it (`whole`).
         self._whole: dict[str, tuple[int, int | None, int]] = {}
+        # (stream, breaks) of the reports being observed, when their receiver vouches for them
+        # (`vouch`): set around a batch that arrived on one stream with no loss inside it.
+        self.receiving: tuple[str, int] | None = None
 
     def use_runs(self, runs: dict[str, Sequence[tuple[int, int, int, int]]]) -> None:
         """Take every server's runs as given (`report_runs` of a whole input), for a part of
@@ -148,6 +151,8 @@ class ReportLedger:
         runs.add(seq, ts_ns, now)
         if self._bounded:
             self._fifo.append((now, ident))
+        if self.receiving is not None:
+            self.vouch(self.receiving[0], server_id, seq, self.receiving[1], now)
 
     def vouch(self, stream: str, server_id: str, seq: int, breaks: int, now: float = 0.0) -> None:
         """A report observed (`observe`) that arrived on `stream` after `breaks` possible

@@ -46,6 +46,17 @@ def _bridge(config: Path, port: int, log: Path, endpoint: str) -> subprocess.Pop
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
 
 
+def _setup(tmp_path: Path, url: str, settings: dict) -> tuple[Path, int, Path]:
+    """A JetStream-mode bridge's config file (one source on `url` for trace.a, `settings`
+    beside), a free metrics port and its log file."""
+    config = tmp_path / "bridge.yaml"
+    config.write_text(yaml.safe_dump({"mode": "jetstream", "sources": [{"name": "a", "urls": [url],
+                                                                         "subjects": ["trace.a"]}],
+                                      "telemetry": {"metrics_host": "127.0.0.1"}, **settings}))
+    (port,) = free_ports(1)
+    return config, port, tmp_path / "bridge.log"
+
+
 def _ready(port: int) -> bool:
     try:
         return scrape(port, "/readyz")[0] == 200
@@ -107,19 +118,13 @@ async def test_a_sigkill_and_an_outage_lose_no_link(tmp_path: Path, run: int, mo
     link window) and the hold, too: the same links."""
     with start_topology(demo_topology(), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
         url = topo.client_url("east-1", "a")
-        config = tmp_path / "bridge.yaml"
-        config.write_text(yaml.safe_dump({
-            "mode": "jetstream",
-            "sources": [{"name": "a", "urls": [url], "subjects": ["trace.a"]}],
+        config, port, log = _setup(tmp_path, url, {
             "jetstream": {"stream": "TRACES", "durable": "links", "create_stream": True, "ack_wait": 5.0,
                           "nak_delay_initial": 0.2, "nak_delay_max": 1.0, "max_ack_pending": 200, "fetch_batch": 20},
             "otlp": {"timeout": 1.0, "retry_max_elapsed": 0.5, "retry_initial_backoff": 0.05,
                      "retry_max_backoff": 0.2},
-            "telemetry": {"metrics_host": "127.0.0.1"},
             "batch": {"workers": workers},
-        }))
-        (port,) = free_ports(1)
-        log = tmp_path / "bridge.log"
+        })
         proc = _bridge(config, port, log, rx.endpoint)
         try:
             await wait_until(lambda: _ready(port), 60, "bridge ready")
@@ -168,15 +173,8 @@ async def test_a_sigkill_before_the_link_wait_ran_out_loses_no_link(tmp_path: Pa
     the bridge is SIGKILLed and restarted at once; on east-1. Every hop is linked."""
     with start_topology(demo_topology(), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
         url = topo.client_url("east-1", "a")
-        config = tmp_path / "bridge.yaml"
-        config.write_text(yaml.safe_dump({
-            "mode": "jetstream",
-            "sources": [{"name": "a", "urls": [url], "subjects": ["trace.a"]}],
-            "jetstream": {"stream": "TRACES", "durable": "steer-bridge", "create_stream": True},
-            "telemetry": {"metrics_host": "127.0.0.1"},
-        }))
-        (port,) = free_ports(1)
-        log = tmp_path / "bridge.log"
+        config, port, log = _setup(tmp_path, url, {"jetstream": {"stream": "TRACES", "durable": "steer-bridge",
+                                                                 "create_stream": True}})
         proc = _bridge(config, port, log, rx.endpoint)
         try:
             await wait_until(lambda: _ready(port), 60, "bridge ready")

@@ -48,9 +48,9 @@ def _matched_per_context(inputs: list[str]) -> int:
 
 # Each archive apart: the two runs of the bench used the same traceparents.
 @pytest.mark.parametrize(("name", "drop", "at_least"), [
-    # Measured: 1,699 of 1,800 whole (its first batch has nothing before it), 1,203 with a
-    # tenth lost (the report numbers' rules, docs/span-model.md).
-    ("batches_2ms", 0.0, 1650), ("batches_2ms", 0.1, 1150),
+    # Measured: 1,300 of 1,800 whole (the batches whose start the servers' numbers prove);
+    # with a tenth lost, none: nothing proves which alike message is which (issue 36).
+    ("batches_2ms", 0.0, 1300), ("batches_2ms", 0.1, 0),
     # Back to back, a batch stays ambiguous in `convert` too (docs/hop-links.md): the same bytes.
     ("back_to_back", 0.0, 0), ("back_to_back", 0.1, 0),
 ])

@@ -55,8 +55,8 @@ def test_sidecars_never_link_a_span_under_another_message(hop_links, tmp_path, m
     assert not truth.problems and not row.notes, (truth.problems, row.notes)
     counts = row.result.counts
     assert counts["wrong"] == 0 and counts["missing"] == 0, counts
-    if mode == "batch":  # 2 ms apart: order decides (the first batch after start may stay ambiguous)
-        assert counts["right"] >= 0.8 * row.result.hops, counts
+    if mode == "batch":  # 2 ms apart: order decides where the servers' numbers prove it (600 of 900 measured)
+        assert counts["right"] >= 0.5 * row.result.hops, counts
     # The same archive through `convert`, a tenth of its trace messages lost: still none wrong.
     converted = hop_links.convert_row(truth, archive, 0.1, 29, tmp_path)
     assert converted.result.counts["wrong"] == 0, converted.result.counts
@@ -67,13 +67,14 @@ def test_one_bridge_links_alike_messages_by_order(hop_links, tmp_path, mode):
     """One bridge that lost nothing vouches for the gaps in the servers' numbers (their
     other events): bursts of 50 alike messages sent back to back under one traceparent are
     linked whole by order. Ad hoc, 2 ms apart to one fixed destination, the 300 messages
-    are one cluster that starts right after the bridge: until a decided pair anchors the
-    count, the first stay `ambiguous` (never another message's)."""
+    are one cluster that starts right after the bridge subscribed: nothing proves its start,
+    and they stay `ambiguous` (never another message's)."""
     row, truth, _ = _run(hop_links, tmp_path, bridges=1, mode=mode, unnumbered=True)
     assert not truth.problems and not row.notes, (truth.problems, row.notes)
     counts = row.result.counts
     assert counts["wrong"] == 0 and counts["missing"] == 0, counts
-    assert counts["right"] >= (0.99 if mode == "back_to_back" else 0.5) * row.result.hops, counts
+    if mode == "back_to_back":
+        assert counts["right"] >= 0.99 * row.result.hops, counts
 
 
 @pytest.mark.parametrize("mode", ["back_to_back", "adhoc"])

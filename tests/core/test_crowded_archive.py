@@ -70,17 +70,19 @@ def test_lost_reports_of_real_batches_never_make_a_wrong_link(core, archive):
         kept, linked, wrong = _convert_scored(core, lines, truth, 0.1, seed)
         assert wrong == 0, f"seed {seed}"
         linkable, right = linkable + kept, right + linked
-    # Report numbers and the smoothest distance between them start and carry the keys a
-    # regular publisher's times cannot (68.6% before them, 85.6% with them; the first batch
-    # of this archive has nothing before it to count from).
-    assert right >= 0.8 * linkable
+    # Where a report was lost, nothing proves which alike message is which: they stay
+    # `ambiguous` (the rules that linked 80% here by what is likely went in issue 36, after
+    # they linked spans under a neighbour's egress on archives from sidecars).
+    assert linkable > 1000
 
 
 def test_nothing_lost_every_batch_after_the_first_links_whole(core, archive):
     lines, truth = archive
     linkable, right, wrong = _convert_scored(core, lines, truth, 0.0, 0)
     assert (linkable, wrong) == (1800, 0)
-    assert right >= 1800 - 300 * 0.4  # the first batch (300 hops) has no start to count from
+    # Measured 1,300: the batches whose cluster start the servers' numbers prove whole (the
+    # first has nothing before it; statsz and advisories break the runs before another).
+    assert right >= 1300
 
 
 def test_a_header_per_message_links_every_hop_whose_reports_remain(core, recorded):

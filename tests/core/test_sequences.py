@@ -100,14 +100,17 @@ def test_a_whole_batch_links_in_order(core, bounded, spacing_ns):
 
 
 @MODES
-def test_lost_reports_in_a_spaced_batch_leave_time_to_decide(core, bounded):
+def test_lost_reports_in_a_spaced_batch_are_never_guessed(core, bounded):
+    """A tenth lost, 2 ms apart: where a report was lost nothing proves which is which, and
+    no rule decides by what is likely (the learned latency, the distance between report
+    numbers: issue 36); order still links the stretches the numbers prove whole."""
     totals = [0, 0, 0]
     for seed in range(5):
         hops = batch(200, 2_000_000, drop=0.1, seed=seed)
         totals = [a + b for a, b in zip(totals, score(hops, link_all(core.LinkIndex, hops, bounded)), strict=True)]
     linkable, right, wrong = totals
     assert wrong == 0
-    assert right >= 0.95 * linkable
+    assert 0 <= right < 0.95 * linkable  # what the likely rules linked before, they no longer do
 
 
 @MODES

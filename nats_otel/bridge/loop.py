@@ -357,10 +357,8 @@ class Bridge:
             # its ledger may vouch for the gaps in the servers' numbers (`ReportLedger.vouch`).
             # Not with peers (what they lost, it cannot see), nor from a JetStream consumer
             # (redeliveries come out of order).
-            received = None
-            if self._vouching:
-                self.processor.whole(self._whole_streams())
-                received = [(d.source, d.breaks) for d in deliveries]
+            # (What the stream says of its wholeness is read when the batch is mapped, `_process`.)
+            received = [(d.source, d.breaks) for d in deliveries] if self._vouching else None
             shared = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self.processor.observe, raws, None if self.exchange is None else self.exchange.sender,
                 received)

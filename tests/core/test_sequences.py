@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import pytest
 
 from nats_otel.core import linking
-from nats_otel.core.link_latency import latency_from_numbers, latency_from_times
 from nats_otel.core.linking import MATCHED, Arrival, Egress, LinkSettings
 from nats_otel.core.report_ledger import ReportLedger, report_runs
 
@@ -165,18 +164,6 @@ def test_the_ledger_is_bounded():
     assert len(ledger) == 10
 
 
-def test_a_latency_is_learned_only_when_one_stands_out():
-    hops = batch(100, 2_000_000, drop=0.1, seed=1)
-    egresses = sorted(e for side, *_, e in hops.reports if side == "egress")
-    arrivals = sorted(a for side, *_, a in hops.reports if side == "arrival")
-    found = latency_from_times(egresses, arrivals, 500_000_000, 100_000_000)
-    assert found is not None and 300_000 <= sorted(found)[len(found) // 2] <= 360_000
-    periodic = batch(100, 2_000_000, drop=0.1, seed=1, publisher_jitter_ns=0, jitter_ns=20_000)
-    egresses = sorted(e for side, *_, e in periodic.reports if side == "egress")
-    arrivals = sorted(a for side, *_, a in periodic.reports if side == "arrival")
-    assert latency_from_times(egresses, arrivals, 500_000_000, 100_000_000) is None
-
-
 def test_one_context_at_a_time_with_the_whole_inputs_runs_links_as_the_whole(core):
     """The backfill converts each trace context apart: given the runs of every server's
     reports over the whole input (`report_runs`), each context links as in the whole."""
@@ -225,18 +212,3 @@ def _sorted_sides(hops: Hops) -> tuple[list, list, ReportLedger]:
     egresses = sorted(e for side, *_, e in hops.reports if side == "egress")
     arrivals = sorted(a for side, *_, a in hops.reports if side == "arrival")
     return egresses, arrivals, ledger
-
-
-def test_the_distance_between_report_numbers_gives_a_latency_only_when_it_is_the_smoothest():
-    """Along the true distance adjacent messages' latencies step by the wire's jitter; along
-    a shifted one also by the publisher's uneven gaps (`latency_from_numbers`)."""
-    egresses, arrivals, ledger = _sorted_sides(batch(100, 2_000_000, drop=0.1, seed=1, jitter_ns=40_000,
-                                                     publisher_jitter_ns=700_000))
-    found = latency_from_numbers(egresses, arrivals, ledger.number, 500_000_000, 100_000_000)
-    assert found is not None and 300_000 <= sorted(found)[len(found) // 2] <= 340_000
-    # Strictly periodic: every shift steps alike, no distance stands out.
-    egresses, arrivals, ledger = _sorted_sides(batch(100, 2_000_000, drop=0.1, seed=1, publisher_jitter_ns=0))
-    assert latency_from_numbers(egresses, arrivals, ledger.number, 500_000_000, 100_000_000) is None
-    # Not numbered: nothing to go by.
-    assert latency_from_numbers(egresses, arrivals, lambda ident: None, 500_000_000, 100_000_000) is None
-    assert ledger.number(arrivals[0].ident) is not None and ledger.number(b"never seen") is None

@@ -56,19 +56,6 @@ class _ServerRuns:
         self.until_ns.insert(at + 1, ts_ns)
         self.touched.insert(at + 1, now)
 
-    def join(self, first: int, last: int, now: float) -> None:
-        """One run from the run holding `first` to the one holding `last` (both seen): the
-        numbers between are vouched for as no report of ours (`ReportLedger.vouch`)."""
-        at, end = self.run_of(first), self.run_of(last)
-        if at < 0 or end <= at:
-            return
-        self.lasts[at] = self.lasts[end]
-        self.since_ns[at] = min(self.since_ns[at:end + 1])
-        self.until_ns[at] = max(self.until_ns[at:end + 1])
-        self.touched[at] = now
-        for column in (self.firsts, self.lasts, self.since_ns, self.until_ns, self.touched):
-            del column[at + 1:end + 1]
-
     def run_of(self, seq: int) -> int:
         """Index of the run holding `seq`, or -1."""
         at = bisect_right(self.firsts, seq) - 1
@@ -82,33 +69,61 @@ class _ServerRuns:
                 setattr(self, name, [column[i] for i in keep])
 
 
-# A gap wider than this between two reports of one server is not vouched for (a restarted
-# server numbers from 1 again; a wide gap is not worth the doubt).
+# A gap wider than this between two reports of one server on one stream is not vouched for
+# (a restarted server numbers from 1 again; a wide gap is not worth the doubt).
 _VOUCHED_GAP = 100_000
-# (stream, server) pairs followed by `vouch`: the servers of a deployment, times its sources.
+# Streams (members) and (stream, server) coverages followed: the servers of a deployment,
+# times its bridges' sources; a hostile input's bound.
 _VOUCHED_STREAMS = 4096
+
+
+class _Member:
+    """A stream that receives reports of the subscriptions the deployment shares (a source of
+    this bridge, or a peer bridge's through the link exchange), and what it says of itself
+    (`ReportLedger.whole`): its losses so far, whole since (None: unknown) and until when."""
+
+    __slots__ = ("breaks", "gone_after_ns", "heard", "local", "since_ns", "until_ns")
+
+    def __init__(self, local: bool) -> None:
+        self.local = local
+        self.breaks: int | None = None  # None: it never said (a peer that does not vouch)
+        self.since_ns: int | None = None
+        self.until_ns: int | None = None
+        self.heard = 0.0
+        # Report time after which it received nothing (it left: `depart`); None while present.
+        self.gone_after_ns: int | None = None
 
 
 class ReportLedger:
     """Which reports of each server were observed (`server.seq`), and which report an
-    identity is: says whether a stretch of one server's reports is complete."""
+    identity is: says whether a stretch of one server's reports is complete.
 
-    __slots__ = ("_bounded", "_fifo", "_first_vouched", "_fixed", "_reports", "_servers", "_vouched", "_whole",
+    A gap in a server's numbers is either its other events (statsz, advisories, other
+    accounts' trace messages) or a report lost on the way. The runs of numbers seen prove a
+    stretch complete by themselves; beyond them, the streams that receive the reports vouch
+    (`vouch`, `whole`): a stream delivers each server's reports in the order the server
+    numbered them, so a stream that lost nothing between two reports of a server received
+    every report of that server between them that was routed to it. When *every* member
+    stream - this bridge's sources, and with the link exchange its peers' - vouches for a gap,
+    no report in it was routed anywhere unseen: it holds none of ours (`_accounted`). Members
+    are the streams heard of: a queue-group member that never published its evidence is
+    unknown here (docs/span-model.md says what that assumes)."""
+
+    __slots__ = ("_bounded", "_covers", "_fifo", "_fixed", "_members", "_reports", "_servers",
                  "capacity", "receiving", "retention_s")
 
     def __init__(self, capacity: int, retention_s: float, bounded: bool = True) -> None:
         self.capacity, self.retention_s, self._bounded = capacity, retention_s, bounded
         self._servers: dict[str, _ServerRuns] = {}
-        # identity -> (server id, seq, account): what an Egress's or Arrival's `ident` is.
-        self._reports: dict[bytes, tuple[str, int, str]] = {}
+        # identity -> (server id, seq, account, report time): what an Egress's or Arrival's `ident` is.
+        self._reports: dict[bytes, tuple[str, int, str, int]] = {}
         self._fifo: deque[tuple[float, bytes]] = deque()
         self._fixed = False
-        # (stream, server id) -> (breaks, seq) of the last report `vouch`ed on that stream.
-        self._vouched: dict[tuple[str, str], tuple[int, int]] = {}
-        # (stream, server id) -> the seq of its first report on that stream, if it lost nothing before.
-        self._first_vouched: dict[tuple[str, str], int] = {}
-        # stream -> (breaks, whole since, whole until): what its receiver says of it (`whole`).
-        self._whole: dict[str, tuple[int, int | None, int]] = {}
+        self._members: dict[str, _Member] = {}
+        # (stream, server id) -> [breaks, lo, hi]: of that server's reports routed to that
+        # stream, every one numbered lo..hi arrived (lo 0: every one since the stream's start),
+        # with `breaks` losses of the stream before them (`vouch`).
+        self._covers: dict[tuple[str, str], list[int]] = {}
         # (stream, breaks) of the reports being observed, when their receiver vouches for them
         # (`vouch`): set around a batch that arrived on one stream with no loss inside it.
         self.receiving: tuple[str, int] | None = None
@@ -142,7 +157,7 @@ class ReportLedger:
         `account`: the account it came in on (pooled routes carry one account per connection)."""
         if seq <= 0 or ident in self._reports:
             return
-        self._reports[ident] = (server_id, seq, account)
+        self._reports[ident] = (server_id, seq, account, ts_ns)
         if self._fixed:
             return
         runs = self._servers.get(server_id)
@@ -154,64 +169,107 @@ class ReportLedger:
         if self.receiving is not None:
             self.vouch(self.receiving[0], server_id, seq, self.receiving[1], now)
 
+    def _member(self, stream: str, local: bool = True) -> _Member | None:
+        member = self._members.get(stream)
+        if member is None and len(self._members) < _VOUCHED_STREAMS:
+            member = self._members[stream] = _Member(local)
+        return member
+
     def vouch(self, stream: str, server_id: str, seq: int, breaks: int, now: float = 0.0) -> None:
         """A report observed (`observe`) that arrived on `stream` after `breaks` possible
-        losses of that stream (`Delivery.breaks`), vouching for what a gap in the numbers
-        hides. A server publishes its trace messages in the order it numbers them and one
-        stream delivers them in that order, so when the last report of this server on this
-        stream came with the same `breaks` and a lower number, every trace message of this
-        server for this stream between the two arrived: the numbers in between are the
-        server's other events (statsz, advisories, other accounts' trace messages), no
-        report of ours, and the two runs become one. Only for a stream that receives every
-        report of its subscriptions (core mode, one process: the bridge says when)."""
+        losses of that stream (`Delivery.breaks`). A server publishes its reports in the order
+        it numbers them and one stream delivers them in that order: when the last report of
+        this server on this stream came with the same `breaks` and a lower number, every
+        report of this server routed to this stream between the two arrived; when it is the
+        first with no loss at all, every one before it did (none came). Out of order (a
+        redelivery) it vouches for nothing; a new count of losses starts anew from it."""
         if seq <= 0 or self._fixed:
             return
+        member = self._member(stream)
+        if member is None:
+            return  # a hostile input's bound: it vouches for nothing
+        member.heard = max(member.heard, now)
         key = (stream, server_id)
-        last = self._vouched.get(key)
-        if last is None and breaks == 0 and len(self._first_vouched) < _VOUCHED_STREAMS:
-            # The first report of this server on a stream that has lost nothing: none of this
-            # server's came before it since the stream is whole (`complete`).
-            self._first_vouched[key] = seq
-        if last is not None and last[0] == breaks:
-            if seq <= last[1]:
-                return  # out of order (a redelivery): it vouches for nothing
-            if seq - last[1] <= _VOUCHED_GAP:
-                runs = self._servers.get(server_id)
-                if runs is not None:
-                    runs.join(last[1], seq, now)
-        elif last is None and len(self._vouched) >= _VOUCHED_STREAMS:
-            return  # a hostile input's bound: streams times servers
-        self._vouched[key] = (breaks, seq)
+        cover = self._covers.get(key)
+        if cover is None:
+            if len(self._covers) < _VOUCHED_STREAMS:
+                self._covers[key] = [breaks, 0 if breaks == 0 else seq, seq]
+            return
+        if breaks != cover[0]:
+            if breaks > cover[0]:  # lost something since: what came before proves nothing after
+                cover[:] = [breaks, seq, seq]
+            return
+        if seq > cover[2]:
+            if seq - cover[2] > _VOUCHED_GAP:
+                cover[1] = seq
+            cover[2] = seq
 
-    def whole(self, stream: str, breaks: int, since_ns: int | None, until_ns: int) -> None:
-        """The receiver of `stream` says it got every report of its subscriptions, in each
-        server's order, from `since_ns` (None: unknown; only with no loss since: `breaks`
-        0) to `until_ns` (report times: the clock skew taken off), but for the `breaks`
-        losses it counted before (`vouch`). A run whose last report was vouched for on that
-        stream, with no loss since, is then known whole until `until_ns` (`complete`)."""
-        if stream in self._whole or len(self._whole) < _VOUCHED_STREAMS:
-            self._whole[stream] = (breaks, since_ns, until_ns)
+    def whole(self, stream: str, breaks: int | None, since_ns: int | None, until_ns: int | None,
+              now: float = 0.0, local: bool = True) -> None:
+        """The receiver of `stream` says it got every report routed to it, in each server's
+        order, from `since_ns` (None: unknown; only with no loss since: `breaks` 0) to
+        `until_ns` (report times: the clock skew taken off), but for the `breaks` losses it
+        counted (`vouch`). `breaks` None: a member that does not say (a peer that cannot
+        vouch): while it is one, no gap is vouched for. `local`: a source of this bridge
+        (a peer's stream is `depart`ed when it falls silent)."""
+        member = self._member(stream, local)
+        if member is None:
+            return
+        member.breaks, member.since_ns, member.until_ns = breaks, since_ns, until_ns
+        member.heard = max(member.heard, now)
+        member.gone_after_ns = None
 
-    def _whole_since(self, server_id: str, runs: _ServerRuns, at: int, since_ns: int) -> bool:
-        """Whether the run `at` of a server holds its first report on a stream that has lost
-        nothing, whole since `since_ns` or earlier: no report of that server came before."""
-        for (stream, server), first in self._first_vouched.items():
-            whole = self._whole.get(stream)
-            if (server == server_id and whole is not None and whole[0] == 0 and whole[1] is not None
-                    and whole[1] <= since_ns and runs.run_of(first) == at):
-                return True
-        return False
+    def depart_silent(self, silent_before: float, gone_after_ns: int) -> list[str]:
+        """Peers last heard before `silent_before` left (their bridge stopped or died: its
+        subscription went with its connection): nothing reported after `gone_after_ns` was
+        routed to them. Their coverage stays for what came before. Returns who left now."""
+        gone = [name for name, member in self._members.items()
+                if not member.local and member.gone_after_ns is None and member.heard < silent_before]
+        for name in gone:
+            self._members[name].gone_after_ns = gone_after_ns
+        return gone
 
-    def _whole_until(self, server_id: str, runs: _ServerRuns, at: int) -> int | None:
-        """How far the run `at` of a server is known whole on a stream that vouched for its
-        last report and lost nothing since."""
-        best = None
-        for (stream, server), (breaks, seq) in self._vouched.items():
-            whole = self._whole.get(stream)
-            if (server == server_id and whole is not None and whole[0] == breaks
-                    and runs.run_of(seq) == at and (best is None or whole[2] > best)):
-                best = whole[2]
-        return best
+    def forget_departed(self, gone_before_ns: int) -> None:
+        """Drop the peers that left before `gone_before_ns` (older than any report held)."""
+        for name in [n for n, m in self._members.items()
+                     if m.gone_after_ns is not None and m.gone_after_ns < gone_before_ns]:
+            del self._members[name]
+            for key in [k for k in self._covers if k[0] == name]:
+                del self._covers[key]
+
+    def _covers_range(self, name: str, member: _Member, server_id: str, first: int, last: int,
+                      last_ts_ns: int) -> bool:
+        """Whether every report of `server_id` numbered `first`..`last` routed to the member
+        arrived: its coverage holds them, or holds `first` on and it has been whole, with no
+        loss since, until past `last`'s time; or it had left before `first`."""
+        cover = self._covers.get((name, server_id))
+        whole_until = member.until_ns if member.breaks is not None else None
+        if cover is None:
+            covered = member.breaks == 0 and whole_until is not None and whole_until >= last_ts_ns
+        else:
+            covered = cover[1] <= first and (cover[2] >= last or (
+                member.breaks == cover[0] and whole_until is not None and whole_until >= last_ts_ns))
+        return covered or (member.gone_after_ns is not None and last_ts_ns > member.gone_after_ns)
+
+    def _accounted(self, server_id: str, first: int, last: int, last_ts_ns: int) -> bool:
+        """Every member vouches for `first`..`last` of a server: no report of ours among the
+        numbers between not seen here."""
+        members = self._members
+        return bool(members) and all(self._covers_range(name, member, server_id, first, last, last_ts_ns)
+                                     for name, member in members.items())
+
+    def _whole_since(self, server_id: str, seq: int, ts_ns: int, since_ns: int) -> bool:
+        """No report of a server before `seq` (reported at `ts_ns`) from `since_ns` on was
+        lost: every member vouches for all its numbers up to `seq`, and one of them received
+        since then with no loss (so each report then was routed to a member)."""
+        return any(m.breaks == 0 and m.gone_after_ns is None and m.since_ns is not None and m.since_ns <= since_ns
+                   for m in self._members.values()) and self._accounted(server_id, 0, seq, ts_ns)
+
+    def _whole_until(self, server_id: str, seq: int, until_ns: int) -> bool:
+        """No report of a server after `seq` up to `until_ns` (report time) was lost."""
+        members = self._members
+        return bool(members) and all(self._covers_range(name, member, server_id, seq, 1 << 62, until_ns)
+                                     for name, member in members.items())
 
     def observe_number(self, server_id: str, seq: int, ts_ns: int, now: float = 0.0) -> None:
         """A report seen elsewhere (a sibling worker's, whose traces this one never links):
@@ -253,23 +311,26 @@ class ReportLedger:
                  ) -> bool:
         """True when `first` and `last` are reports of one server with every report between
         them seen, and (with `since_ns`, `until_ns`) every report of that server from then,
-        to then, too."""
+        to then, too: by the runs of numbers seen, or where the members vouch (`_accounted`)."""
         a, b = self._reports.get(first), self._reports.get(last)
         if a is None or b is None or a[0] != b[0]:
             return False
         runs = self._servers.get(a[0])
         if runs is None:
             return False
-        at = runs.run_of(min(a[1], b[1]))
-        if at < 0 or runs.lasts[at] < max(a[1], b[1]):
+        if a[1] > b[1]:
+            a, b = b, a
+        at = runs.run_of(a[1])
+        if at < 0:
             return False
-        if since_ns is not None and runs.since_ns[at] > since_ns and not (
-                self._whole and self._whole_since(a[0], runs, at, since_ns)):
+        if runs.lasts[at] < b[1] and not self._accounted(a[0], a[1], b[1], b[3]):
             return False
-        if until_ns is None or runs.until_ns[at] >= until_ns:
+        if since_ns is not None and runs.since_ns[at] > since_ns and not self._whole_since(a[0], a[1], a[3], since_ns):
+            return False
+        if until_ns is None:
             return True
-        whole_until = self._whole_until(a[0], runs, at) if self._whole else None
-        return whole_until is not None and whole_until >= until_ns
+        end = runs.run_of(b[1])
+        return (end >= 0 and runs.until_ns[end] >= until_ns) or self._whole_until(a[0], b[1], until_ns)
 
 
 def report_runs(reports: Iterable[tuple[str, int, int]]) -> dict[str, tuple[tuple[int, int, int, int], ...]]:

@@ -210,8 +210,9 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
     import nats
 
     options = TrafficOptions(mode=args.mode, messages=args.messages, batch_size=args.batch_size, gap_ms=args.gap_ms,
-                             seed=args.seed, numbered=not args.unnumbered)
-    subjects = [TRACE_SUBJECT] + ([options.adhoc_dest] if args.mode == "adhoc" else [])
+                             batch_gap_ms=getattr(args, "batch_gap_ms", 20.0), seed=args.seed,
+                             numbered=not args.unnumbered)
+    subjects = [TRACE_SUBJECT] + ([options.adhoc_dest] if args.mode.startswith("adhoc") else [])
     started = time.monotonic()
     topo: RunningTopology = start_topology(hop_topology(), workdir / "nats")
     bridges: list[Bridge] = []
@@ -299,6 +300,8 @@ def traffic_label(options: TrafficOptions) -> str:
         return f"batches of {options.batch_size} under one traceparent, {options.gap_ms:g} ms apart"
     if options.mode == "back_to_back":
         return f"batches of {options.batch_size} under one traceparent, back to back"
+    if options.mode == "adhoc_back_to_back":
+        return f"ad hoc, one Nats-Trace-Dest, batches of {options.batch_size} back to back"
     return f"ad hoc, one Nats-Trace-Dest, {options.gap_ms:g} ms apart"
 
 
@@ -379,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=1000, help="traced messages published (3 hops each)")
     parser.add_argument("--batch-size", type=int, default=100, help="messages per traceparent (batch, back_to_back)")
     parser.add_argument("--gap-ms", type=float, default=2.0, help="between messages (not back_to_back)")
+    parser.add_argument("--batch-gap-ms", type=float, default=20.0,
+                        help="after each batch (issue 36's scenario: bursts of 50 paced to 500 msgs/s: 100)")
     parser.add_argument("--drop", type=float, default=0.0, help="also score `convert` of the archive with this "
                         "fraction of trace messages dropped at random")
     parser.add_argument("--convert-archive", type=Path, help="only the convert row, on this archive (no servers)")

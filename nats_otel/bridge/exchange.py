@@ -21,6 +21,14 @@ encodes its evidence batch and the parent publishes it (`publish_soon`); a recei
 checked here once, then each report goes to the worker whose link window holds its trace
 (`WorkerPool.record_evidence`).
 
+A core-mode bridge in one process also says what its streams know of their completeness
+(`bridge.wholeness`): each report carries the stream it arrived on and that stream's losses
+before it, each batch the streams' losses, whole since and whole until, and an idle bridge
+sends that every second alone (a heartbeat). Every bridge's ledger then holds its peers'
+streams as members that vouch for what was routed to them (`ReportLedger`), so that alike
+messages count by order in the sidecar layout as with one bridge. Batches are numbered per
+sender (`BATCH_HEADER`): one that never arrived counts as a loss of the sender's streams.
+
 Received batches are checked (`evidence.decode_batch`): a malformed, oversized, badly signed
 (with `link.exchange_key_file`) or foreign-format one is dropped whole, counted by reason in
 `nats_otel_link_evidence{result}` and logged (rate-limited); it never stops the bridge.
@@ -34,22 +42,42 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import nats.errors
 
-from nats_otel.core.evidence import EvidenceError, HopEvidence, LinkLatencyEstimate, decode_batch_with_latencies, sign
+from nats_otel.core.evidence import (
+    EvidenceError,
+    HopEvidence,
+    LinkLatencyEstimate,
+    PeerBatch,
+    Streams,
+    StreamState,
+    decode_peer_batch,
+    encode_batch,
+    sign,
+)
 
 if TYPE_CHECKING:
     from nats_otel.bridge.settings import BridgeSettings
 
-__all__ = ["SENDER_HEADER", "SIGNATURE_HEADER", "LinkExchange", "Recorder", "exchange_for"]
+__all__ = ["BATCH_HEADER", "SENDER_HEADER", "SIGNATURE_HEADER", "LinkExchange", "Recorder", "exchange_for"]
 
 log = logging.getLogger("nats_otel.bridge.exchange")
 
 SENDER_HEADER = "Nats-Otel-Sender"
 SIGNATURE_HEADER = "Nats-Otel-Signature"
+BATCH_HEADER = "Nats-Otel-Batch"  # the sender's count of batches published, from 1
+# An idle bridge that vouches says so every `_HEARTBEAT_S` (peers silent ten times as long
+# left: `wholeness.PEER_SILENCE_S`), and every `_HEARTBEAT_SOON_S` for `_AFTER_DATA_S` after
+# its last evidence: how long it has been whole must reach its peers before they decide the
+# hops of its last batch (`link.wait` after it; a burst's end needs its whole window past it).
+_HEARTBEAT_S = 1.0
+_HEARTBEAT_SOON_S = 0.1
+_AFTER_DATA_S = 2.0
+# Senders whose batch numbers are followed: the bridges of a deployment; a hostile input's bound.
+_SENDERS = 4096
 # Evidence batches waiting to be recorded; past it, the newest are dropped (counted): the
 # conversion thread is behind, and a bounded backlog is worth more than a late one.
 _PENDING_BATCHES = 256
@@ -61,7 +89,8 @@ class Recorder(Protocol):
     its conversion thread), or with worker processes `workers.WorkerPool.record_evidence`
     (each report to the worker whose link window holds its trace)."""
 
-    def __call__(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate]) -> None: ...
+    def __call__(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate],
+                 peer: PeerBatch | None = None) -> None: ...
 
 
 def exchange_for(settings: BridgeSettings, metrics: Any, record: Recorder, pool: Any) -> LinkExchange | None:
@@ -89,22 +118,44 @@ class LinkExchange:
         self._publishing: set[asyncio.Task[None]] = set()
         self._pending = 0
         self._last_log: dict[str, float] = {}
+        self._published = 0  # batches numbered so far (`BATCH_HEADER`)
+        self._last_published = self._last_data = 0.0
+        # sender -> (its last batch number seen, batches of it missed so far)
+        self._numbers: dict[str, tuple[int, int]] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
 
     async def start(self, nc: Any) -> None:
         self._nc, self._loop = nc, asyncio.get_running_loop()
         self._sub = await nc.subscribe(self.subject, cb=self._on_msg, pending_msgs_limit=_PENDING_BATCHES * 4)
         log.info("link evidence exchanged on %s", self.subject)
 
-    async def attach(self, nc: Any, settings: BridgeSettings) -> bool:
+    async def attach(self, nc: Any, settings: BridgeSettings, streams: Callable[[], Streams] | None = None) -> bool:
         """Start on the bridge's (first source's) connection once connected, and in JetStream
-        mode keep the evidence in its stream; False when there is no connection (logged)."""
+        mode keep the evidence in its stream; with `streams` (a bridge that vouches), say
+        what they know every `_HEARTBEAT_S` while idle. False when there is no connection (logged)."""
         if nc is None:
             log.warning("link exchange not started: the first source has no connection")
             return False
         await self.start(nc)
         if settings.mode == "jetstream":
             await self.keep(nc, f"NATS_OTEL_LINKS_{settings.jetstream.durable}", settings.link.retention)
+        if streams is not None:
+            self._heartbeat = asyncio.create_task(self._beat(streams))
         return True
+
+    async def stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+
+    async def _beat(self, streams: Callable[[], Streams]) -> None:
+        while True:
+            await asyncio.sleep(_HEARTBEAT_SOON_S)
+            now = time.monotonic()
+            quiet = now - self._last_published
+            if quiet >= _HEARTBEAT_S or (quiet >= _HEARTBEAT_SOON_S and now - self._last_data <= _AFTER_DATA_S):
+                states = [StreamState(name, *state) for name, state in streams().items()]
+                await self.publish(encode_batch(self.sender, [], (), states), data_batch=False)
 
     async def keep(self, nc: Any, stream: str, retention_s: float) -> int:
         """JetStream mode: the stream that keeps the evidence (created if missing), and its
@@ -170,12 +221,16 @@ class LinkExchange:
         self._publishing.add(task)  # a task nobody holds may be collected before it runs
         task.add_done_callback(self._publishing.discard)
 
-    async def publish(self, data: bytes) -> None:
+    async def publish(self, data: bytes, *, data_batch: bool = True) -> None:
         if not data or self._nc is None or not self._nc.is_connected:
             if data:
                 self._count("unpublished", "not connected")
             return
-        headers = {SENDER_HEADER: self.sender}
+        self._published += 1  # numbered even if it fails: the peers see the gap
+        self._last_published = time.monotonic()
+        if data_batch:
+            self._last_data = self._last_published
+        headers = {SENDER_HEADER: self.sender, BATCH_HEADER: str(self._published)}
         if self._key is not None:
             headers[SIGNATURE_HEADER] = sign(self._key, data)
         try:
@@ -195,25 +250,48 @@ class LinkExchange:
         if headers.get(SENDER_HEADER) == self.sender:
             return None
         try:
-            sender, reports, latencies = decode_batch_with_latencies(msg.data, self._key,
-                                                                     headers.get(SIGNATURE_HEADER))
+            batch = decode_peer_batch(msg.data, self._key, headers.get(SIGNATURE_HEADER))
         except EvidenceError as exc:
             self._count(exc.reason, exc.detail)
             return None
+        sender = batch.sender
         if sender == self.sender:
             self._count("forged", "a batch naming this bridge as its sender")
             return None
+        batch = self._numbered(batch, headers.get(BATCH_HEADER))
         if self._pending >= _PENDING_BATCHES:
             self._count("dropped", "the conversion thread is behind")
+            if sender in self._numbers:  # a batch lost here, as if on the way
+                last, missed = self._numbers[sender]
+                self._numbers[sender] = (last, missed + 1)
             return None
         # Not awaited: nats-py runs one subscription's callbacks one after another, so waiting
         # for the conversion thread here would record one batch per turn of that thread and
         # let the evidence fall behind `link.wait` under load (measured: 62-76% of the links
         # found in bursts, against 99-100% without the wait). `_pending` bounds what is queued.
         self._pending += 1
-        future = asyncio.get_running_loop().run_in_executor(self._pool, self._record, reports, latencies)
-        future.add_done_callback(functools.partial(self._recorded, reports=len(reports)))
+        future = asyncio.get_running_loop().run_in_executor(self._pool, self._record, batch.reports,
+                                                            batch.latencies, batch)
+        future.add_done_callback(functools.partial(self._recorded, reports=len(batch.reports)))
         return future
+
+    def _numbered(self, batch: PeerBatch, number: str | None) -> PeerBatch:
+        """`batch` with how many of its sender's batches before it never arrived here (a
+        batch dropped below for a busy conversion thread counts too: the next one shows it)."""
+        try:
+            current = int(number) if number is not None else 0
+        except ValueError:
+            current = 0
+        last, missed = self._numbers.get(batch.sender, (0, 0))
+        if current <= 0 or current <= last:
+            missed += 1  # unnumbered or out of order: what it vouches for is in doubt
+        else:
+            missed += current - last - 1
+        if batch.sender in self._numbers or len(self._numbers) < _SENDERS:
+            self._numbers[batch.sender] = (max(last, current), missed)
+        elif missed == 0:
+            missed = 1  # past the bound it is never followed, so never trusted
+        return PeerBatch(batch.sender, batch.reports, batch.latencies, batch.streams, missed)
 
     def _recorded(self, future: asyncio.Future[None], *, reports: int) -> None:
         self._pending -= 1

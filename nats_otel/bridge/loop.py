@@ -40,6 +40,7 @@ from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSource
 from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
 from nats_otel.bridge.telemetry import HealthServer, Metrics
+from nats_otel.bridge.wholeness import Wholeness
 from nats_otel.bridge.workers import WorkerDied, WorkerPool
 from nats_otel.core import engine
 from nats_otel.core.pipeline import Converted, Rejected
@@ -104,6 +105,7 @@ class Bridge:
                                      if self.workers is None else self.workers.record_evidence, self._pool)
         if self.exchange is not None and self.workers is not None:
             self.workers.sender, self.workers.on_evidence = self.exchange.sender, self.exchange.publish_soon
+        self.wholeness = Wholeness(self.sources, settings.link.max_clock_skew, self.intake)
 
     # -- health ----------------------------------------------------------------------------
 
@@ -154,6 +156,8 @@ class Bridge:
             for task in watchers:
                 task.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
+            if self.exchange is not None:
+                await self.exchange.stop()
             for source in self.sources:
                 await source.close()
             self._export_pool.shutdown(wait=True)
@@ -197,7 +201,7 @@ class Bridge:
                 return 2
             self.workers.on_death = lambda reason: loop.call_soon_threadsafe(self._worker_died, reason)
         if s.mode == "core":
-            self.sources = [CoreSource(src, s.batch, self.intake, self.metrics, s.nats) for src in s.sources]
+            self.sources[:] = [CoreSource(src, s.batch, self.intake, self.metrics, s.nats) for src in s.sources]
         else:
             self.sources = list(JetStreamSource.for_settings(s, self.metrics))
         try:
@@ -211,7 +215,8 @@ class Bridge:
             return 2
         if not all(started):
             return 0  # stopped while connecting
-        if self.exchange is not None and not await self.exchange.attach(getattr(self.sources[0], "nc", None), s):
+        if self.exchange is not None and not await self.exchange.attach(
+                getattr(self.sources[0], "nc", None), s, self.wholeness.streams if self._vouching else None):
             self.exchange = None
         self._started = True
         log.info("bridge running", extra={"fields": {"version": __version__, "core": engine.implementation(),
@@ -271,8 +276,9 @@ class Bridge:
         mode, `holdable`: `JetStreamSource.holdable`; core mode settles nothing: empty)."""
         raws = [d.raw for d in deliveries]
         if self.workers is None:
-            if self._vouching:
-                self.processor.whole(self._whole_streams())  # how far each stream is known whole
+            if self._vouching:  # how far each stream is known whole; which peers left
+                self.processor.whole(self.wholeness.streams(),
+                                     None if self.exchange is None else self.wholeness.departures())
             loop = asyncio.get_running_loop()
             converted = await loop.run_in_executor(self._pool, self.processor.convert, raws, holdable)
             outcome = await loop.run_in_executor(self._export_pool, self.processor.export, converted,
@@ -322,7 +328,12 @@ class Bridge:
             else:
                 batch = await self._collect()
                 if batch:
-                    await delayed.put((await self._observe(batch), batch))
+                    collected_ns = self.wholeness.collected()
+                    try:
+                        ripe_at = await self._observe(batch, collected_ns)
+                    finally:
+                        self.wholeness.observed(collected_ns)
+                    await delayed.put((ripe_at, batch))
                     continue
                 if not (self._intake_done and self.intake.empty()):
                     continue
@@ -344,7 +355,7 @@ class Bridge:
 
     # -- the link window: observe on arrival, map `link.wait` later ------------------------
 
-    async def _observe(self, deliveries: Sequence[Delivery]) -> float:
+    async def _observe(self, deliveries: Sequence[Delivery], collected_ns: int | None = None) -> float:
         """Record the hop evidence of just-arrived messages; returns when they may be mapped.
 
         Trace messages of one traced message arrive in any order (a downstream server's
@@ -352,16 +363,18 @@ class Bridge:
         hop are known when the downstream span's parent is decided (core/linking.py)."""
         raws = [d.raw for d in deliveries]
         if self.workers is None:
-            # One bridge receiving in core mode, in one process, sees every report of its
-            # subscriptions in order, but for the losses its sources count (`Delivery.breaks`):
-            # its ledger may vouch for the gaps in the servers' numbers (`ReportLedger.vouch`).
-            # Not with peers (what they lost, it cannot see), nor from a JetStream consumer
-            # (redeliveries come out of order).
-            # (What the stream says of its wholeness is read when the batch is mapped, `_process`.)
-            received = [(d.source, d.breaks) for d in deliveries] if self._vouching else None
+            # One bridge receiving in core mode, in one process, sees every report routed to
+            # its subscriptions in order, but for the losses its sources count
+            # (`Delivery.breaks`): its ledger, and its peers' through the exchange, may vouch
+            # for the gaps in the servers' numbers (`ReportLedger.vouch`, `wholeness`). Not
+            # from a JetStream consumer (redeliveries come out of order).
+            received = streams = None
+            if self._vouching:
+                received = [(d.source, d.breaks) for d in deliveries]
+                streams = self.wholeness.streams(collected_ns) if self.exchange is not None else None
             shared = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self.processor.observe, raws, None if self.exchange is None else self.exchange.sender,
-                received)
+                received, streams)
             if shared and self.exchange is not None:
                 await self.exchange.publish(shared)
         else:
@@ -370,23 +383,9 @@ class Bridge:
 
     @property
     def _vouching(self) -> bool:
-        """One bridge receiving in core mode, in one process: it sees every report of its
-        subscriptions, in each server's order, but for the losses its sources count."""
-        return self.settings.mode == "core" and self.workers is None and self.exchange is None
-
-    def _whole_streams(self) -> dict[str, tuple[int, int | None, int]]:
-        """Each source's losses so far, since when it is whole (its subscription, while it lost
-        nothing) and until when (`ReportLedger.whole`): now, less the servers' clock skew and
-        as much again for a report still on its way, in report time."""
-        skew_ns = int(self.settings.link.max_clock_skew * 1e9)
-        until_ns = time.time_ns() - 2 * skew_ns
-        streams = {}
-        for source in self.sources:
-            if isinstance(source, CoreSource):
-                breaks = source.breaks
-                since = source.whole_since_ns if breaks == 0 else None
-                streams[source.source.name] = (breaks, since, until_ns)
-        return streams
+        """One bridge receiving in core mode, in one process: it sees every report routed to
+        its subscriptions, in each server's order, but for the losses its sources count."""
+        return self.settings.mode == "core" and self.workers is None
 
     async def _until(self, ripe_at: float) -> None:
         """Sleep until `ripe_at`; not at all once draining (what arrived is observed)."""

@@ -25,6 +25,9 @@ from nats_otel.core.engine import Converter, encode_request, observed
 from nats_otel.core.evidence import (
     HopEvidence,
     LinkLatencyEstimate,
+    PeerBatch,
+    Streams,
+    StreamState,
     encode_batch,
     encode_numbers,
     evidence_of,
@@ -33,7 +36,7 @@ from nats_otel.core.evidence import (
     observe_numbers,
 )
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from nats_otel.core.pipeline import Converted, Rejected
+from nats_otel.core.pipeline import Converted, Rejected, observed_at
 from nats_otel.core.records import SpanRecord
 
 __all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]
@@ -124,13 +127,14 @@ class Processor:
         self.implementation = log_core()
 
     def observe(self, raws: Sequence[RawTraceMessage], sender: str | None = None,
-                received: Sequence[tuple[str, int]] | None = None) -> bytes:
+                received: Sequence[tuple[str, int]] | None = None, streams: Streams | None = None) -> bytes:
         """Record the hop evidence of messages that just arrived (mapped `link.wait` later);
         with the exchange's `sender` name, also the batch of it to publish for the other
         bridges (with the link latencies learned here). `received`: each message's stream and
-        its stream's losses before it, when this process receives every report in order: the
-        ledger then vouches for the gaps in the servers' numbers (`ReportLedger.vouch`), as it
-        observes each report."""
+        its stream's losses before it, when this process receives every report of its
+        streams in order: the ledger then vouches for the gaps in the servers' numbers
+        (`ReportLedger.vouch`), as it observes each report, and so do the peers, told what
+        `streams` say of themselves (`wholeness.Wholeness.streams`)."""
         now = time.monotonic()
         if received is None or not raws:
             self.converter.observe_many(raws, now)
@@ -151,18 +155,31 @@ class Processor:
                 ledger.receiving = None
         if sender is None:
             return b""
-        reports = [evidence_of(p) for p in observed(self.converter, raws)]
-        return encode_batch(sender, reports, self.link_latencies()) if reports else b""
+        states = [StreamState(name, *state) for name, state in (streams or {}).items()]
+        if received is None or not states:
+            reports = [evidence_of(p) for p in observed(self.converter, raws)]
+        else:
+            index = {state.name: at for at, state in enumerate(states)}
+            reports = [evidence_of(p, index.get(received[at][0], -1), received[at][1])
+                       for at, p in observed_at(self.converter, raws)]
+        return encode_batch(sender, reports, self.link_latencies(), states) if reports else b""
 
-    def whole(self, streams: dict[str, tuple[int, int | None, int]]) -> None:
-        """What each receiving stream says of its completeness (`ReportLedger.whole`)."""
+    def whole(self, streams: Streams, departures: tuple[float, int] | None = None) -> None:
+        """What each receiving stream says of its completeness (`ReportLedger.whole`); with
+        `departures` (`Wholeness.departures`), the peers fallen silent have left."""
         ledger = self.converter.linker.index.sequences.ledger
+        now = time.monotonic()
         for stream, (breaks, since_ns, until_ns) in streams.items():
-            ledger.whole(stream, breaks, since_ns, until_ns)
+            ledger.whole(stream, breaks, since_ns, until_ns, now)
+        if departures is not None:
+            for peer in ledger.depart_silent(*departures):
+                log.info("link evidence peer left (silent)", extra={"fields": {"peer": peer}})
+            ledger.forget_departed(time.time_ns() - int(ledger.retention_s * 2e9))
 
-    def observe_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate] = ()) -> None:
+    def observe_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate] = (),
+                         peer: PeerBatch | None = None) -> None:
         """Record other bridges' hop evidence (the link exchange), in this thread."""
-        observe_evidence(self.converter.linker, reports, time.monotonic(), latencies)
+        observe_evidence(self.converter.linker, reports, time.monotonic(), latencies, peer)
 
     def observe_ledger(self, reports: Sequence[HopEvidence]) -> None:
         """Record only the event numbers of reports whose traces another worker links."""

@@ -381,10 +381,12 @@ class WorkerPool:
         if evidence:
             self.on_evidence(evidence)
 
-    def record_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate]) -> None:
+    def record_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate],
+                        peer: object = None) -> None:
         """Hand other bridges' evidence (checked by the exchange) to every worker, re-encoded
         once: each records whole the reports of its traces (`evidence_shard`) and ad-hoc
-        ones, the others in its ledger."""
+        ones, the others in its ledger. (What the `peer`'s streams vouch for is not used:
+        worker processes do not vouch, `wholeness`.)"""
         known = [(k.upstream, k.downstream, k.latency_ns, k.tolerance_ns) for k in latencies]
         batch = encode_batch("", reports, known)
         for worker in self._workers:

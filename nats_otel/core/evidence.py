@@ -29,12 +29,13 @@ from nats_otel.core.ids import TraceContext, event_span_id
 from nats_otel.core.linking import Arrival, Egress
 from nats_otel.core.model import Egress as EgressEvent
 
-__all__ = ["EVIDENCE_FORMAT", "EvidenceError", "HopEvidence", "LinkLatencyEstimate", "decode_batch",
-           "decode_batch_with_latencies", "encode_batch", "encode_numbers", "evidence_of", "observe_evidence",
-           "observe_ledger", "observe_numbers", "sign"]
+__all__ = ["EVIDENCE_FORMAT", "EvidenceError", "HopEvidence", "LinkLatencyEstimate", "PeerBatch", "StreamState",
+           "Streams",
+           "decode_batch", "decode_batch_with_latencies", "decode_peer_batch", "encode_batch", "encode_numbers",
+           "evidence_of", "observe_evidence", "observe_ledger", "observe_numbers", "sign"]
 
 # Bumped when the layout changes: a bridge rejects another format instead of misreading it.
-EVIDENCE_FORMAT = 1
+EVIDENCE_FORMAT = 2  # 2: the streams that vouch (issue 36)
 # Bounds on what one published batch may hold (a report has few hops; a batch, one intake batch).
 _MAX_REPORTS = 10_000
 _MAX_EGRESSES = 256
@@ -68,6 +69,20 @@ class HopEvidence(Struct, array_like=True, frozen=True, gc=False):
     #: Where it came from (hop id, upstream server name), or None at the origin.
     arrival: _Hop | None
     egresses: Annotated[tuple[_Hop, ...], Meta(max_length=_MAX_EGRESSES)] = ()
+    #: The sender's stream it arrived on (an index into the batch's `streams`; -1: none that
+    #: vouches) and that stream's losses before it (`Delivery.breaks`).
+    stream: Annotated[int, Meta(ge=-1, le=255)] = -1
+    breaks: _U64 = 0
+
+
+class StreamState(Struct, array_like=True, frozen=True, gc=False):
+    """What a sender's stream says of its completeness (`ReportLedger.whole`): its losses,
+    whole since, whole until (report times; None: unknown)."""
+
+    name: _Text
+    breaks: _U64
+    since_ns: _U64 | None
+    until_ns: _U64 | None
 
 
 class LinkLatencyEstimate(Struct, array_like=True, frozen=True, gc=False):
@@ -84,6 +99,25 @@ class _Batch(Struct, array_like=True, frozen=True, gc=False):
     sender: _Text
     reports: Annotated[tuple[HopEvidence, ...], Meta(max_length=_MAX_REPORTS)]
     latencies: Annotated[tuple[LinkLatencyEstimate, ...], Meta(max_length=1024)] = ()
+    #: The sender's streams, when it vouches for what they received (one process, core
+    #: mode); empty: it cannot, and while it publishes, no gap is vouched for.
+    streams: Annotated[tuple[StreamState, ...], Meta(max_length=256)] = ()
+
+
+#: Each stream's name -> (losses, whole since, whole until): what a bridge's streams say
+#: (`bridge.wholeness.Wholeness.streams`), made `StreamState`s in its batches.
+Streams = dict[str, tuple[int, int | None, int | None]]
+
+
+class PeerBatch(Struct, frozen=True, gc=False):
+    """A received batch: who sent it, what it says, and how many of the sender's batches
+    before it never arrived here (its streams count them as losses)."""
+
+    sender: str
+    reports: tuple[HopEvidence, ...]
+    latencies: tuple[LinkLatencyEstimate, ...] = ()
+    streams: tuple[StreamState, ...] = ()
+    missed: int = 0
 
 
 class _Numbers(Struct, array_like=True, frozen=True, gc=False):
@@ -102,8 +136,9 @@ class EvidenceError(ValueError):
         self.reason, self.detail = reason, detail
 
 
-def evidence_of(prepared: Any) -> HopEvidence:
-    """The evidence of a decoded report (`pipeline.Prepared`)."""
+def evidence_of(prepared: Any, stream: int = -1, breaks: int = 0) -> HopEvidence:
+    """The evidence of a decoded report (`pipeline.Prepared`), received on the sender's
+    `stream` (an index into its batch's `streams`) after `breaks` losses."""
     msg = prepared.msg
     arrival = None
     if prepared.arrival is not None:
@@ -114,7 +149,7 @@ def evidence_of(prepared: Any) -> HopEvidence:
                      if type(event) is EgressEvent and event.forwards)
     return HopEvidence(prepared.ident, msg.server.id, msg.server.name, msg.ingress.account, msg.server.seq,
                        msg.ingress.ts_ns,
-                       prepared.ctx.id_fields, prepared.ctx.adhoc_key is not None, arrival, egresses)
+                       prepared.ctx.id_fields, prepared.ctx.adhoc_key is not None, arrival, egresses, stream, breaks)
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -123,10 +158,12 @@ _NUMBERS = msgspec.msgpack.Decoder(_Numbers)
 
 
 def encode_batch(sender: str, reports: Sequence[HopEvidence],
-                 latencies: Sequence[tuple[str, str, int, int]] = ()) -> bytes:
-    """One published message of evidence (msgpack), with the sender's learned latencies."""
+                 latencies: Sequence[tuple[str, str, int, int]] = (),
+                 streams: Sequence[StreamState] = ()) -> bytes:
+    """One published message of evidence (msgpack), with the sender's learned latencies and
+    what its streams say of their completeness."""
     return _ENCODER.encode(_Batch(EVIDENCE_FORMAT, sender, tuple(reports),
-                                  tuple(LinkLatencyEstimate(*known) for known in latencies[:1024])))
+                                  tuple(LinkLatencyEstimate(*known) for known in latencies[:1024]), tuple(streams)))
 
 
 def sign(key: bytes, data: bytes) -> str:
@@ -145,6 +182,12 @@ def decode_batch(data: bytes, key: bytes | None = None,
 def decode_batch_with_latencies(data: bytes, key: bytes | None = None, signature: str | None = None
                                 ) -> tuple[str, tuple[HopEvidence, ...], tuple[LinkLatencyEstimate, ...]]:
     """`decode_batch`, with the sender's learned link latencies."""
+    batch = decode_peer_batch(data, key, signature)
+    return batch.sender, batch.reports, batch.latencies
+
+
+def decode_peer_batch(data: bytes, key: bytes | None = None, signature: str | None = None) -> PeerBatch:
+    """Everything a published batch says (`decode_batch`)."""
     if key is not None and (signature is None or not hmac.compare_digest(sign(key, data), signature)):
         raise EvidenceError("forged", "missing or wrong signature")
     try:
@@ -155,20 +198,39 @@ def decode_batch_with_latencies(data: bytes, key: bytes | None = None, signature
         raise EvidenceError("malformed", str(exc)[:200]) from None
     if batch.format != EVIDENCE_FORMAT:
         raise EvidenceError("format", f"evidence format {batch.format}, this bridge reads {EVIDENCE_FORMAT}")
-    return batch.sender, batch.reports, batch.latencies
+    return PeerBatch(batch.sender, batch.reports, batch.latencies, batch.streams)
 
 
 def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0.0,
-                     latencies: Iterable[LinkLatencyEstimate] = ()) -> None:
+                     latencies: Iterable[LinkLatencyEstimate] = (), peer: PeerBatch | None = None) -> None:
     """Record other bridges' evidence in a linker, as `Linker.observe` records a report's,
     and adopt their learned link latencies where this linker has none (a bridge that
-    restarts need not relearn them from crowded hops it cannot yet decide)."""
+    restarts need not relearn them from crowded hops it cannot yet decide). With the
+    `peer`'s batch, its streams become members of the ledger (`ReportLedger.whole`) and
+    vouch for the reports they received, as the sender's own ledger did; a sender whose
+    batches say nothing of its streams is a member that vouches for nothing."""
     index = linker.index
+    ledger = index.sequences.ledger
     for known in latencies:
         index.sequences.latency.adopt((known.upstream, known.downstream), known.latency_ns, known.tolerance_ns)
+    members: list[str] = []
+    if peer is not None:
+        # Batches of the sender that never arrived hid reports: each counts as a loss of
+        # every stream of that sender (from here on, what came before proves nothing after).
+        for state in peer.streams:
+            members.append(f"{peer.sender}/{state.name}")
+            ledger.whole(members[-1], state.breaks + peer.missed, state.since_ns if peer.missed == 0 else None,
+                         state.until_ns, now, local=False)
+        if not peer.streams:
+            ledger.whole(peer.sender, None, None, None, now, local=False)
     for report in reports:
         ctx = TraceContext(b"", b"", id_fields=report.context)
-        index.observe_report(report.ident, report.server_id, report.seq, report.ts_ns, now, report.account)
+        if 0 <= report.stream < len(members):
+            ledger.receiving = (members[report.stream], report.breaks + peer.missed if peer else report.breaks)
+        try:
+            index.observe_report(report.ident, report.server_id, report.seq, report.ts_ns, now, report.account)
+        finally:
+            ledger.receiving = None
         arrival = None
         if report.arrival is not None:
             key = (report.context, report.arrival.hop, report.arrival.peer, report.server_name)

@@ -53,7 +53,7 @@ from nats_otel.core.shapes import message_shape
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
 __all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonConverter", "PythonLinker", "Rejected",
-           "convert_batch", "finish", "observed", "prepare"]
+           "convert_batch", "finish", "observed", "observed_at", "prepare"]
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.
@@ -332,12 +332,17 @@ def observed(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[Prep
     """The decoded form of each of `raws` that `converter` observed and has not converted
     yet (either twin keeps them in `_pending`, by the raw's id): what the bridge shares with
     other bridges (`evidence`)."""
+    return [prepared for _, prepared in observed_at(converter, raws)]
+
+
+def observed_at(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[tuple[int, Prepared]]:
+    """`observed`, each with its position in `raws`."""
     pending = converter._pending
     found = []
-    for raw in raws:
+    for at, raw in enumerate(raws):
         entry = pending.get(id(raw))
         if entry is not None and entry[0] is raw and type(entry[1]) is Prepared:
-            found.append(entry[1])
+            found.append((at, entry[1]))
     return found
 
 

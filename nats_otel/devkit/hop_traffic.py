@@ -11,7 +11,9 @@ What differs between the modes is what makes linking hard:
 * `back_to_back`: the same batches with no gap at all (one client write, the servers
   forward them microseconds apart);
 * `adhoc`: no traceparent, a `Nats-Trace-Dest` header naming one fixed destination (a
-  shared debug subject: every message shares the ad-hoc context), `gap_ms` apart.
+  shared debug subject: every message shares the ad-hoc context), `gap_ms` apart;
+* `adhoc_back_to_back`: the same, in batches sent back to back (a loop publishing with a
+  debug header).
 
 Every message has the same payload size, so size never tells two messages apart. By default
 each carries its number in `hop_truth.SEQUENCE_HEADER` (fixed width: sizes stay alike), which
@@ -37,15 +39,16 @@ from nats_otel.devkit.processes import wait_for_interest
 
 __all__ = ["MODES", "PlannedMessage", "TrafficOptions", "TrafficReport", "plan_messages", "run_traffic"]
 
-Mode = Literal["per_message", "batch", "back_to_back", "adhoc"]
-MODES: tuple[Mode, ...] = ("per_message", "batch", "back_to_back", "adhoc")
+Mode = Literal["per_message", "batch", "back_to_back", "adhoc", "adhoc_back_to_back"]
+MODES: tuple[Mode, ...] = ("per_message", "batch", "back_to_back", "adhoc", "adhoc_back_to_back")
 
 
 @dataclass(frozen=True, slots=True)
 class TrafficOptions:
-    """What to send. `batch_size` messages share a traceparent in `batch` and `back_to_back`;
-    `gap_ms` separates messages (all modes but `back_to_back`); `batch_gap_ms` separates
-    batches (so one batch's reports are not interleaved with the next one's)."""
+    """What to send. `batch_size` messages share a traceparent in `batch` and `back_to_back`
+    (and are sent together in `adhoc_back_to_back`); `gap_ms` separates messages (all modes
+    but the `..back_to_back` ones); `batch_gap_ms` separates batches (so one batch's reports
+    are not interleaved with the next one's)."""
 
     mode: Mode = "per_message"
     messages: int = 1000
@@ -100,6 +103,8 @@ def plan_messages(options: TrafficOptions) -> list[PlannedMessage]:
             headers, pause = {"traceparent": _traceparent(rng)}, gap_s
         elif options.mode == "adhoc":
             headers, pause = {"Nats-Trace-Dest": options.adhoc_dest}, gap_s
+        elif options.mode == "adhoc_back_to_back":
+            headers, pause = {"Nats-Trace-Dest": options.adhoc_dest}, batch_gap_s if first_of_batch else 0.0
         else:
             if first_of_batch:
                 context = {"traceparent": _traceparent(rng)}

@@ -96,3 +96,51 @@ def test_a_sibling_workers_numbers_complete_the_ledger(core, corpus_raws):
     whole = one.linker.index.sequences.ledger.runs()
     assert ledger.runs() == whole != alone
     assert len(ledger) == len(core.observed(mine, ours))  # identities: only this worker's reports
+
+
+def _peer_vouches(core, corpus_raws, missed: int) -> tuple[bool, bool]:
+    """A bridge that received every other report on its stream "default" (lost nothing),
+    and a peer's batch of the rest with its stream's state: whether a stretch of one server's
+    reports is complete here before and after the peer's batch is recorded."""
+    mine, theirs = corpus_raws[::2], corpus_raws[1::2]
+    bridge, other = core.Converter(), core.Converter()
+    ledger = bridge.linker.index.sequences.ledger
+    ledger.receiving = ("default", 0)
+    bridge.observe_many(mine)
+    ledger.receiving = None
+    ledger.whole("default", 0, 0, 2**62)
+    other.observe_many(theirs)
+    ours = {p.ident: p.msg.server for p in core.observed(bridge, mine)}
+    peers = list(core.observed(other, theirs))
+    first_of_peer = {}
+    for p in peers:
+        first_of_peer[p.msg.server.id] = min(first_of_peer.get(p.msg.server.id, 1 << 62), p.msg.server.seq)
+    # A server whose first report here came before the peer's first of it.
+    by_server: dict[str, list[tuple[int, bytes]]] = {}
+    for ident, server in ours.items():
+        by_server.setdefault(server.id, []).append((server.seq, ident))
+    seqs = next(sorted(v) for s, v in sorted(by_server.items())
+                if len(v) > 1 and s in first_of_peer and min(v)[0] < first_of_peer[s] < max(v)[0])
+    first, last = seqs[0][1], seqs[-1][1]
+    before = ledger.complete(first, last)
+    state = evidence.StreamState("default", 0, 0, 2**62)
+    data = evidence.encode_batch("other", [evidence.evidence_of(p, 0, 0) for p in peers], (), [state])
+    batch = evidence.decode_peer_batch(data)
+    assert batch.streams == (state,) and len(batch.reports) == len(peers)
+    recorded = evidence.PeerBatch(batch.sender, batch.reports, batch.latencies, batch.streams, missed)
+    evidence.observe_evidence(bridge.linker, batch.reports, 0.0, batch.latencies, recorded)
+    return before, ledger.complete(first, last)
+
+
+def test_a_peers_streams_vouch_here_as_in_its_own_ledger(core, corpus_raws):
+    """One bridge alone vouches for what its stream received; once a peer shares the
+    reports (a queue group), the gaps are complete only where the peer's stream vouches too."""
+    before, after = _peer_vouches(core, corpus_raws, missed=0)
+    assert before and after
+
+
+def test_a_peers_missed_batch_is_a_loss_of_its_streams(core, corpus_raws):
+    """A batch of the peer's that never arrived hid reports: from its first report recorded
+    here on, its stream vouches anew, not for what came before."""
+    before, after = _peer_vouches(core, corpus_raws, missed=1)
+    assert before and not after

@@ -1,0 +1,83 @@
+"""What this bridge can say of its own completeness, for the report ledger and its peers.
+
+The linker counts alike messages by order only where no report can be missing
+(`core.sequences`, `core.report_ledger`). A core-mode bridge in one process knows that of
+its sources: each counts the times it could have lost a trace message (`CoreSource.breaks`:
+queue_full, slow_consumer, a lost connection) and knows since when it is subscribed
+(`whole_since_ns`). Until when it is whole is what it has *observed*: everything received
+before a batch was collected with the intake left empty is in that batch or an earlier one,
+and the batches are observed in order. That time, less twice the servers' clock skew (the
+ledger compares report times, and a report may still be on its way), is what it vouches
+until - never the present while a backlog waits in the intake.
+
+The same state goes with the link evidence to the peers (`exchange`), so that a queue
+group's bridges, each with a share of every server's reports, vouch together
+(`ReportLedger`'s members).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from nats_otel.bridge.sources.nats_core import CoreSource
+from nats_otel.core.evidence import Streams
+
+__all__ = ["PEER_SILENCE_S", "Wholeness"]
+
+# A peer heard from neither evidence nor heartbeat (`exchange`, every second) for this long
+# has stopped receiving: its bridge stopped or died, and its subscription went with its
+# connection. What was reported after that was routed to the others.
+PEER_SILENCE_S = 10.0
+
+class Wholeness:
+    """The core sources' losses, whole since and observed until (see the module docstring)."""
+
+    def __init__(self, sources: Sequence[Any], max_clock_skew_s: float, intake: Any) -> None:
+        self._sources = sources  # the bridge's list: filled when they start
+        self._margin_ns = int(2 * max_clock_skew_s * 1e9)
+        self._intake = intake
+        self._observed_until_ns: int | None = None
+        self._observing = 0  # batches collected and not yet observed
+
+    def collected(self) -> int | None:
+        """Right after a batch was taken: its time, if the intake was left empty (everything
+        received before it is in this batch or an earlier one); else None."""
+        self._observing += 1
+        return time.time_ns() if self._intake.empty() else None
+
+    def observed(self, collected_ns: int | None) -> None:
+        """The batch `collected` at `collected_ns` was observed."""
+        self._observing -= 1
+        self._advance(collected_ns)
+
+    def idle(self) -> None:
+        """Nothing waits in the intake and no batch is being observed: all received was."""
+        if not self._observing and self._intake.empty():
+            self._advance(time.time_ns())
+
+    def _advance(self, until_ns: int | None) -> None:
+        if until_ns is not None and (self._observed_until_ns is None or until_ns > self._observed_until_ns):
+            self._observed_until_ns = until_ns
+
+    def streams(self, collected_ns: int | None = None) -> Streams:
+        """Each core source's (losses, whole since, whole until) in report time; with
+        `collected_ns`, as if the batch collected then were observed already (the state that
+        goes out with that batch's evidence)."""
+        self.idle()
+        until_ns = self._observed_until_ns
+        if collected_ns is not None and (until_ns is None or collected_ns > until_ns):
+            until_ns = collected_ns
+        until = None if until_ns is None else until_ns - self._margin_ns
+        streams: Streams = {}
+        for source in self._sources:
+            if isinstance(source, CoreSource):
+                breaks = source.breaks
+                streams[source.source.name] = (breaks, source.whole_since_ns if breaks == 0 else None, until)
+        return streams
+
+    def departures(self) -> tuple[float, int]:
+        """(heard before, gone after): peers last heard before the first (monotonic) left;
+        nothing reported after the second (report time) was routed to them."""
+        return time.monotonic() - PEER_SILENCE_S, time.time_ns() + self._margin_ns

@@ -98,7 +98,8 @@ def exchange_for(settings: BridgeSettings, metrics: Any, record: Recorder, pool:
     subject = settings.exchange_subject
     if subject is None:
         return None
-    return LinkExchange(subject, settings.exchange_key(), metrics, record, pool)
+    return LinkExchange(subject, settings.exchange_key(), metrics, record, pool,
+                        margin_ns=int(2 * settings.link.max_clock_skew * 1e9))
 
 
 class LinkExchange:
@@ -108,8 +109,13 @@ class LinkExchange:
     the conversion thread, the only one that touches the link window (with worker
     processes, the thread that hands the evidence to them)."""
 
-    def __init__(self, subject: str, key: bytes | None, metrics: Any, record: Recorder, pool: Any) -> None:
+    def __init__(self, subject: str, key: bytes | None, metrics: Any, record: Recorder, pool: Any,
+                 margin_ns: int = 0) -> None:
         self.subject, self._key, self._metrics, self._record, self._pool = subject, key, metrics, record, pool
+        # Report time is the servers' clock: a report at least this far past when this bridge
+        # subscribed to the exchange was published after it (twice the clock skew).
+        self._margin_ns = margin_ns
+        self._listening_since_ns: int | None = None
         # Unique per process and start: a bridge skips its own batches (NATS echoes them).
         self.sender = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
         self._nc: Any = None
@@ -122,10 +128,13 @@ class LinkExchange:
         self._last_published = self._last_data = 0.0
         # sender -> (its last batch number seen, batches of it missed so far)
         self._numbers: dict[str, tuple[int, int]] = {}
+        # sender -> report time from which its evidence reached this bridge (first heard of mid-way)
+        self._late: dict[str, int] = {}
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def start(self, nc: Any) -> None:
         self._nc, self._loop = nc, asyncio.get_running_loop()
+        self._listening_since_ns = time.time_ns()
         self._sub = await nc.subscribe(self.subject, cb=self._on_msg, pending_msgs_limit=_PENDING_BATCHES * 4)
         log.info("link evidence exchanged on %s", self.subject)
 
@@ -277,21 +286,30 @@ class LinkExchange:
 
     def _numbered(self, batch: PeerBatch, number: str | None) -> PeerBatch:
         """`batch` with how many of its sender's batches before it never arrived here (a
-        batch dropped below for a busy conversion thread counts too: the next one shows it)."""
+        batch dropped below for a busy conversion thread counts too: the next one shows it).
+        A sender first heard of past its first batch started before this bridge listened:
+        what it received before then is not vouched for here (`trusted_from_ns`)."""
         try:
             current = int(number) if number is not None else 0
         except ValueError:
             current = 0
-        last, missed = self._numbers.get(batch.sender, (0, 0))
+        sender = batch.sender
+        followed = self._numbers.get(sender)
+        if followed is None:
+            if len(self._numbers) >= _SENDERS:  # never followed, so never trusted
+                return PeerBatch(sender, batch.reports, batch.latencies, batch.streams, 1)
+            followed = (0, 0)
+            if current > 1:  # its earlier batches went out before this bridge listened
+                followed = (current - 1, 0)
+                self._late[sender] = (self._listening_since_ns or time.time_ns()) + self._margin_ns
+        last, missed = followed
         if current <= 0 or current <= last:
             missed += 1  # unnumbered or out of order: what it vouches for is in doubt
         else:
             missed += current - last - 1
-        if batch.sender in self._numbers or len(self._numbers) < _SENDERS:
-            self._numbers[batch.sender] = (max(last, current), missed)
-        elif missed == 0:
-            missed = 1  # past the bound it is never followed, so never trusted
-        return PeerBatch(batch.sender, batch.reports, batch.latencies, batch.streams, missed)
+        self._numbers[sender] = (max(last, current), missed)
+        trusted_from = self._late.get(sender)
+        return PeerBatch(batch.sender, batch.reports, batch.latencies, batch.streams, missed, trusted_from)
 
     def _recorded(self, future: asyncio.Future[None], *, reports: int) -> None:
         self._pending -= 1

@@ -118,6 +118,9 @@ class PeerBatch(Struct, frozen=True, gc=False):
     latencies: tuple[LinkLatencyEstimate, ...] = ()
     streams: tuple[StreamState, ...] = ()
     missed: int = 0
+    #: Report time before which the sender's evidence may have gone out before this bridge
+    #: listened (it was first heard of mid-way); None: every batch of it arrived.
+    trusted_from_ns: int | None = None
 
 
 class _Numbers(Struct, array_like=True, frozen=True, gc=False):
@@ -220,7 +223,7 @@ def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0
         for state in peer.streams:
             members.append(f"{peer.sender}/{state.name}")
             ledger.whole(members[-1], state.breaks + peer.missed, state.since_ns if peer.missed == 0 else None,
-                         state.until_ns, now, local=False)
+                         state.until_ns, now, local=False, trusted_from_ns=peer.trusted_from_ns)
         if not peer.streams:
             ledger.whole(peer.sender, None, None, None, now, local=False)
     for report in reports:

@@ -82,7 +82,7 @@ class _Member:
     this bridge, or a peer bridge's through the link exchange), and what it says of itself
     (`ReportLedger.whole`): its losses so far, whole since (None: unknown) and until when."""
 
-    __slots__ = ("breaks", "gone_after_ns", "heard", "local", "since_ns", "until_ns")
+    __slots__ = ("breaks", "gone_after_ns", "heard", "local", "since_ns", "trusted_from_ns", "until_ns")
 
     def __init__(self, local: bool) -> None:
         self.local = local
@@ -92,6 +92,9 @@ class _Member:
         self.heard = 0.0
         # Report time after which it received nothing (it left: `depart`); None while present.
         self.gone_after_ns: int | None = None
+        # Report time before which what it received may not have reached this ledger (a peer
+        # first heard of mid-way: its earlier evidence went out before this bridge listened).
+        self.trusted_from_ns: int | None = None
 
 
 class ReportLedger:
@@ -205,17 +208,20 @@ class ReportLedger:
             cover[2] = seq
 
     def whole(self, stream: str, breaks: int | None, since_ns: int | None, until_ns: int | None,
-              now: float = 0.0, local: bool = True) -> None:
+              now: float = 0.0, local: bool = True, trusted_from_ns: int | None = None) -> None:
         """The receiver of `stream` says it got every report routed to it, in each server's
         order, from `since_ns` (None: unknown; only with no loss since: `breaks` 0) to
         `until_ns` (report times: the clock skew taken off), but for the `breaks` losses it
         counted (`vouch`). `breaks` None: a member that does not say (a peer that cannot
         vouch): while it is one, no gap is vouched for. `local`: a source of this bridge
-        (a peer's stream is `depart`ed when it falls silent)."""
+        (a peer's stream is `depart`ed when it falls silent). `trusted_from_ns`: what it
+        received before then may never have been told here (kept once given)."""
         member = self._member(stream, local)
         if member is None:
             return
         member.breaks, member.since_ns, member.until_ns = breaks, since_ns, until_ns
+        if trusted_from_ns is not None and (member.trusted_from_ns is None or trusted_from_ns > member.trusted_from_ns):
+            member.trusted_from_ns = trusted_from_ns
         member.heard = max(member.heard, now)
         member.gone_after_ns = None
 
@@ -237,11 +243,14 @@ class ReportLedger:
             for key in [k for k in self._covers if k[0] == name]:
                 del self._covers[key]
 
-    def _covers_range(self, name: str, member: _Member, server_id: str, first: int, last: int,
+    def _covers_range(self, name: str, member: _Member, server_id: str, first: int, first_ts_ns: int, last: int,
                       last_ts_ns: int) -> bool:
-        """Whether every report of `server_id` numbered `first`..`last` routed to the member
-        arrived: its coverage holds them, or holds `first` on and it has been whole, with no
-        loss since, until past `last`'s time; or it had left before `first`."""
+        """Whether every report of `server_id` numbered `first`..`last` (reported at
+        `first_ts_ns`, `last_ts_ns`) routed to the member arrived: its coverage holds them,
+        or holds `first` on and it has been whole, with no loss since, until past `last`'s
+        time; or it had left before `first`. Never before it is trusted from."""
+        if member.trusted_from_ns is not None and first_ts_ns < member.trusted_from_ns:
+            return False
         cover = self._covers.get((name, server_id))
         whole_until = member.until_ns if member.breaks is not None else None
         if cover is None:
@@ -251,11 +260,11 @@ class ReportLedger:
                 member.breaks == cover[0] and whole_until is not None and whole_until >= last_ts_ns))
         return covered or (member.gone_after_ns is not None and last_ts_ns > member.gone_after_ns)
 
-    def _accounted(self, server_id: str, first: int, last: int, last_ts_ns: int) -> bool:
+    def _accounted(self, server_id: str, first: int, first_ts_ns: int, last: int, last_ts_ns: int) -> bool:
         """Every member vouches for `first`..`last` of a server: no report of ours among the
         numbers between not seen here."""
         members = self._members
-        return bool(members) and all(self._covers_range(name, member, server_id, first, last, last_ts_ns)
+        return bool(members) and all(self._covers_range(name, member, server_id, first, first_ts_ns, last, last_ts_ns)
                                      for name, member in members.items())
 
     def _whole_since(self, server_id: str, seq: int, ts_ns: int, since_ns: int) -> bool:
@@ -263,12 +272,13 @@ class ReportLedger:
         lost: every member vouches for all its numbers up to `seq`, and one of them received
         since then with no loss (so each report then was routed to a member)."""
         return any(m.breaks == 0 and m.gone_after_ns is None and m.since_ns is not None and m.since_ns <= since_ns
-                   for m in self._members.values()) and self._accounted(server_id, 0, seq, ts_ns)
+                   for m in self._members.values()) and self._accounted(server_id, 0, since_ns, seq, ts_ns)
 
-    def _whole_until(self, server_id: str, seq: int, until_ns: int) -> bool:
-        """No report of a server after `seq` up to `until_ns` (report time) was lost."""
+    def _whole_until(self, server_id: str, seq: int, ts_ns: int, until_ns: int) -> bool:
+        """No report of a server after `seq` (reported at `ts_ns`) up to `until_ns` (report
+        time) was lost."""
         members = self._members
-        return bool(members) and all(self._covers_range(name, member, server_id, seq, 1 << 62, until_ns)
+        return bool(members) and all(self._covers_range(name, member, server_id, seq, ts_ns, 1 << 62, until_ns)
                                      for name, member in members.items())
 
     def observe_number(self, server_id: str, seq: int, ts_ns: int, now: float = 0.0) -> None:
@@ -323,14 +333,14 @@ class ReportLedger:
         at = runs.run_of(a[1])
         if at < 0:
             return False
-        if runs.lasts[at] < b[1] and not self._accounted(a[0], a[1], b[1], b[3]):
+        if runs.lasts[at] < b[1] and not self._accounted(a[0], a[1], a[3], b[1], b[3]):
             return False
         if since_ns is not None and runs.since_ns[at] > since_ns and not self._whole_since(a[0], a[1], a[3], since_ns):
             return False
         if until_ns is None:
             return True
         end = runs.run_of(b[1])
-        return (end >= 0 and runs.until_ns[end] >= until_ns) or self._whole_until(a[0], b[1], until_ns)
+        return (end >= 0 and runs.until_ns[end] >= until_ns) or self._whole_until(a[0], b[1], b[3], until_ns)
 
 
 def report_runs(reports: Iterable[tuple[str, int, int]]) -> dict[str, tuple[tuple[int, int, int, int], ...]]:

@@ -63,6 +63,12 @@ cdef class _Side:
                 sized.insert(bisect_left(sized, entry), entry)
         return True
 
+    cdef bint alone(self, object size):
+        """`linking.LinkIndex._alone`: no other entry of this size on this side."""
+        if self.entries is None or len(self.entries) <= 1:
+            return True
+        return len(self.by_size.get(size, ())) <= 1
+
     cdef void remove(self, tuple entry):
         """Take a stored entry out (`expire`)."""
         cdef list entries = self.entries
@@ -251,6 +257,9 @@ cdef class LinkIndex:
                                              self._latency_c, self._small_window, (<tuple>egress)[1], &count)
             if back is None or (<tuple>back)[2] != probe[2]:
                 egress = None
+            elif probe[1] < _SHAPE_DIGEST and not (bucket.egresses.alone((<tuple>egress)[1])
+                                                   and bucket.arrivals.alone(probe[1])):
+                egress = None  # several alike messages on the key: only proven order decides (`linking`)
         claimed = bucket.arrivals.claimed
         if egress is None:  # several candidates: order and latency decide, if they can
             result, egress, candidates = self.sequences.resolve(key, bucket.egresses.entries,

@@ -221,6 +221,12 @@ class PythonLinkIndex:
             return sized[s_start:s_end], 1
         return [], end - start
 
+    def _alone(self, is_egress: bool, key: LinkKey, size: int) -> bool:
+        """No other entry of the key on that side has this size: a pair alone in its window
+        is one message's unless two alike messages lost a report each."""
+        by_key, by_size = self._tables[is_egress]
+        return len(by_key.get(key, ())) <= 1 or len(by_size.get((key, size), ())) <= 1
+
     def resolve(self, key: LinkKey, arrival: Arrival) -> Link:
         """The egress that forwarded the message of `arrival`, if the evidence says so."""
         latency_ns, skew_ns = self._latency_ns, self._skew_ns
@@ -235,6 +241,12 @@ class PythonLinkIndex:
             back, count = self._candidates(False, key, egress.ts_ns - skew_ns, egress.ts_ns + latency_ns,
                                            egress.size)
             if not back or back[0].ident != arrival.ident:
+                egress = None
+            elif arrival.size < SHAPE_DIGEST and not (self._alone(True, key, egress.size)
+                                                      and self._alone(False, key, arrival.size)):
+                # The key carries several alike messages: two reports lost, an egress of one
+                # and an arrival of another, would leave a pair alone in the window that is
+                # not one message's. Only order, where completeness is proven, decides.
                 egress = None
         if egress is None:  # several candidates: order and latency decide, if they can
             result, egress, count = self.sequences.resolve(key, self._tables[True][0][key],

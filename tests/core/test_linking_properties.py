@@ -21,12 +21,17 @@ WINDOW = LinkSettings(max_hop_latency_s=10e-6, max_clock_skew_s=1e-6)
 COPY_CID = 1000  # the ingress cid of every report of copy c is COPY_CID + c: ground truth
 
 
-def copies_of(raws, offsets, adhoc=False):
-    """The same traced message sent again under the same context, `offsets[c]` ns later."""
+def copies_of(raws, offsets, adhoc=False, numbered=False):
+    """The same traced message sent again under the same context, `offsets[c]` ns later;
+    `numbered`: each server numbers its reports in time order (`server.seq`), nothing
+    between them, so its numbers prove none lost."""
     out = []
+    rank = {offset: at for at, offset in enumerate(sorted(offsets))}
     for copy, offset in enumerate(offsets):
         for raw in raws:
             doc = orjson.loads(raw.payload)
+            if numbered:
+                doc["server"]["seq"] = rank[offset] + 1
             for event in doc["events"]:
                 event["ts"] = _ts(parse_rfc3339_ns(event["ts"]) + offset)
             doc["events"][0]["cid"] = COPY_CID + copy
@@ -97,8 +102,10 @@ def _name_and_copy(raw):
 @settings(max_examples=60, deadline=None)
 @given(traced_message_trees(), st.lists(st.integers(1, 50), min_size=2, max_size=5, unique=True))
 def test_copies_far_apart_with_nothing_lost_are_all_linked(core, tree, gaps):
+    """Alike copies under one context, far apart: each pair is alone in its window, but
+    only the servers' numbers prove that no copy lost a report on each side (`linking`)."""
     raws, parent = tree
-    sent = copies_of(raws, [g * 1_000_000 for g in gaps])
+    sent = copies_of(raws, [g * 1_000_000 for g in gaps], numbered=True)
     results = core.convert_batch(sent, link=WINDOW)
     spans = check_no_false_links(results, bytes.fromhex(parent))
     assert all(r.link in ("", MATCHED) for r in results)
@@ -113,7 +120,7 @@ def test_copies_far_apart_with_nothing_lost_are_all_linked(core, tree, gaps):
        st.randoms(use_true_random=False))
 def test_one_adhoc_destination_gives_each_message_its_own_trace(core, tree, gaps, rnd):
     raws, _ = tree
-    sent = copies_of(raws, [g * 1_000_000 for g in gaps], adhoc=True)
+    sent = copies_of(raws, [g * 1_000_000 for g in gaps], adhoc=True, numbered=True)
     rnd.shuffle(sent)
     results = core.convert_batch(sent, link=WINDOW)
     spans = check_no_false_links(results, b"")
@@ -161,3 +168,31 @@ def test_the_live_window_forgets_by_time(core):
         converter.observe(raw, float(now))
         converter.convert(raw, float(now))
     assert len(converter.linker.index) <= 2 and converter.linker.index.evicted == 0
+
+
+def test_two_reports_lost_across_alike_copies_never_make_a_pair(core):
+    """Three alike copies under one context, the second 5 us before the first: the origin's
+    report of the first and the downstream report of the second lost. What is left of them,
+    the second's egress and the first's arrival, is alone in its window, but the key holds
+    another copy of that size (the third, far off): the pair is not decided (it would be
+    wrong). The third copy's pair, alone in its window too, is decided only by order where
+    the numbers prove it (here none): `ambiguous`, never under another copy's egress."""
+    origin = (b'{"server":{"name":"origin","id":"IDorigin"},"request":{"header":{"traceparent":'
+              b'["00-00000000000000000000000000000001-0000000000000001-01"]},"msgsize":10},"events":'
+              b'[{"type":"in","ts":"2026-11-22T02:16:30.000000000Z","kind":0,"cid":1,"name":"app","acc":"A",'
+              b'"subj":"x.y"},{"type":"eg","ts":"2026-11-22T02:16:30.000000002Z","kind":1,"cid":3,"name":"srv1",'
+              b'"hop":"1"}],"hops":1}')
+    downstream = (b'{"server":{"name":"srv1","id":"IDsrv1"},"request":{"header":{"traceparent":'
+                  b'["00-00000000000000000000000000000001-0000000000000001-01"],"Nats-Trace-Hop":["1"]},'
+                  b'"msgsize":10},"events":[{"type":"in","ts":"2026-11-22T02:16:30.000000003Z","kind":1,"cid":1,'
+                  b'"name":"origin","acc":"A","subj":"x.y"}]}')
+    raws = [RawTraceMessage("trace.a", {}, origin), RawTraceMessage("trace.a", {}, downstream)]
+    sent = copies_of(raws, [5_000, 0, 50_000_000])  # (origin, downstream) per copy
+    kept = [raw for at, raw in enumerate(sent) if at not in (0, 3)]  # copy 0's origin, copy 1's downstream
+    results = core.convert_batch(kept, link=WINDOW)
+    spans = [s for r in results for s in r.spans]
+    by_id = {s.span_id: s for s in spans}
+    for span in spans:
+        if span.kind == 5 and span.parent_span_id in by_id:  # a downstream server span under an egress
+            assert copy_of(span, by_id) == copy_of(by_id[by_id[span.parent_span_id].parent_span_id], by_id)
+    assert [r.link for r in results if r.link] == ["ambiguous", "ambiguous"]

@@ -83,7 +83,9 @@ def test_sides_that_expire_unmatched_are_counted_by_side(core):
     key = (b"ctx", "1", "up", "down")
     index.add_egress(key, Egress(1_000, 50, b"u1", b"s1"), now=0.0)  # matched below
     index.add_arrival(key, Arrival(1_200, 50, b"d1"), now=0.0)
-    index.add_egress(key, Egress(9_000_000_000, 50, b"u2", b"s2"), now=0.0)  # its report never came
+    # Another message of the context (another size: an alike one would leave the pair above
+    # undecided, `linking`), whose downstream report never came.
+    index.add_egress(key, Egress(9_000_000_000, 60, b"u2", b"s2"), now=0.0)
     lonely = (b"ctx", "2", "up", "other")
     index.add_arrival(lonely, Arrival(5_000, 50, b"d2"), now=0.0)  # its upstream never came
     assert index.resolve(key, Arrival(1_200, 50, b"d1")).result == MATCHED

@@ -5,17 +5,7 @@ conversion thread (so the Converter's link state is touched by one thread only),
 in `batch.exports_in_flight` export threads (so the next batch is converted while earlier
 ones wait for the backend, and the NATS read path never waits on one), or with `batch.workers` > 1 in that
 many worker processes (`workers.py`: batches sharded by trace id, several batches in flight). The error
-policy lives in `_policy` and nowhere else:
-
-* fatal: configuration (invalid settings, missing stream, unreadable certificates) - stop;
-* drop and count: bad input (a message that cannot decode: counted by reason, JetStream
-  `term`s it so it is never redelivered);
-* retry: a transient export failure (the exporter retries with backoff; then JetStream naks
-  the batch with a growing delay and pauses intake, core mode drops and counts it); also a
-  refusal that a fixed configuration cures (401, 403, 404: nak, not ready);
-* isolate, then drop and count: spans the backend refuses as invalid (HTTP 400,
-  INVALID_ARGUMENT) are sent again message by message; what is refused alone is never
-  retried (OTLP says so), JetStream `term`s it (`dropped{reason="export_invalid"}`).
+policy (fatal, drop and count, retry, isolate) is `policy.py`'s.
 
 Exit codes: 0 clean drain, 1 the drain timed out, 2 fatal, 3 gave up on NATS
 (`nats.give_up_after`: a source disconnected that long).
@@ -34,6 +24,7 @@ from nats_otel.bridge.accounting import BatchAccounting
 from nats_otel.bridge.exchange import exchange_for
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.intake import Intake
+from nats_otel.bridge.policy import settle
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
 from nats_otel.bridge.readiness import BackendReadiness
 from nats_otel.bridge.settings import BridgeSettings
@@ -43,9 +34,9 @@ from nats_otel.bridge.telemetry import HealthServer, Metrics
 from nats_otel.bridge.wholeness import Wholeness
 from nats_otel.bridge.workers import WorkerDied, WorkerPool
 from nats_otel.core import engine
-from nats_otel.core.pipeline import Converted, Rejected
+from nats_otel.core.pipeline import Converted
 
-__all__ = ["Bridge", "run_bridge"]
+__all__ = ["Bridge"]
 
 log = logging.getLogger("nats_otel.bridge")
 
@@ -484,46 +475,12 @@ class Bridge:
 
     def _policy(self, deliveries: Sequence[Delivery], outcome: BatchOutcome
                 ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]:
-        """Decide each delivery's fate: (ack, nak, term, hold). Core mode only counts: what a
-        JetStream bridge would nak is lost there (`dropped{reason="export_failed"}`)."""
-        ack: list[Delivery] = []
-        nak: list[Delivery] = []
-        term: list[Delivery] = []
-        hold: list[Delivery] = []
-        exported = outcome.exported
-        core = self.settings.mode == "core"
-        if core and exported:  # the common case: nothing to settle, nothing lost
-            return ack, nak, term, hold
-        for position, (delivery, result) in enumerate(zip(deliveries, outcome.results, strict=True)):
-            if position in outcome.held:
-                hold.append(delivery)  # not exported: its upstream's evidence may yet come
-            elif isinstance(result, Rejected) or position in outcome.poisoned:
-                term.append(delivery)  # bad input, or spans the backend refused: never redeliver
-            elif exported:
-                ack.append(delivery)
-            else:
-                nak.append(delivery)  # transient downstream failure: try again later
-        if core:  # nothing is settled in core mode: the lists only count what was lost
+        """Each delivery's fate (`policy.settle`). Core mode settles nothing: what a JetStream
+        bridge would nak is lost there, and counted (`dropped{reason="export_failed"}`)."""
+        if self.settings.mode != "core":
+            return settle(deliveries, outcome)
+        if not outcome.exported:
+            nak = settle(deliveries, outcome)[1]
             if nak:
                 self.metrics.dropped.labels("export_failed").inc(len(nak))
-            return [], [], [], []
-        return ack, nak, term, hold
-
-
-async def run_bridge(settings: BridgeSettings, metrics: Metrics | None = None) -> int:
-    """Run a bridge with SIGTERM/SIGINT starting the drain. Returns the exit code."""
-    import signal
-
-    try:
-        bridge = Bridge(settings, metrics)
-    except (OSError, ValueError) as exc:
-        log.error("fatal: cannot set up exporters: %s", exc)
-        return 2
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, bridge.request_stop)
-    try:
-        return await bridge.run()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        return [], [], [], []

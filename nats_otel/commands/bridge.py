@@ -117,7 +117,6 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nats_otel.bridge.loop import run_bridge
     from nats_otel.bridge.settings import SettingsError, load_settings
     from nats_otel.bridge.telemetry import configure_logging
     from nats_otel.gc_tuning import tune_gc_for_throughput
@@ -133,3 +132,24 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(settings.log.level, settings.log.format)
     tune_gc_for_throughput()
     return asyncio.run(run_bridge(settings))
+
+
+async def run_bridge(settings: Any) -> int:
+    """Run a bridge with SIGTERM/SIGINT starting the drain. Returns the exit code."""
+    import signal
+
+    from nats_otel.bridge.loop import Bridge, log
+
+    try:
+        bridge = Bridge(settings)
+    except (OSError, ValueError) as exc:
+        log.error("fatal: cannot set up exporters: %s", exc)
+        return 2
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, bridge.request_stop)
+    try:
+        return await bridge.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -115,7 +115,7 @@ class Bench:
         subject = f"bench.raw.{round_number}"
         proc = self.spawn([PY, str(ROLES), "_raw", "--url", self.url, "--subject", subject, "--out", str(out)])
         self.wait_file(Path(str(out) + ".ready"))
-        pub = self.publish(subject)
+        pub = self.publish(subject, limit=self.args.burst or 0)
         time.sleep(1.0)
         self.stop(proc)
         st = json.loads(out.read_text())
@@ -205,7 +205,9 @@ class Bench:
         proc, mport = self.start_bridge(name, workers, subject=subject, src=src)
         sampler = Sampler(proc.pid)
         cpu0, t0 = sampler.cpu(), time.time()
-        pub = self.publish(subject, rate=rate, duration=self.args.sustain_seconds if rate else 0)
+        # A burst: the first --burst messages of the pool (default all); paced: the pool cycled.
+        pub = self.publish(subject, rate=rate, duration=self.args.sustain_seconds if rate else 0,
+                           limit=0 if rate else self.args.burst or 0)
         expected = int(pub["sent"] * self.spans_per_msg)
         self.rx.wait_quiet(expected, quiet=2.5, timeout=300)
         cpu = sampler.cpu() - cpu0

@@ -203,6 +203,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a ~1 minute run (smaller pool, shorter phases)")
     parser.add_argument("--messages", type=int, help="pool size: trace messages per burst (default 200k, quick 30k)")
+    parser.add_argument("--burst", type=int, default=0,
+                        help="messages in the raw and bridge bursts (default: the whole pool); a pool larger "
+                             "than the burst keeps the paced phases' trace ids fresh (the pool cycles after it)")
     parser.add_argument("--naive-messages", type=int, help="burst for the naive pipeline (default 60k, quick 8k)")
     parser.add_argument("--workers", type=int, action="append",
                         help="bridge --workers values (repeatable; default 1 and 2)")

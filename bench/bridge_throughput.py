@@ -264,10 +264,17 @@ def main() -> None:
                 # the cost of reading and dropping a 20x overload dominating the result.
                 if "core" not in args.skip:
                     for w in args.workers:
-                        for src in (None, args.baseline) if args.baseline else (None,):
-                            prefix = "base-" if src else ""
+                        # Ours and the baseline alternate which goes first (odd rounds: the
+                        # baseline), and both are paced at one rate: 1.3x the better burst of
+                        # the round, so the pair is offered the same load.
+                        sources = [None, args.baseline] if args.baseline else [None]
+                        if round_number % 2:
+                            sources.reverse()
+                        for src in sources:
                             bench.phase_core(w, round_number, src=src)
-                            burst = bench.results[f"{prefix}burst-core-w{w}"]["rate"]
+                        burst = max(bench.by_round[("base-" if src else "") + f"burst-core-w{w}"][-1]["rate"]
+                                    for src in sources)
+                        for src in sources:
                             bench.phase_core(w, round_number, rate=1.3 * burst, src=src)
                 if "pair" not in args.skip:
                     bench.phase_pair(1, round_number)

@@ -220,7 +220,9 @@ class Bench:
              "offered": rate or pub["sent"] / max(pub["ended"] - pub["started"], 1e-6),
              "sent": pub["sent"], "received": total(m, "nats_otel_messages_received"),
              "decoded": total(m, "nats_otel_messages_decoded"), "dropped": total(m, "nats_otel_messages_dropped"),
-             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers}
+             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers,
+             # CPU seconds per message carried (a burst's cores over its window read low: it waits `link.wait`)
+             "us_per_msg": cpu / max(self.rx.spans / self.spans_per_msg, 1) * 1e6}
         self.keep(name, r)
         print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  "
               f"(received {r['received']:,.0f} of {r['sent']:,}, decoded {r['decoded']:,.0f}, "

@@ -195,7 +195,9 @@ def report_exchange(exchange: dict[str, list[dict[str, dict]]]) -> None:
 
 
 def _cpu_per_msg(r: dict) -> float:
-    """Bridge CPU microseconds per trace message carried (cores x seconds / messages)."""
+    """Bridge CPU microseconds per trace message carried (CPU seconds / messages arrived as spans)."""
+    if "us_per_msg" in r:
+        return r["us_per_msg"]
     return r["cpu"] / r["rate"] * 1e6 if r.get("rate") else float("nan")
 
 

@@ -223,7 +223,7 @@ class Bridge:
             ready: asyncio.Queue[tuple[float, list[Delivery]] | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
             workers = [asyncio.create_task(self._core_intake(delayed, ready))]
             workers += [asyncio.create_task(self._core_worker(delayed)) for _ in range(self._inflight)]
-            workers += [asyncio.create_task(self._core_worker(ready)) for _ in range(self._inflight)]
+            workers.append(asyncio.create_task(self._core_worker(ready)))
         else:
             workers = [asyncio.create_task(self._jetstream_loop(src)) for src in self.sources
                        if isinstance(src, JetStreamSource)]
@@ -338,7 +338,7 @@ class Bridge:
                     continue
             for _ in range(self._inflight):
                 await delayed.put(None)
-                await ready.put(None)
+            await ready.put(None)
             return
 
     async def _unlinked(self, batch: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:

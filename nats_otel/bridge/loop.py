@@ -219,11 +219,8 @@ class Bridge:
                                                      "exporters": [e.name for e in self._exporters]}})
         if s.mode == "core":
             delayed: asyncio.Queue[tuple[float, list[Delivery]] | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
-            # The parts of batches that need no link window (reports at their origin), at once.
-            ready: asyncio.Queue[tuple[float, list[Delivery]] | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
-            workers = [asyncio.create_task(self._core_intake(delayed, ready))]
+            workers = [asyncio.create_task(self._core_intake(delayed))]
             workers += [asyncio.create_task(self._core_worker(delayed)) for _ in range(self._inflight)]
-            workers.append(asyncio.create_task(self._core_worker(ready)))
         else:
             workers = [asyncio.create_task(self._jetstream_loop(src)) for src in self.sources
                        if isinstance(src, JetStreamSource)]
@@ -317,39 +314,21 @@ class Bridge:
 
     # -- core mode -------------------------------------------------------------------------
 
-    async def _core_intake(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None],
-                           ready: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
-        """Collect batches, record their hop evidence at once, hand them on to wait; the part
-        of a batch that needs no link window (`_unlinked`) goes to `ready`, mapped at once."""
+    async def _core_intake(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
+        """Collect batches, record their hop evidence at once, hand them on to wait."""
         while True:
             if self._past_deadline():
                 self._drop_waiting()
             else:
                 batch = await self._collect()
                 if batch:
-                    ripe_at = await self._observe(batch)
-                    batch, now = await self._unlinked(batch)
-                    if now:
-                        await ready.put((0.0, now))
-                    if batch:
-                        await delayed.put((ripe_at, batch))
+                    await delayed.put((await self._observe(batch), batch))
                     continue
                 if not (self._intake_done and self.intake.empty()):
                     continue
             for _ in range(self._inflight):
                 await delayed.put(None)
-            await ready.put(None)
             return
-
-    async def _unlinked(self, batch: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
-        """(what waits out `link.wait`, what may be mapped at once): reports at their origin
-        come out the same whenever they are mapped (`pipeline.unlinked`). With worker
-        processes the parent decodes nothing: all of it waits, as before."""
-        if self.workers is not None:
-            return batch, []
-        now = set(await asyncio.get_running_loop().run_in_executor(
-            self._pool, self.processor.unlinked, [d.raw for d in batch]))
-        return [d for i, d in enumerate(batch) if i not in now], [d for i, d in enumerate(batch) if i in now]
 
     async def _core_worker(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
         while (item := await delayed.get()) is not None:

@@ -33,7 +33,7 @@ from nats_otel.core.evidence import (
     observe_numbers,
 )
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from nats_otel.core.pipeline import Converted, Rejected, unlinked
+from nats_otel.core.pipeline import Converted, Rejected
 from nats_otel.core.records import SpanRecord
 
 __all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]
@@ -179,11 +179,6 @@ class Processor:
     def link_latencies(self) -> list[tuple[str, str, int, int]]:
         """The link latencies this bridge learned (shared with the evidence)."""
         return self.converter.linker.index.sequences.latency.known()
-
-    def unlinked(self, raws: Sequence[RawTraceMessage]) -> list[int]:
-        """Positions of the just-observed messages that need no link window: the rejected and
-        the reports at their origin (`pipeline.unlinked`); they may be converted at once."""
-        return unlinked(self.converter, raws)
 
     def process(self, raws: Sequence[RawTraceMessage], deadline: float | None) -> BatchOutcome:
         """Convert and export one batch (`convert`, then `export`, in this thread)."""

@@ -53,7 +53,7 @@ from nats_otel.core.shapes import message_shape
 from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
 __all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonConverter", "PythonLinker", "Rejected",
-           "convert_batch", "finish", "observed", "prepare", "unlinked"]
+           "convert_batch", "finish", "observed", "prepare"]
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.
@@ -338,26 +338,6 @@ def observed(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[Prep
         entry = pending.get(id(raw))
         if entry is not None and entry[0] is raw and type(entry[1]) is Prepared:
             found.append(entry[1])
-    return found
-
-
-def unlinked(converter: Converter, raws: Sequence[RawTraceMessage]) -> list[int]:
-    """Positions in `raws` of the observed messages whose conversion waits for no other
-    report: the rejected, and the reports at their origin (no arrival from another server).
-
-    `Linker.locate` places an origin report under its producer's span without looking at
-    the link index, and nothing else in `finish` reads what other reports brought: its
-    spans, issues and network sample are the same whenever it is converted. Only a
-    downstream report needs the link window (`link.wait`) for its upstream's evidence to
-    arrive. A message not observed (or forgotten) is left to wait, as before."""
-    pending = converter._pending
-    found = []
-    for position, raw in enumerate(raws):
-        entry = pending.get(id(raw))
-        if entry is not None and entry[0] is raw:
-            result = entry[1]
-            if type(result) is Rejected or (type(result) is Prepared and result.arrival is None):
-                found.append(position)
     return found
 
 

@@ -208,6 +208,10 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=0,
                         help="messages in the raw and bridge bursts (default: the whole pool); a pool larger "
                              "than the burst keeps the paced phases' trace ids fresh (the pool cycles after it)")
+    parser.add_argument("--paced-rate", type=float, default=0,
+                        help="the paced core phases' rate in msgs/s (default 1.3x the round's better burst: an "
+                             "overload, drops counted); a rate the bridge holds gives the sustained rate with "
+                             "nothing lost")
     parser.add_argument("--naive-messages", type=int, help="burst for the naive pipeline (default 60k, quick 8k)")
     parser.add_argument("--workers", type=int, action="append",
                         help="bridge --workers values (repeatable; default 1 and 2)")
@@ -277,7 +281,7 @@ def main() -> None:
                         burst = max(bench.by_round[("base-" if src else "") + f"burst-core-w{w}"][-1]["rate"]
                                     for src in sources)
                         for src in sources:
-                            bench.phase_core(w, round_number, rate=1.3 * burst, src=src)
+                            bench.phase_core(w, round_number, rate=args.paced_rate or 1.3 * burst, src=src)
                 if "pair" not in args.skip:
                     bench.phase_pair(1, round_number)
                     bench.phase_pair(1, round_number, rate=1.3 * bench.results["burst-core-2x-w1"]["rate"])

@@ -23,6 +23,7 @@ from _bridge_roles import build_pool
 
 ROLES = Path(__file__).resolve().with_name("_bridge_roles.py")
 PY = sys.executable
+NAIVE_QUEUE = 2_000_000  # BatchSpanProcessor(max_queue_size=...), the no-drop naive pipeline
 
 
 # The link-evidence exchange (bridge/exchange.py): its cost beside one bridge, and three
@@ -55,6 +56,7 @@ class Bench:
         self.rx = Receiver()
         self.procs: list[subprocess.Popen] = []
         self.results: dict[str, dict] = {}
+        self.by_round: dict[str, list[dict]] = {}  # phase -> its result in each round, in order
         self.exchange: dict[str, list[dict[str, dict]]] = {}
 
     # -- helpers
@@ -100,28 +102,34 @@ class Bench:
         return cycles * prefix(self.args.messages) + prefix(rest)
 
     def keep(self, name: str, r: dict) -> None:
-        """Keep the best round of a phase."""
+        """Keep the best round of a phase, and every round's figure for the paired ratios."""
+        self.by_round.setdefault(name, []).append(r)
         if name not in self.results or r["rate"] > self.results[name]["rate"]:
             self.results[name] = r
 
     # -- phases
 
-    def phase_raw(self) -> None:
-        out = self.workdir / "raw.json"
-        proc = self.spawn([PY, str(ROLES), "_raw", "--url", self.url, "--subject", "bench.raw", "--out", str(out)])
+    def phase_raw(self, round_number: int = 0) -> None:
+        # Files and subject per round: a round's subscriber must not find the last one's ready file.
+        out = self.workdir / f"raw-{round_number}.json"
+        subject = f"bench.raw.{round_number}"
+        proc = self.spawn([PY, str(ROLES), "_raw", "--url", self.url, "--subject", subject, "--out", str(out)])
         self.wait_file(Path(str(out) + ".ready"))
-        pub = self.publish("bench.raw")
+        pub = self.publish(subject, limit=self.args.burst or 0)
         time.sleep(1.0)
         self.stop(proc)
         st = json.loads(out.read_text())
         dur = max(st["last"] - st["first"], 1e-6)
+        # e2e: the whole burst from the first byte published to the last message counted, as
+        # a user timing the run would (the bridge's includes its link window, `link.wait`).
         r = {"msgs": st["n"], "rate": st["n"] / dur, "sent": pub["sent"],
+             "e2e": st["n"] / max(st["last"] - pub["started"], 1e-6),
              "pub_rate": pub["sent"] / (pub["ended"] - pub["started"])}
-        self.results["raw"] = r
+        self.keep("raw", r)
         print(f"raw receive : {r['rate']:10,.0f} msgs/s  ({r['msgs']:,} of {r['sent']:,}; "
               f"publisher {r['pub_rate']:,.0f}/s)", flush=True)
 
-    def phase_naive(self, sdk_defaults: bool = False) -> None:
+    def phase_naive(self, sdk_defaults: bool = False, round_number: int = 0) -> None:
         """The naive SDK pipeline fed a burst. By default configured not to drop (its queue
         holds the whole burst); `sdk_defaults`: the SDK's 2,048-span queue, which drops.
 
@@ -129,16 +137,17 @@ class Bench:
         time from the first to the last arrival (what was dropped or still queued is not
         counted)."""
         name = "naive-sdk-defaults" if sdk_defaults else "naive"
-        out = self.workdir / f"{name}.json"
+        out = self.workdir / f"{name}-{round_number}.json"
         self.rx.reset(track=False)
-        # Room for every span of the burst (plus slack): nothing is dropped for a full queue.
-        queue = 0 if sdk_defaults else int(self.args.naive_messages * self.spans_per_msg * 1.5) + 4096
-        proc = self.spawn([PY, str(ROLES), "_naive", "--url", self.url, "--subject", f"bench.{name}",
+        # What a user who saw the SDK's "Queue full" warning configures (issue 39): a queue of
+        # 2,000,000 spans, far above any burst here, so nothing is dropped for a full queue.
+        queue = 0 if sdk_defaults else NAIVE_QUEUE
+        proc = self.spawn([PY, str(ROLES), "_naive", "--url", self.url, "--subject", f"bench.{name}.{round_number}",
                            "--endpoint", self.rx.endpoint, "--out", str(out), "--max-queue", str(queue)])
         sampler = Sampler(proc.pid)
         self.wait_file(Path(str(out) + ".ready"))
         cpu0, t0 = sampler.cpu(), time.time()
-        pub = self.publish(f"bench.{name}", limit=self.args.naive_messages)
+        pub = self.publish(f"bench.{name}.{round_number}", limit=self.args.naive_messages)
         expected = int(pub["sent"] * self.spans_per_msg)
         self.rx.wait_quiet(expected, quiet=6.0, timeout=600)
         cpu = sampler.cpu() - cpu0
@@ -147,10 +156,11 @@ class Bench:
         st = json.loads(out.read_text()) if out.exists() else {"n": 0, "spans": 0}
         dur = max(self.rx.last - self.rx.first, 1e-6)
         r = {"spans": self.rx.spans, "span_rate": self.rx.spans / dur, "rate": self.rx.spans / dur / self.spans_per_msg,
+             "e2e": self.rx.spans / self.spans_per_msg / max(self.rx.last - pub["started"], 1e-6),
              "sent": pub["sent"], "received": st["n"], "spans_made": st["spans"],
              "dropped": st["spans"] - self.rx.spans, "max_queue": queue or 2048,
              "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss}
-        self.results[name] = r
+        self.keep(name, r)
         print(f"{name:<19}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  "
               f"(received {r['received']:,} of {r['sent']:,}; spans made {r['spans_made']:,}, arrived {r['spans']:,}, "
               f"queue {r['max_queue']:,}; CPU {r['cpu']:.0%}, RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
@@ -195,7 +205,9 @@ class Bench:
         proc, mport = self.start_bridge(name, workers, subject=subject, src=src)
         sampler = Sampler(proc.pid)
         cpu0, t0 = sampler.cpu(), time.time()
-        pub = self.publish(subject, rate=rate, duration=self.args.sustain_seconds if rate else 0)
+        # A burst: the first --burst messages of the pool (default all); paced: the pool cycled.
+        pub = self.publish(subject, rate=rate, duration=self.args.sustain_seconds if rate else 0,
+                           limit=0 if rate else self.args.burst or 0)
         expected = int(pub["sent"] * self.spans_per_msg)
         self.rx.wait_quiet(expected, quiet=2.5, timeout=300)
         cpu = sampler.cpu() - cpu0
@@ -204,10 +216,13 @@ class Bench:
         self.stop(proc)
         dur = max(self.rx.last - self.rx.first, 1e-6)
         r = {"spans": self.rx.spans, "span_rate": self.rx.spans / dur, "rate": self.rx.spans / dur / self.spans_per_msg,
+             "e2e": self.rx.spans / self.spans_per_msg / max(self.rx.last - pub["started"], 1e-6),
              "offered": rate or pub["sent"] / max(pub["ended"] - pub["started"], 1e-6),
              "sent": pub["sent"], "received": total(m, "nats_otel_messages_received"),
              "decoded": total(m, "nats_otel_messages_decoded"), "dropped": total(m, "nats_otel_messages_dropped"),
-             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers}
+             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers,
+             # CPU seconds per message carried (a burst's cores over its window read low: it waits `link.wait`)
+             "us_per_msg": cpu / max(self.rx.spans / self.spans_per_msg, 1) * 1e6}
         self.keep(name, r)
         print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  "
               f"(received {r['received']:,.0f} of {r['sent']:,}, decoded {r['decoded']:,.0f}, "

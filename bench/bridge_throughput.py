@@ -115,6 +115,35 @@ def report(results: dict[str, dict], workers: list[int]) -> None:
                   "waiting (target < 300 MB at 1M)")
 
 
+def report_rounds(by_round: dict[str, list[dict]], workers: list[int]) -> None:
+    """Each round's bridge against that round's ceiling, naive pipeline and baseline: the
+    paired ratios (the best-of figures above pair rounds that ran minutes apart)."""
+    raws, naives = by_round.get("raw", []), by_round.get("naive", [])
+    for w in workers:
+        for kind in ("burst-core", "core"):
+            ours, base = by_round.get(f"{kind}-w{w}", []), by_round.get(f"base-{kind}-w{w}", [])
+            for i, r in enumerate(ours):
+                parts = [(f"{kind}-w{w} round {i + 1}: {r['rate']:,.0f} msgs/s, {_cpu_per_msg(r):.1f} us/msg,"
+                         f" dropped {r.get('dropped', 0):,.0f}")]
+                if i < len(raws):
+                    parts.append(f"{r['rate'] / raws[i]['rate']:.3f} of raw ({raws[i]['rate']:,.0f})")
+                    if kind == "burst-core" and "e2e" in r:
+                        parts.append(f"end to end {r['e2e']:,.0f} msgs/s = {r['e2e'] / raws[i]['e2e']:.3f} of raw's "
+                                     f"({raws[i]['e2e']:,.0f})" + (f", {r['e2e'] / naives[i]['e2e']:.2f}x naive's "
+                                     f"({naives[i]['e2e']:,.0f})" if i < len(naives) else ""))
+                if i < len(naives):
+                    parts.append(f"{r['rate'] / naives[i]['rate']:.2f}x naive ({naives[i]['rate']:,.0f})")
+                if i < len(base):
+                    b = base[i]
+                    parts.append(f"baseline {b['rate']:,.0f} msgs/s, {_cpu_per_msg(b):.1f} us/msg")
+                    if i < len(raws):
+                        parts.append(f"baseline {b['rate'] / raws[i]['rate']:.3f} of raw"
+                                     + (f", end to end {b['e2e']:,.0f}" if kind == "burst-core" and "e2e" in b else ""))
+                    parts.append(f"ours/baseline {r['rate'] / b['rate']:.2f}x rate, "
+                                 f"{_cpu_per_msg(b) / _cpu_per_msg(r):.2f}x CPU per message")
+                print("; ".join(parts))
+
+
 def report_exchange(exchange: dict[str, list[dict[str, dict]]]) -> None:
     """Per stage: each variant's median over the rounds, and its ratio to x-one within each
     round (median of the rounds' ratios); then the exchange's extra CPU and the three bridges."""
@@ -166,7 +195,9 @@ def report_exchange(exchange: dict[str, list[dict[str, dict]]]) -> None:
 
 
 def _cpu_per_msg(r: dict) -> float:
-    """Bridge CPU microseconds per trace message carried (cores x seconds / messages)."""
+    """Bridge CPU microseconds per trace message carried (CPU seconds / messages arrived as spans)."""
+    if "us_per_msg" in r:
+        return r["us_per_msg"]
     return r["cpu"] / r["rate"] * 1e6 if r.get("rate") else float("nan")
 
 
@@ -174,6 +205,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a ~1 minute run (smaller pool, shorter phases)")
     parser.add_argument("--messages", type=int, help="pool size: trace messages per burst (default 200k, quick 30k)")
+    parser.add_argument("--burst", type=int, default=0,
+                        help="messages in the raw and bridge bursts (default: the whole pool); a pool larger "
+                             "than the burst keeps the paced phases' trace ids fresh (the pool cycles after it)")
+    parser.add_argument("--paced-rate", type=float, default=0,
+                        help="the paced core phases' rate in msgs/s (default 1.3x the round's better burst: an "
+                             "overload, drops counted); a rate the bridge holds gives the sustained rate with "
+                             "nothing lost")
     parser.add_argument("--naive-messages", type=int, help="burst for the naive pipeline (default 60k, quick 8k)")
     parser.add_argument("--workers", type=int, action="append",
                         help="bridge --workers values (repeatable; default 1 and 2)")
@@ -194,7 +232,7 @@ def main() -> None:
                              "the first paced stage, or 0.6x its first burst)")
     parser.add_argument("--exchange-stages", action="append", choices=["burst", "paced", "fixed"],
                         help="exchange phase stages (repeatable; default all three)")
-    phases = ["raw", "naive", "core", "pair", "exchange", "latency", "js"]
+    phases = ["raw", "naive", "naive-defaults", "core", "pair", "exchange", "latency", "js"]
     parser.add_argument("--skip", action="append", default=[], choices=phases)
     parser.add_argument("--only", action="append", choices=phases, help="run only these phases (repeatable)")
     args = parser.parse_args()
@@ -217,23 +255,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-bridge-") as tmp:
         bench = Bench(args, Path(tmp))
         try:
-            if "raw" not in args.skip:
-                bench.phase_raw()
-            if "naive" not in args.skip:
-                bench.phase_naive()
+            if "naive-defaults" not in args.skip:
                 bench.phase_naive(sdk_defaults=True)
             for round_number in range(args.rounds):
+                # The ceiling and the naive pipeline in every round too: the ratios are paired
+                # within a round (issue 39), not best against best.
+                if "raw" not in args.skip:
+                    bench.phase_raw(round_number)
+                if "naive" not in args.skip:
+                    bench.phase_naive(round_number=round_number)
                 # Rounds alternate the variants so machine noise hits all; the best round counts.
                 # A burst (the whole pool at once) estimates the capacity E; then the pool is
                 # offered paced at 1.3 E: the sustained rate under moderate overload, without
                 # the cost of reading and dropping a 20x overload dominating the result.
                 if "core" not in args.skip:
                     for w in args.workers:
-                        for src in (None, args.baseline) if args.baseline else (None,):
-                            prefix = "base-" if src else ""
+                        # Ours and the baseline alternate which goes first (odd rounds: the
+                        # baseline), and both are paced at one rate: 1.3x the better burst of
+                        # the round, so the pair is offered the same load.
+                        sources = [None, args.baseline] if args.baseline else [None]
+                        if round_number % 2:
+                            sources.reverse()
+                        for src in sources:
                             bench.phase_core(w, round_number, src=src)
-                            burst = bench.results[f"{prefix}burst-core-w{w}"]["rate"]
-                            bench.phase_core(w, round_number, rate=1.3 * burst, src=src)
+                        burst = max(bench.by_round[("base-" if src else "") + f"burst-core-w{w}"][-1]["rate"]
+                                    for src in sources)
+                        for src in sources:
+                            bench.phase_core(w, round_number, rate=args.paced_rate or 1.3 * burst, src=src)
                 if "pair" not in args.skip:
                     bench.phase_pair(1, round_number)
                     bench.phase_pair(1, round_number, rate=1.3 * bench.results["burst-core-2x-w1"]["rate"])
@@ -262,6 +310,7 @@ def main() -> None:
         finally:
             bench.close()
         report(bench.results, args.workers)
+        report_rounds(bench.by_round, args.workers)
         if bench.exchange:
             report_exchange(bench.exchange)
         print("\n" + json.dumps({**bench.results, "exchange": bench.exchange}, default=str))

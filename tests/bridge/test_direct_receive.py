@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,7 +23,7 @@ from nats.aio.client import Client
 
 from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.settings import BatchSettings, NatsSource
-from nats_otel.bridge.sources import direct
+from nats_otel.bridge.sources import direct, stamp
 from nats_otel.bridge.sources.delivery import size_of
 from nats_otel.bridge.sources.headers import parse_headers
 from nats_otel.bridge.sources.nats_core import CoreSource
@@ -118,6 +120,7 @@ async def test_direct_path_delivers_what_nats_py_delivers(url: str) -> None:
 
     await reference.subscribe("trace.eq.>", cb=collect, pending_bytes_limit=-1)
     await reference.flush()
+    started = datetime.now(UTC).replace(microsecond=0)
     try:
         async with RawPublisher(url) as pub:
             for round_no in range(3):
@@ -138,7 +141,9 @@ async def test_direct_path_delivers_what_nats_py_delivers(url: str) -> None:
             # nats-py keeps the last value of a name: the direct path keeps that one too, and the others.
             assert {k: v[-1] for k, v in delivery.raw.headers.items()} == (msg.headers or {}), what
             assert delivery.size == size_of(delivery.raw) == len(payload) + len(delivery.raw.subject) + 512
+            # Stamped once per read (stamp.py): a time between the test's start and now.
             assert delivery.raw.received_at and delivery.raw.received_at.endswith("Z")
+            assert started <= datetime.fromisoformat(delivery.raw.received_at) <= datetime.now(UTC)
         assert metrics.value(RECEIVED, {"source": "default"}) == count
         assert source.nc.stats["in_msgs"] >= count  # nats-py's stats still count what came in
     finally:
@@ -297,3 +302,25 @@ async def test_without_direct_dispatch_the_callback_path_delivers(url: str, monk
         assert metrics.value(RECEIVED, {"source": "default"}) == 1
     finally:
         await source.close()
+
+
+def test_the_handler_decodes_every_subject_past_the_subjects_it_keeps() -> None:
+    """The direct handler keeps the text of 1,024 subjects; past that it decodes each one
+    anew: every message keeps its own subject, invalid UTF-8 replaced as before."""
+    intake = Intake(1 << 30)
+    on_raw = core_source("nats://127.0.0.1:4222", ["t.>"], intake, Metrics()).direct_handler()
+    subjects = [f"t.{i}".encode() for i in range(1500)] + [b"t.\xff", b"t.0", b"t.1499"]
+    for subject in subjects:
+        on_raw(subject, None, b"{}")
+    assert [d.raw.subject for d in taken(intake)] == [s.decode(errors="replace") for s in subjects]
+
+
+def test_the_stamp_is_made_once_per_millisecond_and_moves_on() -> None:
+    """Messages of one read share a stamp; a later read gets a later one."""
+    first = stamp.refresh()
+    second = stamp.refresh()  # the same millisecond gives the same text, a later one a later time
+    assert second == first or datetime.fromisoformat(second) > datetime.fromisoformat(first)
+    assert stamp.CURRENT[0] is second  # what the handler reads per message
+    time.sleep(0.003)
+    later = stamp.refresh()
+    assert later > first and datetime.fromisoformat(later) > datetime.fromisoformat(first)

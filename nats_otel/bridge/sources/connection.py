@@ -17,9 +17,7 @@ import inspect
 import logging
 import random
 import ssl
-import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import nats
@@ -28,6 +26,7 @@ from nats.aio.client import Client
 from nats_otel.bridge.settings import NatsSettings, NatsSource
 from nats_otel.bridge.sources import direct as direct_dispatch
 from nats_otel.bridge.sources.link import Link, classify, next_wait
+from nats_otel.bridge.sources.stamp import received_at
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.core.decode import RawTraceMessage
 
@@ -41,19 +40,6 @@ def raw_from_msg(msg: Any) -> RawTraceMessage:
     """A nats-py message as the core's input (nats-py keeps one value per header name)."""
     headers = {name: [value] for name, value in msg.headers.items()} if msg.headers else {}
     return RawTraceMessage(msg.subject, headers, msg.data, received_at())
-
-
-_last_stamp: list[Any] = [0, ""]
-
-
-def received_at() -> str:
-    """Now as RFC 3339 (UTC, microseconds), formatted at most once per millisecond: at tens
-    of thousands of messages per second the formatting was a visible part of the receive path."""
-    now_ns = time.time_ns()
-    if now_ns // 1_000_000 != _last_stamp[0]:
-        _last_stamp[0] = now_ns // 1_000_000
-        _last_stamp[1] = datetime.fromtimestamp(now_ns // 1000 / 1e6, UTC).isoformat().replace("+00:00", "Z")
-    return _last_stamp[1]
 
 
 def _tls_context(source: NatsSource) -> ssl.SSLContext | None:

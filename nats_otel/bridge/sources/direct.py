@@ -32,7 +32,7 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.protocol import parser as nats_parser
 
-from nats_otel.bridge.sources import frames
+from nats_otel.bridge.sources import frames, stamp
 
 __all__ = ["PARSER_UNSUPPORTED", "UNSUPPORTED", "DirectClient", "DirectHandler", "DirectParser",
            "direct_unsupported", "parser_unsupported"]
@@ -98,6 +98,7 @@ class DirectParser(nats_parser.Parser):
 
     async def parse(self, data: bytes = b"") -> None:
         client = self._client
+        stamp.refresh()  # the messages of one read share its receive time (stamp.py)
         if self.state != _CONTROL_LINE:
             # nats-py is inside a frame (it read the line, waits for the payload): give it
             # exactly what the frame still needs, then scan what follows.
@@ -162,6 +163,7 @@ class DirectClient(Client):
         handler = self._direct.get(sid)
         if handler is None:
             return await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+        stamp.refresh()  # nats-py's parser dispatches one message at a time here
         stats = self.stats
         stats["in_msgs"] += 1
         stats["in_bytes"] += len(data)

@@ -29,10 +29,11 @@ from nats.aio.subscription import Subscription
 
 from nats_otel.bridge.settings import BatchSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources import direct, frames
-from nats_otel.bridge.sources.connection import connect_source, raw_from_msg, received_at
+from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
 from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery, delivery
 from nats_otel.bridge.sources.headers import parse_headers
 from nats_otel.bridge.sources.link import Link
+from nats_otel.bridge.sources.stamp import CURRENT as _STAMP
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.core.decode import RawTraceMessage
 
@@ -45,6 +46,7 @@ _INTEREST_MARGIN_NS = 500_000_000
 log = logging.getLogger("nats_otel.core")
 
 _HEADER_LOG_EVERY_S = 10.0
+_SUBJECTS_KEPT = 1024  # subjects whose text the direct handler keeps (see `direct_handler`)
 _fallback_logged: list[bool] = [False]
 
 
@@ -145,11 +147,21 @@ class CoreSource:
         headers_of = self._headers
         link = self.link
 
+        stamp = _STAMP
+        # A trace subscription's messages come on a few subjects: each one's text is made
+        # once, not per message (bounded: a wildcard may see many).
+        subjects: dict[bytes, str] = {}
+
         def on_raw(subject: bytes, header_block: bytes | None, payload: bytes) -> None:
             tally.value += 1
-            subject_text = subject.decode(errors="replace")
+            subject_text = subjects.get(subject)
+            if subject_text is None:
+                subject_text = subject.decode(errors="replace")
+                if len(subjects) < _SUBJECTS_KEPT:
+                    subjects[subject] = subject_text
+            # The read's receive time, stamped once per read by the parser (stamp.py).
             raw = RawTraceMessage(subject_text, headers_of(header_block) if header_block else {}, payload,
-                                  received_at())
+                                  stamp[0])
             # `delivery(raw, name)`, inline (a call less per message): sized as `size_of` sizes it.
             if not offer(Delivery(raw, name, len(payload) + len(subject_text) + MESSAGE_OVERHEAD, None,
                                   self._dropped + link.downs)):

@@ -148,8 +148,9 @@ def profile_spark(input_dir: str, master: str, out: str, flags: list[str]) -> No
     samples = sampler.samples
     Path(log_dir, "cpu-samples.json").write_text(json.dumps(samples))
     print(f"event log and CPU samples in {log_dir}")
+    # The workers are gone by the last sample: their most is what they used.
     print(f"status {status}; session start {ready - started:.1f}s, job {done - ready:.1f}s; "
-          f"CPU in all: JVM {samples[-1][1]:.1f}s, Python workers {samples[-1][2]:.1f}s, "
+          f"CPU in all: JVM {max(s[1] for s in samples):.1f}s, Python workers {max(s[2] for s in samples):.1f}s, "
           f"driver {samples[-1][3]:.1f}s")
     print("| stage | what | tasks | wall s | task run s | task CPU s | JVM CPU s | Python CPU s | shuffle write MB "
           "| shuffle read MB |")

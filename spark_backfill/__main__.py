@@ -131,6 +131,7 @@ def _check(args: argparse.Namespace, starting_spark: bool, local_paths: bool) ->
 def _convert(spark: Any, args: argparse.Namespace) -> int:
     from spark_backfill import sources, transform
     from spark_backfill.outputs import open_outputs
+    from spark_backfill.session import is_remote
 
     started = time.monotonic()
     # Every output is checked (and staged) before any job runs.
@@ -147,12 +148,19 @@ def _convert(spark: Any, args: argparse.Namespace) -> int:
         service_name=args.service_name,
         header_allowlist=DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in args.allow_header},
     )
-    # Only what the sinks read: the span table's columns cost more to build than the spans.
-    table = bool(args.parquet_out or args.mark_incomplete or args.otlp_endpoint)
-    columns = transform.ROW_COLUMNS if table else transform.LEAN_COLUMNS
-    rows, rejects, persisted = transform.convert(frames, transform.ConvertSettings(options=options), columns=columns)
+    settings = transform.ConvertSettings(options=options)
+    keyed = transform.keyed(frames, settings)
+    persisted = [keyed.records]
     try:
-        status = _load(spark, args, rows, rejects, started, targets, outputs.mode)
+        # OTLP/JSON files (and rejects) alone: lines straight from the records (`traces`),
+        # counted by an accumulator, which a Spark Connect client has not.
+        if args.otlp_json_out and not (args.parquet_out or args.mark_incomplete or args.otlp_endpoint
+                                       or is_remote(spark)):
+            status = _write_lines(spark, args, keyed, settings, started, targets, outputs.mode)
+        else:
+            rows = transform.span_rows_of(keyed, settings)
+            persisted.append(rows)
+            status = _load(spark, args, rows, keyed.rejects(), started, targets, outputs.mode)
         outputs.commit()
         return status
     except BaseException:
@@ -161,6 +169,47 @@ def _convert(spark: Any, args: argparse.Namespace) -> int:
     finally:
         for frame in persisted:
             frame.unpersist()
+
+
+# OTLP/JSON bytes per payload byte, to pick a file count before converting: 3.8 on the
+# corpus replicated (bench/backfill_throughput.py: 563 MB of OTLP/JSON from 149 MB of
+# payloads); compressed payloads give more (fewer, larger files than the target).
+_OTLP_JSON_PER_PAYLOAD_BYTE = 3.8
+
+
+def _write_lines(spark: Any, args: argparse.Namespace, keyed: Any, settings: Any, started: float,
+                 targets: dict[str, str], mode: str) -> int:
+    from pyspark.sql import functions as F
+
+    from spark_backfill import sinks, traces, transform
+    from spark_backfill.outputs import otlp_json_files
+
+    rejects: dict[str, int] = {}
+    payload = 0
+    for r in keyed.records.groupBy("reject_reason").agg(F.count("*").alias("n"),
+                                                        F.sum(F.length("payload")).alias("bytes")).collect():
+        if r["reject_reason"] is None:
+            payload = r["bytes"] or 0
+        else:
+            rejects[r["reject_reason"]] = r["n"]
+    if "--rejects-out" in targets:
+        sinks.write_rejects(keyed.rejects(), targets["--rejects-out"], mode, args.compress)
+        log.info("wrote %d rejects to %s", sum(rejects.values()), args.rejects_out)
+    estimated = int(payload * _OTLP_JSON_PER_PAYLOAD_BYTE)
+    files = args.otlp_json_files or otlp_json_files(estimated, args.target_file_bytes)
+    tally = spark.sparkContext.accumulator(traces.Tally.zero({}), traces.Tally())
+    lines = traces.otlp_json_lines(keyed.records, settings, keyed.run_index, files, spark, tally,
+                                   transform.input_partitions(keyed.records))
+    sinks.write_lines(lines, targets["--otlp-json-out"], mode, args.compress)
+    counts = tally.value
+    log.info(
+        "converted %d trace messages to %d spans; %d rejected %s; issues %s (%.1fs)",
+        counts["messages"], counts["spans"], sum(rejects.values()), dict(sorted(rejects.items())),
+        dict(sorted(counts["issues"].items())), time.monotonic() - started,
+    )
+    log.info("wrote OTLP/JSON in %d files to %s (%.1fs)", files, args.otlp_json_out, time.monotonic() - started)
+    log.info("done in %.1fs", time.monotonic() - started)
+    return 0
 
 
 def _count_rows(rows: Any, rejects: Any) -> tuple[int, int, dict[str, int], dict[str, int], int]:

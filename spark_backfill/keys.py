@@ -6,8 +6,9 @@ Each record becomes one row of KEYED_SCHEMA:
 
 - the raw message as columns (`subject`, `headers` as JSON, `payload`): the conversion
   pass builds its `RawTraceMessage` from them, with no archive JSON or base64 to undo again;
-- its trace context (`ctx_key`, what the records are grouped by) and its report (server id,
-  seq, ingress time: `runs.report_runs`);
+- its trace context (`ctx_key`, what the records are grouped by), the trace its spans are
+  in when the context says (`trace_key`: a traceparent's trace id; null for ad-hoc
+  contexts) and its report (server id, seq, ingress time: `runs.report_runs`);
 - or, for a record that gives no spans, why (`reject_reason`, `reject_detail`) and the
   record itself (its first `RECORD_EXCERPT` characters): the rejects are known here, and
   never reach the conversion.
@@ -35,8 +36,8 @@ __all__ = ["KEYED_SCHEMA", "RECORD_EXCERPT", "ConvertSettings", "LineKey", "key_
 # A record is kept in the rejects as at most this much of its archive line.
 RECORD_EXCERPT = 2000
 
-KEYED_SCHEMA = ("subject string, headers string, payload binary, source string, ctx_key binary, server_id string, "
-                "seq long, ts_ns long, reject_reason string, reject_detail string, record string")
+KEYED_SCHEMA = ("subject string, headers string, payload binary, source string, ctx_key binary, trace_key binary, "
+                "server_id string, seq long, ts_ns long, reject_reason string, reject_detail string, record string")
 _NAMES = [part.split(" ")[0] for part in KEYED_SCHEMA.split(", ")]
 
 
@@ -102,6 +103,7 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[
     for batch in batches:
         cols: dict[str, list[Any]] = {name: [] for name in _NAMES}
         subject, headers, payload, ctx_key = cols["subject"], cols["headers"], cols["payload"], cols["ctx_key"]
+        trace_key = cols["trace_key"]
         server_id, seq, ts_ns = cols["server_id"], cols["seq"], cols["ts_ns"]
         reason, detail, record = cols["reject_reason"], cols["reject_detail"], cols["record"]
         for raw, line, failed in _raws(batch):
@@ -113,7 +115,7 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[
             if failed is not None:
                 why, _, what = failed.partition("\x1f")
                 text = line if line is not None else archive_record(raw).decode()  # type: ignore[arg-type]
-                for column in (payload, ctx_key, server_id, seq, ts_ns, headers):
+                for column in (payload, ctx_key, trace_key, server_id, seq, ts_ns, headers):
                     column.append(None)
                 subject.append(raw.subject if raw is not None else None)
                 reason.append(why)
@@ -124,7 +126,11 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[
             subject.append(raw.subject)  # type: ignore[union-attr]
             headers.append(orjson.dumps(raw.headers).decode() if raw.headers else None)  # type: ignore[union-attr]
             payload.append(raw.payload)  # type: ignore[union-attr]
-            ctx_key.append(prepared.ctx.id_fields)
+            ctx = prepared.ctx
+            ctx_key.append(ctx.id_fields)
+            # Every span of a traceparent's context is in its trace; an ad-hoc context's
+            # traces are known once linked (`traces`).
+            trace_key.append(ctx.trace_id if ctx.adhoc_key is None else None)
             numbered = msg.server.seq > 0
             server_id.append(msg.server.id if numbered else None)
             # uint64 seqs and times, shifted into Spark's signed long (`runs.SHIFT`).

@@ -49,14 +49,17 @@ __all__ = [
     "REJECT_COLUMNS",
     "ROW_COLUMNS",
     "SPAN_COLUMNS",
-    "Conversion",
+    "ContextGroup",
     "ConvertSettings",
+    "Keyed",
     "arrow_batch",
-    "convert",
     "ddl",
+    "input_partitions",
+    "keyed",
     "resource_from_json",
     "row_to_span",
     "span_rows",
+    "span_rows_of",
 ]
 
 # One row per span.
@@ -218,6 +221,37 @@ def arrow_batch(rows: Sequence[Mapping[str, Any]], schema: str) -> Any:
 _GROUP_COLUMNS = ["subject", "headers", "payload", "source", "ctx_key", "server_id", "seq"]
 
 
+class ContextGroup:
+    """The keyed records of one trace context, as they come (sorted by context key), and
+    their conversion: `convert_batch` with the runs of the whole input that hold its reports."""
+
+    __slots__ = ("raws", "reports", "sources")
+
+    def __init__(self) -> None:
+        self.raws: list[Any] = []
+        self.sources: list[str] = []
+        self.reports: list[tuple[str, int]] = []
+
+    def add(self, subject: str | None, headers: str | None, payload: bytes, source: str, server_id: str | None,
+            seq: int | None) -> None:
+        self.raws.append(raw_message(subject, headers, payload))
+        self.sources.append(source)
+        if seq is not None:
+            self.reports.append((server_id, seq + runs.SHIFT))  # type: ignore[arg-type]  # numbered: an id
+
+    def convert(self, settings: ConvertSettings, run_index: runs.RunIndex | None) -> list[tuple[str, Converted]]:
+        """(source, spans) of each record; empties the group."""
+        report_runs = None if run_index is None else run_index.covering(self.reports)
+        results = convert_batch(self.raws, settings.options, settings.limits, report_runs=report_runs)
+        out = []
+        for source, result in zip(self.sources, results, strict=True):
+            if isinstance(result, Rejected):  # the key pass decoded it with the same limits
+                raise RuntimeError(f"{source}: rejected by the conversion, not by the key pass: {result.reason}")
+            out.append((source, result))
+        self.raws, self.sources, self.reports = [], [], []
+        return out
+
+
 def _convert_groups(batches: Iterable[Any], settings: ConvertSettings, run_index: runs.RunIndex | None = None,
                     columns: Sequence[str] = tuple(ROW_COLUMNS)) -> Iterator[Any]:
     """Span rows of a partition of keyed records sorted by context key: each stretch of one
@@ -225,39 +259,55 @@ def _convert_groups(batches: Iterable[Any], settings: ConvertSettings, run_index
     over), with the runs of the whole input that hold its reports; yielded `batch_rows`
     rows at a time."""
     out = _Columns(columns)
+    group = ContextGroup()
     key: bytes | None = None
-    raws: list[Any] = []
-    sources: list[str] = []
-    reports: list[tuple[str, int]] = []
-
-    def convert_group() -> None:
-        report_runs = None if run_index is None else run_index.covering(reports)
-        results = convert_batch(raws, settings.options, settings.limits, report_runs=report_runs)
-        for source, result in zip(sources, results, strict=True):
-            if isinstance(result, Rejected):  # the key pass decoded it with the same limits
-                raise RuntimeError(f"{source}: rejected by the conversion, not by the key pass: {result.reason}")
-            out.add(result, source)
-
     for batch in batches:
         for subject, headers, payload, source, ctx_key, server_id, seq in zip(
                 *(batch.column(c).to_pylist() for c in _GROUP_COLUMNS), strict=True):
-            if ctx_key != key and raws:
-                convert_group()
-                raws, sources, reports = [], [], []
+            if ctx_key != key and group.raws:
+                for converted_source, converted in group.convert(settings, run_index):
+                    out.add(converted, converted_source)
                 if out.rows >= settings.batch_rows:
                     yield out.batch()
             key = ctx_key
-            raws.append(raw_message(subject, headers, payload))
-            sources.append(source)
-            if seq is not None:
-                reports.append((server_id, seq + runs.SHIFT))
-    if raws:
-        convert_group()
+            group.add(subject, headers, payload, source, server_id, seq)
+    for converted_source, converted in group.convert(settings, run_index):
+        out.add(converted, converted_source)
     if out.rows:
         yield out.batch()
 
 
-def _input_partitions(df: Any) -> int | None:
+class Keyed(NamedTuple):
+    """The keyed records of the whole input (persisted: the caller unpersists them) and the
+    runs of its reports."""
+
+    records: Any
+    run_index: runs.RunIndex
+
+    def rejects(self) -> Any:
+        """The rejected records (REJECT_COLUMNS)."""
+        from pyspark.sql import functions as F
+
+        return self.records.where(F.col("reject_reason").isNotNull()).select(
+            F.col("reject_reason").alias("reason"), F.col("reject_detail").alias("detail"), "subject", "source",
+            "record")
+
+
+def keyed(frames: Sequence[Any], settings: ConvertSettings, persist: Any = None) -> Keyed:
+    """Every record of `frames` (each archive lines, or messages: `keys.key_lines`) keyed,
+    and the whole input's report runs.
+
+    The keyed records are persisted (`persist`, a StorageLevel; default memory and disk):
+    the runs' job reads them, and then the grouping, each record decoded once for both.
+    """
+    from pyspark import StorageLevel
+
+    records = functools.reduce(lambda a, b: a.unionByName(b), [key_lines(frame, settings) for frame in frames])
+    records = records.persist(persist or StorageLevel.MEMORY_AND_DISK)
+    return Keyed(records, runs.RunIndex(runs.report_runs(records.select("server_id", "seq", "ts_ns"))))
+
+
+def input_partitions(df: Any) -> int | None:
     """As many groups as input splits (the input's size decides); None under Spark Connect,
     which has no RDDs to ask: there the shuffle partitions decide, coalesced by AQE."""
     from spark_backfill.session import is_remote
@@ -267,42 +317,22 @@ def _input_partitions(df: Any) -> int | None:
     return df.rdd.getNumPartitions() or 1
 
 
-class Conversion(NamedTuple):
-    """What `convert` gives: the span rows, the rejected records (REJECT_COLUMNS), and the
-    persisted frames (the caller unpersists them)."""
-
-    rows: Any
-    rejects: Any
-    persisted: tuple[Any, ...]
-
-
-def convert(frames: Sequence[Any], settings: ConvertSettings, persist: Any = None,
-            columns: Sequence[str] = tuple(ROW_COLUMNS)) -> Conversion:
-    """Span rows (`columns` of ROW_COLUMNS) of every record of `frames` (each archive lines,
-    or messages: `keys.key_lines`), converted together, and the rejects.
-
-    The keyed records are persisted (`persist`, a StorageLevel; default memory and disk):
-    the runs' job reads them, and then the grouping, each record decoded once for both. So
-    are the span rows: the counts and every sink read them instead of mapping again (and
-    range partitioning samples them). The caller unpersists both when done.
-    """
+def span_rows_of(keyed: Keyed, settings: ConvertSettings, persist: Any = None,
+                 columns: Sequence[str] = tuple(ROW_COLUMNS)) -> Any:
+    """Span rows (`columns` of ROW_COLUMNS) of the good keyed records, persisted (`persist`,
+    default memory and disk): the counts and every sink read them instead of mapping again
+    (and range partitioning samples them). The caller unpersists them."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    level = persist or StorageLevel.MEMORY_AND_DISK
-    keyed = functools.reduce(lambda a, b: a.unionByName(b), [key_lines(frame, settings) for frame in frames])
-    keyed = keyed.persist(level)
-    run_index = runs.RunIndex(runs.report_runs(keyed.select("server_id", "seq", "ts_ns")))
-    good = keyed.where(F.col("reject_reason").isNull()).select(*_GROUP_COLUMNS)
-    partitions = _input_partitions(keyed)
+    good = keyed.records.where(F.col("reject_reason").isNull()).select(*_GROUP_COLUMNS)
+    partitions = input_partitions(keyed.records)
     grouped = (good.repartition(partitions, "ctx_key") if partitions else good.repartition("ctx_key")
                ).sortWithinPartitions("ctx_key")
     rows = grouped.mapInArrow(
-        functools.partial(_convert_groups, settings=settings, run_index=run_index, columns=tuple(columns)),
-        ddl(columns)).persist(level)
-    rejects = keyed.where(F.col("reject_reason").isNotNull()).select(
-        F.col("reject_reason").alias("reason"), F.col("reject_detail").alias("detail"), "subject", "source", "record")
-    return Conversion(rows, rejects, (rows, keyed))
+        functools.partial(_convert_groups, settings=settings, run_index=keyed.run_index, columns=tuple(columns)),
+        ddl(columns))
+    return rows.persist(persist or StorageLevel.MEMORY_AND_DISK)
 
 
 # --- back to span records ----------------------------------------------------------------

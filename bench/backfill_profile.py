@@ -127,7 +127,7 @@ def stage_table(log_dir: str, samples: list) -> list[dict]:
     return rows
 
 
-def profile_spark(input_dir: str, master: str, out: str, flags: list[str]) -> None:
+def profile_spark(input_dir: str, master: str, out: str, flags: list[str], conf: dict[str, str]) -> None:
     if "PYTHONPATH" not in os.environ:  # else: the spark_backfill it names (another version's, for a baseline)
         sys.path.insert(0, str(ROOT))
     from spark_backfill.__main__ import run
@@ -138,7 +138,7 @@ def profile_spark(input_dir: str, master: str, out: str, flags: list[str]) -> No
     sampler.start()
     started = time.time()
     spark = build_session(master, extra_conf={"spark.ui.enabled": "false", "spark.eventLog.enabled": "true",
-                                              "spark.eventLog.dir": log_dir})
+                                              "spark.eventLog.dir": log_dir, **conf})
     ready = time.time()
     status = run(spark, ["convert", "--input", input_dir, "--otlp-json-out", out, "--overwrite", *flags])
     done = time.time()
@@ -221,6 +221,7 @@ def main() -> None:
     parser.add_argument("--master", default="local[1]")
     parser.add_argument("--out", default=None)
     parser.add_argument("--python", type=int, metavar="N", help="time the Python steps on N lines instead")
+    parser.add_argument("--conf", action="append", default=[], metavar="K=V", help="a setting of the session")
     parser.add_argument("flags", nargs="*", help="extra convert flags (after --)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -228,7 +229,7 @@ def main() -> None:
         profile_python(args.input, args.python)
     else:
         profile_spark(args.input, args.master, args.out or tempfile.mkdtemp(prefix="backfill-out-") + "/otlp",
-                      args.flags)
+                      args.flags, dict(item.split("=", 1) for item in args.conf))
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ def _write_lines(spark: Any, args: argparse.Namespace, keyed: Any, settings: Any
                  targets: dict[str, str], mode: str) -> int:
     from pyspark.sql import functions as F
 
-    from spark_backfill import sinks, traces, transform
+    from spark_backfill import sinks, traces
     from spark_backfill.outputs import otlp_json_files
 
     rejects: dict[str, int] = {}
@@ -198,8 +198,7 @@ def _write_lines(spark: Any, args: argparse.Namespace, keyed: Any, settings: Any
     estimated = int(payload * _OTLP_JSON_PER_PAYLOAD_BYTE)
     files = args.otlp_json_files or otlp_json_files(estimated, args.target_file_bytes)
     tally = spark.sparkContext.accumulator(traces.Tally.zero({}), traces.Tally())
-    lines = traces.otlp_json_lines(keyed.records, settings, keyed.run_index, files, spark, tally,
-                                   transform.input_partitions(keyed.records))
+    lines = traces.otlp_json_lines(keyed.records, settings, keyed.run_index, files, spark, tally)
     sinks.write_lines(lines, targets["--otlp-json-out"], mode, args.compress)
     counts = tally.value
     log.info(

@@ -8,6 +8,7 @@ import sys
 import warnings
 
 __all__ = [
+    "LOCAL_JAVA_OPTIONS",
     "QUIET_LOGGERS",
     "build_session",
     "default_parallelism",
@@ -50,11 +51,20 @@ def local_driver_memory(total_bytes: int | None = None) -> str:
     return f"{gib}g"
 
 
+# The embedded JVM compiles with C1 only. A local run lives seconds to minutes, and the
+# optimising compiler (C2) spent more CPU compiling Spark than its faster code saved: 200k
+# trace messages at local[1], JVM 25 CPU-s with C1 only against 38-40 with both, the whole
+# run faster (docs/backfill.md, "Where the time goes"). A cluster's long-lived executors
+# are another matter: spark-submit runs never get it.
+LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
 def local_defaults() -> dict[str, str]:
     """Settings for an embedded local Spark (`--conf` overrides them; spark-submit never sees them)."""
     return {
         "spark.driver.memory": local_driver_memory(),
         "spark.sql.files.maxPartitionBytes": LOCAL_MAX_PARTITION_BYTES,
+        "spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS,
     }
 
 

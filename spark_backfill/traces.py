@@ -186,15 +186,16 @@ def bucket_values(spark: Any, partitions: int) -> list[int]:
 
 
 def otlp_json_lines(keyed: Any, settings: ConvertSettings, run_index: runs.RunIndex | None, files: int,
-                    spark: Any, tally: Any = None, adhoc_partitions: int | None = None) -> Any:
+                    spark: Any, tally: Any = None) -> Any:
     """The OTLP/JSON lines (`value`) of the good keyed records, in `files` partitions
     ordered by trace id, each sorted: what `write.text` writes as `convert`'s file.
     `tally`: an accumulator of `Tally` (None: not counted)."""
     from pyspark.sql import functions as F
 
     good = keyed.where(F.col("reject_reason").isNull())
-    adhoc = good.where(F.col("trace_key").isNull()).select(*_COLUMNS)
-    adhoc = adhoc.repartition(adhoc_partitions, "ctx_key") if adhoc_partitions else adhoc.repartition("ctx_key")
+    # Partitions left to adaptive execution, which merges them: ad-hoc records are mostly
+    # few, and an empty task still costs a Python round trip.
+    adhoc = good.where(F.col("trace_key").isNull()).select(*_COLUMNS).repartition("ctx_key")
     adhoc_lines = adhoc.sortWithinPartitions("ctx_key").mapInArrow(
         functools.partial(_adhoc_lines, settings=settings, run_index=run_index, tally=tally), LINE_SCHEMA)
     records = good.where(F.col("trace_key").isNotNull()).select("trace_key", *_COLUMNS)

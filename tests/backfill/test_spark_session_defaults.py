@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_backfill.session import LOCAL_MAX_PARTITION_BYTES, local_defaults, local_driver_memory
+from spark_backfill.session import LOCAL_JAVA_OPTIONS, LOCAL_MAX_PARTITION_BYTES, local_defaults, local_driver_memory
 
 GIB = 1 << 30
 
@@ -18,3 +18,13 @@ def test_local_defaults_raise_the_heap_and_bound_the_splits() -> None:
     defaults = local_defaults()
     assert defaults["spark.sql.files.maxPartitionBytes"] == LOCAL_MAX_PARTITION_BYTES
     assert defaults["spark.driver.memory"] == local_driver_memory()
+
+
+def test_the_embedded_jvm_compiles_with_c1_only() -> None:
+    assert local_defaults()["spark.driver.extraJavaOptions"] == LOCAL_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
+
+
+def test_the_test_session_runs_the_embedded_defaults(spark) -> None:
+    """What the CLI's local session gets reaches the JVM (its own input arguments)."""
+    args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    assert LOCAL_JAVA_OPTIONS in list(args)

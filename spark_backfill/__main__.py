@@ -130,6 +130,7 @@ def _check(args: argparse.Namespace, starting_spark: bool, local_paths: bool) ->
 
 def _convert(spark: Any, args: argparse.Namespace) -> int:
     from spark_backfill import sources, transform
+    from spark_backfill.keys import KeyTally
     from spark_backfill.outputs import open_outputs
     from spark_backfill.session import is_remote
 
@@ -149,14 +150,16 @@ def _convert(spark: Any, args: argparse.Namespace) -> int:
         header_allowlist=DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in args.allow_header},
     )
     settings = transform.ConvertSettings(options=options)
-    keyed = transform.keyed(frames, settings)
+    # OTLP/JSON files (and rejects) alone: lines straight from the records (`traces`),
+    # counted by accumulators, which a Spark Connect client has not.
+    lines = args.otlp_json_out and not (args.parquet_out or args.mark_incomplete or args.otlp_endpoint
+                                        or is_remote(spark))
+    key_tally = spark.sparkContext.accumulator(KeyTally.zero({}), KeyTally()) if lines else None
+    keyed = transform.keyed(frames, settings, tally=key_tally)
     persisted = [keyed.records]
     try:
-        # OTLP/JSON files (and rejects) alone: lines straight from the records (`traces`),
-        # counted by an accumulator, which a Spark Connect client has not.
-        if args.otlp_json_out and not (args.parquet_out or args.mark_incomplete or args.otlp_endpoint
-                                       or is_remote(spark)):
-            status = _write_lines(spark, args, keyed, settings, started, targets, outputs.mode)
+        if key_tally is not None:
+            status = _write_lines(spark, args, keyed, key_tally.value, settings, started, targets, outputs.mode)
         else:
             rows = transform.span_rows_of(keyed, settings)
             persisted.append(rows)
@@ -177,21 +180,12 @@ def _convert(spark: Any, args: argparse.Namespace) -> int:
 _OTLP_JSON_PER_PAYLOAD_BYTE = 3.8
 
 
-def _write_lines(spark: Any, args: argparse.Namespace, keyed: Any, settings: Any, started: float,
-                 targets: dict[str, str], mode: str) -> int:
-    from pyspark.sql import functions as F
-
+def _write_lines(spark: Any, args: argparse.Namespace, keyed: Any, key_counts: dict[str, Any], settings: Any,
+                 started: float, targets: dict[str, str], mode: str) -> int:
     from spark_backfill import sinks, traces
     from spark_backfill.outputs import otlp_json_files
 
-    rejects: dict[str, int] = {}
-    payload = 0
-    for r in keyed.records.groupBy("reject_reason").agg(F.count("*").alias("n"),
-                                                        F.sum(F.length("payload")).alias("bytes")).collect():
-        if r["reject_reason"] is None:
-            payload = r["bytes"] or 0
-        else:
-            rejects[r["reject_reason"]] = r["n"]
+    rejects, payload = key_counts["rejects"], key_counts["payload"]
     if "--rejects-out" in targets:
         sinks.write_rejects(keyed.rejects(), targets["--rejects-out"], mode, args.compress)
         log.info("wrote %d rejects to %s", sum(rejects.values()), args.rejects_out)

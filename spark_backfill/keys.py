@@ -31,7 +31,8 @@ from nats_otel.core.engine import prepare
 from nats_otel.core.mapping import MappingOptions
 from spark_backfill import runs
 
-__all__ = ["KEYED_SCHEMA", "RECORD_EXCERPT", "ConvertSettings", "LineKey", "key_lines", "line_key", "raw_message"]
+__all__ = ["KEYED_SCHEMA", "RECORD_EXCERPT", "ConvertSettings", "KeyTally", "LineKey", "key_lines", "line_key",
+           "raw_message"]
 
 # A record is kept in the rejects as at most this much of its archive line.
 RECORD_EXCERPT = 2000
@@ -96,10 +97,28 @@ def _raws(batch: Any) -> Iterator[tuple[RawTraceMessage | None, str | None, str 
         yield RawTraceMessage(subject, dict(headers or ()), data or b""), None, None
 
 
-def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[Any]:
+class KeyTally:
+    """Rejects by reason and good payload bytes, added up over the key pass's tasks (an
+    AccumulatorParam): what a run writing lines needs before converting, with no job of
+    its own. A retried task counts twice; the rejects output itself is exact."""
+
+    @staticmethod
+    def zero(value: dict[str, Any]) -> dict[str, Any]:
+        return {"rejects": {}, "payload": 0}
+
+    @staticmethod
+    def addInPlace(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:  # noqa: N802 - Spark's name
+        total["payload"] += more["payload"]
+        for reason, n in more["rejects"].items():
+            total["rejects"][reason] = total["rejects"].get(reason, 0) + n
+        return total
+
+
+def _key_batches(batches: Iterable[Any], settings: ConvertSettings, tally: Any = None) -> Iterator[Any]:
     import pyarrow as pa
 
     limits = settings.limits
+    counts = KeyTally.zero({})
     for batch in batches:
         cols: dict[str, list[Any]] = {name: [] for name in _NAMES}
         subject, headers, payload, ctx_key = cols["subject"], cols["headers"], cols["payload"], cols["ctx_key"]
@@ -119,6 +138,7 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[
                     column.append(None)
                 subject.append(raw.subject if raw is not None else None)
                 reason.append(why)
+                counts["rejects"][why] = counts["rejects"].get(why, 0) + 1
                 detail.append(what)
                 record.append(text.rstrip("\n")[:RECORD_EXCERPT])
                 continue
@@ -126,6 +146,7 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[
             subject.append(raw.subject)  # type: ignore[union-attr]
             headers.append(orjson.dumps(raw.headers).decode() if raw.headers else None)  # type: ignore[union-attr]
             payload.append(raw.payload)  # type: ignore[union-attr]
+            counts["payload"] += len(raw.payload)  # type: ignore[union-attr]
             ctx = prepared.ctx
             ctx_key.append(ctx.id_fields)
             # Every span of a traceparent's context is in its trace; an ad-hoc context's
@@ -141,6 +162,8 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[
             record.append(None)
         cols["source"] = batch.column("source")
         yield pa.RecordBatch.from_pydict(cols, schema=_arrow_schema())
+    if tally is not None:
+        tally.add(counts)
 
 
 @functools.cache
@@ -151,8 +174,9 @@ def _arrow_schema() -> Any:
     return pa.schema([pa.field(*part.split(" ")[:1], types[part.split(" ")[1]]) for part in KEYED_SCHEMA.split(", ")])
 
 
-def key_lines(frame: Any, settings: ConvertSettings) -> Any:
+def key_lines(frame: Any, settings: ConvertSettings, tally: Any = None) -> Any:
     """`frame` (archive lines `value`, `source`; or messages `subject`, `headers`, `data`,
-    `source`) keyed (KEYED_SCHEMA)."""
+    `source`) keyed (KEYED_SCHEMA); `tally`: an accumulator of `KeyTally`, or None."""
     columns = ["value", "source"] if "value" in frame.columns else ["subject", "headers", "data", "source"]
-    return frame.select(*columns).mapInArrow(functools.partial(_key_batches, settings=settings), KEYED_SCHEMA)
+    return frame.select(*columns).mapInArrow(functools.partial(_key_batches, settings=settings, tally=tally),
+                                             KEYED_SCHEMA)

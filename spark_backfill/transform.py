@@ -293,16 +293,17 @@ class Keyed(NamedTuple):
             "record")
 
 
-def keyed(frames: Sequence[Any], settings: ConvertSettings, persist: Any = None) -> Keyed:
+def keyed(frames: Sequence[Any], settings: ConvertSettings, persist: Any = None, tally: Any = None) -> Keyed:
     """Every record of `frames` (each archive lines, or messages: `keys.key_lines`) keyed,
-    and the whole input's report runs.
+    and the whole input's report runs (`tally`: an accumulator of `keys.KeyTally`, complete
+    once this returns: the runs' job runs the key pass).
 
     The keyed records are persisted (`persist`, a StorageLevel; default memory and disk):
     the runs' job reads them, and then the grouping, each record decoded once for both.
     """
     from pyspark import StorageLevel
 
-    records = functools.reduce(lambda a, b: a.unionByName(b), [key_lines(frame, settings) for frame in frames])
+    records = functools.reduce(lambda a, b: a.unionByName(b), [key_lines(frame, settings, tally) for frame in frames])
     records = records.persist(persist or StorageLevel.MEMORY_AND_DISK)
     return Keyed(records, runs.RunIndex(runs.report_runs(records.select("server_id", "seq", "ts_ns"))))
 

@@ -28,3 +28,13 @@ def test_the_test_session_runs_the_embedded_defaults(spark) -> None:
     """What the CLI's local session gets reaches the JVM (its own input arguments)."""
     args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
     assert LOCAL_JAVA_OPTIONS in list(args)
+
+
+def test_shuffle_partitions_are_four_per_local_core() -> None:
+    import os
+
+    from spark_backfill.session import local_cores
+
+    assert [local_cores(m) for m in ("local", "local[1]", "local[3]", "local[2,4]")] == [1, 1, 3, 2]
+    assert local_cores("local[*]") == os.cpu_count()
+    assert local_defaults(3)["spark.sql.shuffle.partitions"] == "12"

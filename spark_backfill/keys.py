@@ -82,15 +82,15 @@ def raw_message(subject: str | None, headers: str | None, payload: bytes) -> Raw
     return RawTraceMessage(subject, orjson.loads(headers) if headers else {}, payload)
 
 
-def _raws(batch: Any) -> Iterator[tuple[RawTraceMessage | None, str | None, str | None]]:
-    """(raw message or None, archive line, why not) per row of an input batch."""
+def _raws(batch: Any) -> Iterator[tuple[RawTraceMessage | None, str | None, DecodeError | None]]:
+    """(raw message or None, archive line or None, why it is no message) per row of an input batch."""
     names = batch.schema.names
     if "value" in names:
         for line in batch.column("value").to_pylist():
             try:
                 yield parse_archive_line(line), line, None
             except DecodeError as exc:
-                yield None, line, f"{exc.reason}\x1f{exc.detail}"
+                yield None, line, exc
         return
     for subject, headers, data in zip(batch.column("subject").to_pylist(), batch.column("headers").to_pylist(),
                                       batch.column("data").to_pylist(), strict=True):
@@ -126,27 +126,29 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings, tally: Any =
         server_id, seq, ts_ns = cols["server_id"], cols["seq"], cols["ts_ns"]
         reason, detail, record = cols["reject_reason"], cols["reject_detail"], cols["record"]
         for raw, line, failed in _raws(batch):
+            prepared = None
             if raw is not None:
                 try:
                     prepared = prepare(raw, limits)
                 except DecodeError as exc:
-                    failed = f"{exc.reason}\x1f{exc.detail}"
-            if failed is not None:
-                why, _, what = failed.partition("\x1f")
+                    failed = exc
+            if raw is None or prepared is None:
+                # The record as the rejects show it: its archive line, or one made for it.
                 text = line if line is not None else archive_record(raw).decode()  # type: ignore[arg-type]
                 for column in (payload, ctx_key, trace_key, server_id, seq, ts_ns, headers):
                     column.append(None)
                 subject.append(raw.subject if raw is not None else None)
+                why = failed.reason  # type: ignore[union-attr]  # set whenever there is no prepared message
                 reason.append(why)
                 counts["rejects"][why] = counts["rejects"].get(why, 0) + 1
-                detail.append(what)
+                detail.append(failed.detail)  # type: ignore[union-attr]
                 record.append(text.rstrip("\n")[:RECORD_EXCERPT])
                 continue
             msg = prepared.msg
-            subject.append(raw.subject)  # type: ignore[union-attr]
-            headers.append(orjson.dumps(raw.headers).decode() if raw.headers else None)  # type: ignore[union-attr]
-            payload.append(raw.payload)  # type: ignore[union-attr]
-            counts["payload"] += len(raw.payload)  # type: ignore[union-attr]
+            subject.append(raw.subject)
+            headers.append(orjson.dumps(raw.headers).decode() if raw.headers else None)
+            payload.append(raw.payload)
+            counts["payload"] += len(raw.payload)
             ctx = prepared.ctx
             ctx_key.append(ctx.id_fields)
             # Every span of a traceparent's context is in its trace; an ad-hoc context's

@@ -1,8 +1,15 @@
 """Backfill throughput: local[1] vs local[2], driver memory as input grows, vs one process.
 
 Not a test. Generates --messages trace messages by replicating the corpus with fresh trace
-ids (and fresh ad-hoc subjects), then runs, each in its own process so memory figures
-are its own:
+ids (and fresh ad-hoc subjects).
+
+`--per-core 200000 1000000` (the issue-38 scenario): whole commands as a user runs them,
+start-up included - `nats-otel convert IN -o OUT`, then `python -m spark_backfill convert
+--input IN --otlp-json-out D` at `--master local[1]` and `local[2]` - in turns, `--rounds`
+times per size; each Spark run as a ratio of the convert of its own turn, and per core;
+peak RSS of the driver, the JVM and the Python workers; the outputs compared byte for byte.
+
+Otherwise it runs, each in its own process so memory figures are its own:
 
 - `spark_backfill` convert -> OTLP/JSON at local[2] on 1/4, 1/2 and all of the input
   (driver RSS as input grows), and at local[1] on all of it (the local[2]/local[1] ratio);
@@ -13,6 +20,7 @@ Times exclude JVM and Python-worker start-up (a warm-up run on the corpus comes 
     python bench/backfill_throughput.py                  # 1M messages (~25 min on 2 cores)
     python bench/backfill_throughput.py --messages 20000 # quick check
     python bench/backfill_throughput.py --output-files --messages 200000  # file layouts
+    python bench/backfill_throughput.py --per-core 200000 1000000 --rounds 2  # whole commands
 """
 
 from __future__ import annotations
@@ -229,12 +237,125 @@ def output_files(work: Path, n: int, rounds: int = 2) -> None:
     (work / "output-files.json").write_text(json.dumps(list(best.values()), indent=2))
 
 
+# --- whole commands, as a user runs them -------------------------------------------------
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree(root: int) -> dict[int, tuple[str, int, float]]:
+    """pid -> (role, RSS KiB, CPU s) for a process tree now: the driver (`root`), the JVMs,
+    the Python workers. A process's own CPU only (a reaped child's is in its parent's
+    `cutime`, and also in our last sample of it: counted once)."""
+    out = {}
+    todo = [(root, "driver")]
+    while todo:
+        pid, role = todo.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if pid != root:
+            role = "jvm" if name == "java" else "workers" if name.startswith("python") else "other"
+        cpu = sum(int(v) for v in stat.rsplit(")", 1)[1].split()[11:13]) / _TICK
+        out[pid] = (role, _rss_kib(pid)[0], cpu)
+        todo.extend((kid, role) for kid in _children(pid))
+    return out
+
+
+def whole(command: list[str]) -> dict:
+    """Run one command as a whole process: wall seconds, peak RSS (MiB) of its driver, its
+    JVM and its Python workers, and their CPU seconds (the driver's from the kernel; the
+    others sampled every 0.2 s: what they used after our last look is missed)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak = {"driver": 0, "jvm": 0, "workers": 0}
+    cpu: dict[int, tuple[str, float]] = {}
+    while True:
+        reaped, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if reaped:
+            break
+        rss: dict[str, int] = {}
+        for pid, (role, kib, seconds) in _tree(proc.pid).items():
+            rss[role] = rss.get(role, 0) + kib
+            cpu[pid] = (role, seconds)
+        for role in peak:
+            peak[role] = max(peak[role], rss.get(role, 0))
+        time.sleep(0.2)
+    seconds = time.monotonic() - start
+    # The driver's own, from the kernel (pyspark does not wait for its JVM: not in it).
+    cpu[proc.pid] = ("driver", usage.ru_utime + usage.ru_stime)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    if proc.returncode != 0:
+        raise SystemExit(f"{command} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    totals = {f"{role}_cpu_s": sum(c for r, c in cpu.values() if r == role) for role in ("driver", "jvm", "workers")}
+    return {"seconds": seconds, **{f"{k}_mib": v / 1024 for k, v in peak.items()}, **totals}
+
+
+def commands(folder: str, out: Path) -> dict[str, list[str]]:
+    """The issue's scenario: `nats-otel convert` and the backfill at local[1] and local[2],
+    each writing OTLP/JSON, each a whole process (start-up included)."""
+    bin_dir = Path(sys.executable).parent
+    spark = [sys.executable, "-m", "spark_backfill", "convert", "--input", folder, "--overwrite", "--otlp-json-out"]
+    return {
+        "convert": [str(bin_dir / "nats-otel"), "convert", folder, "-o", str(out / "convert.jsonl"), "--quiet"],
+        "local[1]": [*spark, str(out / "local1"), "--master", "local[1]"],
+        "local[2]": [*spark, str(out / "local2"), "--master", "local[2]"],
+    }
+
+
+def per_core(work: Path, sizes: list[int], rounds: int) -> None:
+    """Whole commands in turns (convert, local[1], local[2]), `rounds` times per size: each
+    Spark run beside the convert of its own round, as a ratio (the machine is shared and its
+    speed drifts), and per core (local[n] / n x convert). Same spans checked by bytes."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    results = []
+    for size in sizes:
+        folder = work / f"in-{size}"
+        if not folder.exists():
+            generate(folder, size)
+        for turn in range(rounds):
+            out = work / f"out-{size}"
+            out.mkdir(exist_ok=True)
+            row: dict = {"messages": size, "turn": turn, "load_before": _load()}
+            for label, command in commands(str(folder), out).items():
+                row[label] = whole(command)
+            reference = (out / "convert.jsonl").read_bytes()
+            for label in ("local[1]", "local[2]"):
+                produced = b"".join(p.read_bytes() for p in sorted((out / label.replace("[", "").replace("]", ""))
+                                                                   .glob("part-*")))
+                row[label]["same_bytes"] = produced == reference
+            row["load_after"] = _load()
+            results.append(row)
+            base, base_cpu = row["convert"]["seconds"], row["convert"]["driver_cpu_s"]
+            print(f"{size:>9} msgs turn {turn}: convert {base:6.1f}s ({size / base:7.0f} msg/s, "
+                  f"{base_cpu:.1f} CPU-s, {row['convert']['driver_mib']:.0f} MiB)", flush=True)
+            for label, cores in (("local[1]", 1), ("local[2]", 2)):
+                r = row[label]
+                ratio = base / r["seconds"]
+                cpu = r["driver_cpu_s"] + r["jvm_cpu_s"] + r["workers_cpu_s"]
+                print(f"{'':>9}      {label}: {r['seconds']:6.1f}s ({size / r['seconds']:7.0f} msg/s) "
+                      f"= {ratio:.2f}x convert, {ratio / cores:.2f} per core; same bytes {r['same_bytes']}; "
+                      f"CPU-s {cpu:.1f} (JVM {r['jvm_cpu_s']:.1f}, Python workers {r['workers_cpu_s']:.1f}, "
+                      f"driver {r['driver_cpu_s']:.1f}): convert/this {base_cpu / cpu:.2f}; "
+                      f"peak RSS driver {r['driver_mib']:.0f} MiB, JVM {r['jvm_mib']:.0f} MiB, "
+                      f"Python workers {r['workers_mib']:.0f} MiB", flush=True)
+            print(f"{'':>9}      [{row['load_before']} | after: {row['load_after']}]", flush=True)
+    (work / "per-core.json").write_text(json.dumps(results, indent=2))
+    print(f"results in {work / 'per-core.json'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--workdir", help="keep generated input and outputs here (default: a temp dir)")
     parser.add_argument("--output-files", action="store_true",
                         help="compare the OTLP/JSON file layouts instead (output_files)")
+    parser.add_argument("--per-core", nargs="+", type=int, metavar="N",
+                        help="whole commands at these sizes instead: convert, local[1], local[2] (per_core)")
+    parser.add_argument("--rounds", type=int, default=2, help="turns of each command per size (--per-core)")
     parser.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -244,6 +365,9 @@ def main() -> None:
         return
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="backfill-bench-"))
+    if args.per_core:
+        per_core(work, args.per_core, args.rounds)
+        return
     n = args.messages
     if args.output_files:
         output_files(work, n)

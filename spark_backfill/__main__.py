@@ -129,10 +129,10 @@ def _check(args: argparse.Namespace, starting_spark: bool, local_paths: bool) ->
 
 
 def _convert(spark: Any, args: argparse.Namespace) -> int:
-    from pyspark import StorageLevel
-
     from spark_backfill import sources, transform
+    from spark_backfill.keys import KeyTally
     from spark_backfill.outputs import open_outputs
+    from spark_backfill.session import is_remote
 
     started = time.monotonic()
     # Every output is checked (and staged) before any job runs.
@@ -143,63 +143,98 @@ def _convert(spark: Any, args: argparse.Namespace) -> int:
     if args.input:
         frames.append(sources.read_inputs(spark, args.input, args.input_format))
     if args.stream:
-        js = sources.JetStreamSource(args.jetstream_url, args.stream, args.jetstream_creds)
-        # Read the stream once: both passes of the transform use it.
-        frames.append(sources.read_jetstream(spark, js, args.jetstream_ranges).persist(StorageLevel.MEMORY_AND_DISK))
-    lines = frames[0]
-    for other in frames[1:]:
-        lines = lines.unionByName(other)
-
+        frames.append(sources.read_jetstream(spark, args.jetstream_url, args.stream, args.jetstream_creds,
+                                             args.jetstream_ranges))
     options = MappingOptions(
         service_name=args.service_name,
         header_allowlist=DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in args.allow_header},
     )
-    rows, persisted = transform.convert(lines, transform.ConvertSettings(options=options))
+    settings = transform.ConvertSettings(options=options)
+    # OTLP/JSON files (and rejects) alone: lines straight from the records (`traces`),
+    # counted by accumulators, which a Spark Connect client has not.
+    lines = args.otlp_json_out and not (args.parquet_out or args.mark_incomplete or args.otlp_endpoint
+                                        or is_remote(spark))
+    key_tally = spark.sparkContext.accumulator(KeyTally.zero({}), KeyTally()) if lines else None
+    keyed = transform.keyed(frames, settings, tally=key_tally)
+    persisted = [keyed.records]
     try:
-        status = _load(spark, args, rows, started, targets, outputs.mode)
+        if key_tally is not None:
+            status = _write_lines(spark, args, keyed, key_tally.value, settings, started, targets, outputs.mode)
+        else:
+            rows = transform.span_rows_of(keyed, settings)
+            persisted.append(rows)
+            status = _load(spark, args, rows, keyed.rejects(), started, targets, outputs.mode)
         outputs.commit()
         return status
     except BaseException:
         outputs.abort()
         raise
     finally:
-        persisted.unpersist()
+        for frame in persisted:
+            frame.unpersist()
 
 
-def _count_rows(rows: Any) -> tuple[int, int, dict[str, int], dict[str, int], int]:
-    """(messages, spans, rejects by reason, issues by kind, estimated OTLP/JSON bytes): one job."""
+# OTLP/JSON bytes per payload byte, to pick a file count before converting: 3.8 on the
+# corpus replicated (bench/backfill_throughput.py: 563 MB of OTLP/JSON from 149 MB of
+# payloads); compressed payloads give more (fewer, larger files than the target).
+_OTLP_JSON_PER_PAYLOAD_BYTE = 3.8
+
+
+def _write_lines(spark: Any, args: argparse.Namespace, keyed: Any, key_counts: dict[str, Any], settings: Any,
+                 started: float, targets: dict[str, str], mode: str) -> int:
+    from spark_backfill import sinks, traces
+    from spark_backfill.outputs import otlp_json_files
+
+    rejects, payload = key_counts["rejects"], key_counts["payload"]
+    if "--rejects-out" in targets:
+        sinks.write_rejects(keyed.rejects(), targets["--rejects-out"], mode, args.compress)
+        log.info("wrote %d rejects to %s", sum(rejects.values()), args.rejects_out)
+    estimated = int(payload * _OTLP_JSON_PER_PAYLOAD_BYTE)
+    files = args.otlp_json_files or otlp_json_files(estimated, args.target_file_bytes)
+    tally = spark.sparkContext.accumulator(traces.Tally.zero({}), traces.Tally())
+    lines = traces.otlp_json_lines(keyed.records, settings, keyed.run_index, files, spark, tally)
+    sinks.write_lines(lines, targets["--otlp-json-out"], mode, args.compress)
+    counts = tally.value
+    log.info(
+        "converted %d trace messages to %d spans; %d rejected %s; issues %s (%.1fs)",
+        counts["messages"], counts["spans"], sum(rejects.values()), dict(sorted(rejects.items())),
+        dict(sorted(counts["issues"].items())), time.monotonic() - started,
+    )
+    log.info("wrote OTLP/JSON in %d files to %s (%.1fs)", files, args.otlp_json_out, time.monotonic() - started)
+    log.info("done in %.1fs", time.monotonic() - started)
+    return 0
+
+
+def _count_rows(rows: Any, rejects: Any) -> tuple[int, int, dict[str, int], dict[str, int], int]:
+    """(messages, spans, rejects by reason, issues by kind, estimated OTLP/JSON bytes): two jobs."""
     from pyspark.sql import functions as F
 
     server = F.col("role") == "server"
     # Each span once, and its resource about once per trace message (a server span's).
     encoded = F.length("otlp_span") + 1 + F.when(server, F.length("otlp_resource") + 100).otherwise(0)
     messages = spans_total = estimated = 0
-    rejects: dict[str, int] = {}
     issues: dict[str, int] = {}
-    for r in rows.groupBy("row_type", server.alias("server"), "reject_reason", "issues").agg(
-        F.count("*").alias("n"), F.sum(encoded).alias("bytes")
-    ).collect():
-        if r["row_type"] == "reject":
-            rejects[r["reject_reason"]] = rejects.get(r["reject_reason"], 0) + r["n"]
-            continue
+    for r in rows.groupBy(server.alias("server"), "issues").agg(F.count("*").alias("n"),
+                                                                 F.sum(encoded).alias("bytes")).collect():
         spans_total += r["n"]
         estimated += r["bytes"] or 0
         messages += r["n"] if r["server"] else 0
         for issue in r["issues"] or []:
             name = issue.split(":")[0]
             issues[name] = issues.get(name, 0) + r["n"]
-    return messages, spans_total, rejects, issues, estimated
+    rejected = {r["reason"]: r["n"] for r in rejects.groupBy("reason").agg(F.count("*").alias("n")).collect()}
+    return messages, spans_total, rejected, issues, estimated
 
 
-def _load(spark: Any, args: argparse.Namespace, rows: Any, started: float, targets: dict[str, str],
-          mode: str) -> int:
+def _load(spark: Any, args: argparse.Namespace, rows: Any, rejects_df: Any, started: float,
+          targets: dict[str, str], mode: str) -> int:
     from pyspark import StorageLevel
 
     from spark_backfill import completeness, sinks
     from spark_backfill.outputs import otlp_json_files
     from spark_backfill.session import default_parallelism
 
-    messages, spans_total, rejects, issues, estimated = _count_rows(rows)
+    messages, spans_total, rejects, issues, estimated = _count_rows(rows, rejects_df)
     log.info(
         "converted %d trace messages to %d spans; %d rejected %s; issues %s (%.1fs)",
         messages, spans_total, sum(rejects.values()), dict(sorted(rejects.items())),
@@ -213,7 +248,7 @@ def _load(spark: Any, args: argparse.Namespace, rows: Any, started: float, targe
         log.info("incomplete traces: %d missing downstream hops in %d traces%s", missing.count(),
                  missing.select("trace_id").distinct().count(), " (placeholders added)" if args.placeholders else "")
     if "--rejects-out" in targets:
-        sinks.write_rejects(rows, targets["--rejects-out"], mode, args.compress)
+        sinks.write_rejects(rejects_df, targets["--rejects-out"], mode, args.compress)
         log.info("wrote %d rejects to %s", sum(rejects.values()), args.rejects_out)
     # File counts by size, not by trace count. Parquet is some 5-10x smaller than OTLP/JSON:
     # as many Parquet files keeps them a few MB each, not one per input split.

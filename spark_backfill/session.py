@@ -8,10 +8,12 @@ import sys
 import warnings
 
 __all__ = [
+    "LOCAL_JAVA_OPTIONS",
     "QUIET_LOGGERS",
     "build_session",
     "default_parallelism",
     "is_remote",
+    "local_cores",
     "local_defaults",
     "local_driver_memory",
     "under_spark_submit",
@@ -50,11 +52,35 @@ def local_driver_memory(total_bytes: int | None = None) -> str:
     return f"{gib}g"
 
 
-def local_defaults() -> dict[str, str]:
-    """Settings for an embedded local Spark (`--conf` overrides them; spark-submit never sees them)."""
+# The embedded JVM compiles with C1 only. A local run lives seconds to minutes, and the
+# optimising compiler (C2) spent more CPU compiling Spark than its faster code saved: 200k
+# trace messages at local[1], JVM 25 CPU-s with C1 only against 38-40 with both, the whole
+# run faster (docs/backfill.md, "Where the time goes"). A cluster's long-lived executors
+# are another matter: spark-submit runs never get it.
+LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def local_cores(master: str) -> int:
+    """The cores of a `local` (one), `local[N]`, `local[N,F]` or `local[*]` master."""
+    if "[" not in master:
+        return 1
+    inside = master.partition("[")[2].partition("]")[0].split(",")[0].strip()
+    return (os.cpu_count() or 1) if inside == "*" else max(1, int(inside))
+
+
+def local_defaults(cores: int = 1) -> dict[str, str]:
+    """Settings for an embedded local Spark of `cores` cores (`--conf` and
+    `--shuffle-partitions` override them; spark-submit never sees them).
+
+    Shuffle partitions: 4 per core, not Spark's 200. Adaptive execution merges small reduce
+    partitions, but every map task still writes one file per partition: 200 for the 2 MB
+    shuffle of a run's ad-hoc contexts cost more than moving them (JVM CPU 22.0 -> 20.6 s
+    at 200k trace messages, local[1], docs/backfill.md)."""
     return {
         "spark.driver.memory": local_driver_memory(),
         "spark.sql.files.maxPartitionBytes": LOCAL_MAX_PARTITION_BYTES,
+        "spark.driver.extraJavaOptions": LOCAL_JAVA_OPTIONS,
+        "spark.sql.shuffle.partitions": str(4 * cores),
     }
 
 
@@ -136,7 +162,7 @@ def build_session(
         "spark.sql.debug.maxToStringFields": "200",
     }
     if (master or "").startswith("local") and not under_spark_submit():
-        conf.update(local_defaults())
+        conf.update(local_defaults(local_cores(master or "local[*]")))
     if shuffle_partitions:
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
     conf.update(extra_conf or {})

@@ -23,13 +23,14 @@ from typing import Any
 from nats_otel.core.encode import MAX_SPANS_PER_REQUEST, to_protobuf
 from nats_otel.core.records import Resource, SpanRecord
 from spark_backfill.fragments import TracePiece, span_pieces, trace_line
-from spark_backfill.transform import ENCODED_COLUMNS, SPAN_COLUMNS, resource_from_json, row_to_span
+from spark_backfill.transform import ENCODED_COLUMNS, REJECT_COLUMNS, SPAN_COLUMNS, resource_from_json, row_to_span
 
 __all__ = [
     "OtlpExportSettings",
     "export_otlp",
     "otlp_json_lines",
     "span_table",
+    "write_lines",
     "write_otlp_json",
     "write_parquet",
     "write_rejects",
@@ -47,8 +48,8 @@ _REJECT_COLUMNS = ["reject_reason", "reject_detail", "subject", "source", "recor
 
 
 def span_table(rows: Any) -> Any:
-    """The span rows only: the span table's columns and each span's OTLP/JSON."""
-    return rows.filter(rows.row_type == "span").select(*SPAN_COLUMNS, *ENCODED_COLUMNS)
+    """The span table's columns and each span's OTLP/JSON (those of them the rows have)."""
+    return rows.select(*[c for c in (*SPAN_COLUMNS, *ENCODED_COLUMNS) if c in rows.columns])
 
 
 def _spans_of(batch: Any) -> list[SpanRecord]:
@@ -122,13 +123,19 @@ def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "error",
     """OTLP/JSON lines, `partitions` files range-partitioned by trace id, each sorted."""
     from pyspark.sql import functions as F
 
-    rebuild = [F.when(F.col("otlp_span").isNull(), F.col(c)).alias(c)
+    # A lean conversion (no completeness marking) has no span to rebuild: nulls stand in.
+    rebuild = [F.when(F.col("otlp_span").isNull(), F.col(c) if c in spans.columns else F.lit(None)).alias(c)
                for c in _REBUILD_COLUMNS if c not in _PIECE_COLUMNS]
     df = spans.select(*_PIECE_COLUMNS, *rebuild)
     # Spans in their order within each trace, so that a long trace splits where `convert` splits it.
     df = df.repartitionByRange(partitions, F.col("trace_id")).sortWithinPartitions(
         "trace_id", "start_ns", "end_ns", "span_id")
     lines = df.mapInArrow(otlp_json_lines, "value string")
+    lines.write.mode(mode).option("compression", compression).text(out)
+
+
+def write_lines(lines: Any, out: str, mode: str = "error", compression: str = "none") -> None:
+    """OTLP/JSON lines (`traces.otlp_json_lines`), a file per partition, in order."""
     lines.write.mode(mode).option("compression", compression).text(out)
 
 
@@ -142,12 +149,10 @@ def write_parquet(spans: Any, out: str, mode: str = "error", files: int | None =
     (table.coalesce(files) if files else table).write.mode(mode).parquet(out)
 
 
-def write_rejects(rows: Any, out: str, mode: str = "error", compression: str = "none") -> None:
-    """Rejected records as JSON Lines (one file): reason, detail, subject, source, the record."""
-    rejects = rows.filter(rows.row_type == "reject").select(*_REJECT_COLUMNS)
-    rejects.withColumnRenamed("reject_reason", "reason").withColumnRenamed("reject_detail", "detail").coalesce(
-        1
-    ).write.mode(mode).option("compression", compression).json(out)
+def write_rejects(rejects: Any, out: str, mode: str = "error", compression: str = "none") -> None:
+    """Rejected records (`transform.REJECT_COLUMNS`) as JSON Lines in one file: reason,
+    detail, subject, source, the record."""
+    rejects.select(*REJECT_COLUMNS).coalesce(1).write.mode(mode).option("compression", compression).json(out)
 
 
 # --- OTLP export from the executors ------------------------------------------------------

@@ -1,52 +1,40 @@
-"""Extract: every source becomes one DataFrame of archive lines (`value`, `source`).
+"""Extract: every source becomes a DataFrame of archive lines or of stored messages.
 
-One shape for all sources means one parse path in the executors (`parse_archive_line`,
-the same as `nats-otel convert`):
+Archive sources become one DataFrame of archive lines (`value`, `source`), parsed in the
+executors by `parse_archive_line`, the same as `nats-otel convert`:
 
 - archive JSON Lines: local files and folders (expanded like `convert` does), globs and any
   Hadoop-compatible URI (`s3a://`, `hdfs://`, `.gz` decompressed by Spark);
 - Parquet files of archive records (`subject`, `headers`, `payload_b64` or binary `payload`,
   optional `received_at`), turned back into archive lines by Spark;
-- a JetStream stream, read in parallel by sequence ranges (see `read_range`).
+- a JetStream stream, read in parallel by sequence ranges by the `nats-jetstream` data
+  source (`jetstream`), as messages (`subject`, `headers`, `data`), not archive lines.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
-import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nats_otel.archive import archive_record
 from nats_otel.core.decode import RawTraceMessage
-from spark_backfill.checks import is_local, local_inputs
+from spark_backfill.checks import UsageError, is_local, local_inputs
+from spark_backfill.jetstream import JetStreamRange, JetStreamSource, read_messages
 
 __all__ = [
-    "JetStreamRange",
-    "JetStreamSource",
-    "plan_ranges",
     "read_archive",
     "read_inputs",
     "read_jetstream",
     "read_parquet",
     "read_range",
-    "stream_bounds",
 ]
 
 log = logging.getLogger("spark_backfill")
 
 # The names `nats_otel.archive.expand_inputs` takes from a folder, as a Hadoop glob.
 ARCHIVE_GLOB = "*.{jsonl,ndjson,jsonl.gz,ndjson.gz}"
-
-# Headers the server adds to messages it hands out of a stream; not the trace message's own.
-_STREAM_HEADERS = frozenset(
-    {"nats-stream", "nats-sequence", "nats-subject", "nats-time-stamp", "nats-num-pending", "nats-last-sequence"}
-)
-
 
 # --- archive files -----------------------------------------------------------------------
 
@@ -110,149 +98,37 @@ def read_inputs(spark: Any, paths: Sequence[str], input_format: str = "auto") ->
 # --- JetStream ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class JetStreamSource:
-    """Where the stream is: shipped to the executors, which connect themselves."""
+def read_jetstream(spark: Any, url: str, stream: str, creds: str | None = None, parts: int | None = None) -> Any:
+    """The stream's messages (`subject`, `headers`, `data`, `source`), through the
+    `nats-jetstream` data source (`jetstream`): one task per sequence range, `parts` ranges
+    (default: by size, at least one per core). The plan is made here first, to log it and
+    to answer a missing stream in one line before any job (`UsageError`)."""
+    from pyspark.sql import functions as F
 
-    url: str
-    stream: str
-    creds: str | None = None
-    fetch_batch: int = 512
-    timeout: float = 5.0
+    from spark_backfill.jetstream import NAME, JetStreamDataSource, JetStreamReader, StreamNotFound
+    from spark_backfill.session import default_parallelism
 
-
-@dataclass(frozen=True, slots=True)
-class JetStreamRange:
-    """Stream sequences `first`..`last` (inclusive): one task's share."""
-
-    first: int
-    last: int
-
-
-def plan_ranges(first: int, last: int, parts: int) -> list[JetStreamRange]:
-    """Split `first..last` into at most `parts` contiguous, non-overlapping ranges."""
-    if last < first or first <= 0:
-        return []
-    total = last - first + 1
-    size = math.ceil(total / max(1, parts))
-    return [JetStreamRange(start, min(last, start + size - 1)) for start in range(first, last + 1, size)]
-
-
-async def _connect(source: JetStreamSource) -> Any:
-    import nats
-
-    kwargs: dict[str, Any] = {"servers": [source.url], "connect_timeout": source.timeout, "allow_reconnect": False}
-    if source.creds:
-        kwargs["user_credentials"] = source.creds
-    return await nats.connect(**kwargs)
-
-
-async def _bounds(source: JetStreamSource) -> tuple[int, int, int]:
-    nc = await _connect(source)
+    options = {"servers": url, "stream": stream}
+    if creds:
+        options["creds"] = creds
+    # At least a range per core: a small stream still keeps every core busy in the key pass.
+    options.update({"partitions": str(parts)} if parts else {"minPartitions": str(default_parallelism(spark))})
     try:
-        info = await nc.jetstream(timeout=source.timeout).stream_info(source.stream)
-        return info.state.first_seq, info.state.last_seq, info.state.messages
-    finally:
-        await nc.close()
-
-
-def stream_bounds(source: JetStreamSource) -> tuple[int, int, int]:
-    """(first sequence, last sequence, message count) of the stream, asked by the driver."""
-    return asyncio.run(_bounds(source))
-
-
-def _raw(msg: Any) -> RawTraceMessage:
-    headers = {k: [v] for k, v in (msg.headers or {}).items() if k.lower() not in _STREAM_HEADERS}
-    stamp = msg.metadata.timestamp
-    return RawTraceMessage(msg.subject, headers, msg.data, stamp.isoformat() if stamp else None)
-
-
-async def _read(source: JetStreamSource, part: JetStreamRange) -> list[tuple[str, str]]:
-    """Archive lines of the messages with sequences in `part`.
-
-    An ephemeral pull consumer starting at `part.first`, no acks, in memory, deleted when
-    done (and by the server after `inactive_threshold` should this task die first): reads
-    only this range and leaves no consumer state behind. Gaps (deleted messages) are
-    skipped by the server.
-    """
-    from nats.errors import TimeoutError as NatsTimeout
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-    nc = await _connect(source)
-    js = nc.jetstream(timeout=source.timeout)
-    out: list[tuple[str, str]] = []
-    consumer = None
-    try:
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=part.first,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=60.0,
-            mem_storage=True,
-            num_replicas=1,
-        )
-        info = await js.add_consumer(source.stream, config)
-        consumer = info.name
-        sub = await js.pull_subscribe_bind(consumer=consumer, stream=source.stream)
-        done = False
-        while not done:
-            try:
-                msgs = await sub.fetch(batch=source.fetch_batch, timeout=source.timeout)
-            except (TimeoutError, NatsTimeout):
-                break  # nothing more in the stream
-            for msg in msgs:
-                seq = msg.metadata.sequence.stream
-                if seq > part.last:
-                    done = True
-                    break
-                line = archive_record(_raw(msg)).decode().rstrip("\n")
-                out.append((line, f"jetstream:{source.stream}:{seq}"))
-                if seq == part.last or msg.metadata.num_pending == 0:
-                    done = True
-                    break
-        await sub.unsubscribe()
-    finally:
-        if consumer is not None:
-            try:
-                await js.delete_consumer(source.stream, consumer)
-            except Exception as exc:  # noqa: BLE001 - the inactive threshold removes it anyway
-                log.warning("could not delete ephemeral consumer %s: %s", consumer, exc)
-        await nc.close()
-    return out
+        ranges, count = JetStreamReader(options).plan()
+    except StreamNotFound as exc:
+        raise UsageError(str(exc)) from None
+    log.info("jetstream %s: %d messages, %d ranges%s", stream, count, len(ranges),
+             f" (sequences {ranges[0].first}..{ranges[-1].last})" if ranges else "")
+    spark.dataSource.register(JetStreamDataSource)
+    frame = spark.read.format(NAME).options(**options).load()
+    source = F.concat(F.lit(f"jetstream:{stream}:"), F.col("seq").cast("string"))
+    return frame.select("subject", "headers", "data", source.alias("source"))
 
 
 def read_range(part: JetStreamRange, source: JetStreamSource) -> Iterator[tuple[str, str]]:
-    """(archive line, source) of one range; runs in an executor, connects by itself."""
-    yield from asyncio.run(_read(source, part))
-
-
-def _read_ranges(batches: Iterator[Any], ranges: tuple[JetStreamRange, ...], source: JetStreamSource) -> Iterator[Any]:
-    """Arrow batches of archive lines of the ranges whose indexes arrive in `batches`."""
-    import pyarrow as pa
-
-    for batch in batches:
-        for index in batch.column("id").to_pylist():
-            rows = list(read_range(ranges[index], source))
-            yield pa.RecordBatch.from_arrays([pa.array([r[0] for r in rows], pa.string()),
-                                              pa.array([r[1] for r in rows], pa.string())],
-                                             names=["value", "source"])
-
-
-def read_jetstream(spark: Any, source: JetStreamSource, parts: int | None = None) -> Any:
-    """The stream as (`value`, `source`), one Spark task per sequence range.
-
-    DataFrame APIs only (no RDD), so it runs under Spark Connect too: a range of range
-    indexes, one per partition, each mapped to its messages in an executor.
-    """
-    from spark_backfill.session import default_parallelism
-
-    first, last, count = stream_bounds(source)
-    if parts is None:
-        parts = max(default_parallelism(spark), math.ceil(count / 50_000))
-    ranges = plan_ranges(first, last, parts)
-    log.info("jetstream %s: %d messages, sequences %d..%d, %d ranges", source.stream, count, first, last, len(ranges))
-    if not ranges:
-        return spark.createDataFrame([], "value string, source string")
-    indexes = spark.range(0, len(ranges), 1, numPartitions=len(ranges))
-    return indexes.mapInArrow(functools.partial(_read_ranges, ranges=tuple(ranges), source=source),
-                              "value string, source string")
+    """(archive line, source) of one range, read here (no Spark): what `nats-otel convert`
+    would read from an archive of those messages."""
+    for messages in read_messages(source, part):
+        for seq, subject, headers, data, published in messages:
+            raw = RawTraceMessage(subject, headers, data, published.isoformat() if published else None)
+            yield archive_record(raw).decode().rstrip("\n"), f"jetstream:{source.stream}:{seq}"

@@ -1,16 +1,18 @@
-"""Transform: archive lines -> span rows, by the nats_otel core running in the executors.
+"""Transform: keyed records -> span rows, by the nats_otel core running in the executors.
 
 Which upstream egress a downstream server span hangs under is decided from the reports
 of the same trace context (`nats_otel.core.linking`: hop id, server names, time, size),
 so the records are grouped by trace context before they are converted:
 
-1. `_key_batches` decodes each record for its context key (trace id + parent span id, or
-   the ad-hoc group; rejects get the empty key) and its report's server, seq and time;
+1. `keys.key_lines` reads and decodes each record once, for its context key, its report
+   (server, seq, time) and its raw message as columns; rejects are decided there. The
+   keyed records are persisted: the runs' job and the grouping both read them;
 2. `runs.report_runs` works out which reports of each server the whole input holds (a
-   pass of its own: crowded hops are linked only where no report was lost, and one
+   job of its own: crowded hops are linked only where no report was lost, and one
    context alone would see every other context's reports as lost);
-3. the lines are partitioned by context key and sorted within partitions, so each
-   context's records are contiguous in one partition;
+3. the keyed records (raw message, context key, report: what the conversion needs, no
+   more) are partitioned by context key and sorted within partitions, so each context's
+   records are contiguous in one partition;
 4. `_convert_groups` runs `convert_batch` - the very function of `nats-otel convert` - on
    each context's records, with the whole input's runs: the same spans, byte for byte, in
    any input order.
@@ -18,75 +20,71 @@ so the records are grouped by trace context before they are converted:
 A context's records meet in one executor: a traceparent reused by millions of messages
 is one group (its memory: ~1.5 KB per trace message while it converts).
 
-Batches are Arrow record batches built from column lists (`mapInArrow`): no pandas, no
-per-row dicts. Each span's OTLP/JSON is encoded here, while its `SpanRecord` exists
-(see `fragments`). Everything handed to Spark is a module-level function bound with
-picklable arguments (`functools.partial`), never a client or a session.
+Batches are Arrow record batches built from column lists (`mapInArrow`), `batch_rows`
+rows each: no pandas, no per-row dicts, and only the columns the sinks read
+(`LEAN_COLUMNS` when the OTLP/JSON files are all that is written). Each span's OTLP/JSON
+is encoded here, while its `SpanRecord` exists (see `fragments`). Everything handed to
+Spark is a module-level function bound with picklable arguments (`functools.partial`),
+never a client or a session.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
 
-from nats_otel.core.decode import DecodeError, DecodeLimits, parse_archive_line
-from nats_otel.core.engine import convert_batch, prepare
-from nats_otel.core.mapping import MappingOptions
+from nats_otel.core.engine import convert_batch
 from nats_otel.core.pipeline import Converted, Rejected
 from nats_otel.core.records import AttrValue, Resource, SpanKind, SpanRecord
 from spark_backfill import runs
 from spark_backfill.fragments import span_pieces
+from spark_backfill.keys import ConvertSettings, key_lines, raw_message
 
 __all__ = [
     "ENCODED_COLUMNS",
-    "KEYED_SCHEMA",
-    "ROW_SCHEMA",
+    "LEAN_COLUMNS",
+    "REJECT_COLUMNS",
+    "ROW_COLUMNS",
     "SPAN_COLUMNS",
-    "Conversion",
+    "ContextGroup",
     "ConvertSettings",
+    "Keyed",
     "arrow_batch",
-    "convert",
-    "convert_lines",
     "ddl",
-    "key_lines",
+    "input_partitions",
+    "keyed",
     "resource_from_json",
     "row_to_span",
     "span_rows",
+    "span_rows_of",
 ]
 
-# A record is kept in the rejects as at most this much of its archive line.
-RECORD_EXCERPT = 2000
-
-# One row per span (row_type 'span') or per rejected record (row_type 'reject').
+# One row per span.
 ROW_SCHEMA = (
-    "row_type string, trace_id string, span_id string, parent_span_id string, name string, kind int, "
+    "trace_id string, span_id string, parent_span_id string, name string, kind int, "
     "start_ns long, end_ns long, status_code int, status_message string, trace_state string, "
     "role string, server_name string, server_id string, cluster string, account string, subject string, "
     "hop string, connection_kind string, peer string, "
     "attributes map<string,string>, resource_attributes map<string,string>, "
     "attributes_json string, resource_json string, issues array<string>, source string, "
     "otlp_resource string, otlp_span string, "
-    "reject_reason string, reject_detail string, record string"
+    "reason string, detail string, record string"
 )
 _TYPES = dict(part.strip().split(" ", 1) for part in ROW_SCHEMA.split(", "))
-_COLUMNS = list(_TYPES)
-_INTERNAL = ("row_type", "otlp_resource", "otlp_span", "reject_reason", "reject_detail", "record")
-# The columns of the Parquet span table (and what `row_to_span` needs).
-SPAN_COLUMNS = [c for c in _COLUMNS if c not in _INTERNAL]
 # Each span's resource and span as OTLP/JSON text: what the OTLP/JSON sink splices.
 ENCODED_COLUMNS = ["otlp_resource", "otlp_span"]
-
-
-@dataclass(frozen=True, slots=True)
-class ConvertSettings:
-    """What the executors need to convert: shipped to them, so plain and picklable."""
-
-    options: MappingOptions = field(default_factory=MappingOptions)
-    limits: DecodeLimits = field(default_factory=DecodeLimits)
+# The rejected records (`keys`): why, and the record.
+REJECT_COLUMNS = ["reason", "detail", "subject", "source", "record"]
+# The columns of the Parquet span table (and what `row_to_span` needs).
+SPAN_COLUMNS = [c for c in _TYPES if c not in (*ENCODED_COLUMNS, "reason", "detail", "record")]
+# Every column a span row can have.
+ROW_COLUMNS = [*SPAN_COLUMNS, *ENCODED_COLUMNS]
+# What the OTLP/JSON sink and the counts read: a run that writes only OTLP/JSON (and the
+# rejects) builds no more (the maps and JSON of the span table were most of a batch's cost).
+LEAN_COLUMNS = ["trace_id", "span_id", "start_ns", "end_ns", "role", "resource_json", "issues", *ENCODED_COLUMNS]
 
 
 def _text(value: AttrValue | None) -> str:
@@ -110,117 +108,88 @@ def _role(index: int, span: SpanRecord) -> str:
     return "egress" if span.kind == SpanKind.PRODUCER else "event"
 
 
-def span_rows(converted: Converted, source: str) -> list[dict[str, Any]]:
-    """The rows of one converted trace message: server span first, then its event spans."""
-    server = converted.spans[0]
-    server_account = _text(server.attribute("messaging.nats.account"))
-    server_subject = _text(server.attribute("messaging.destination.name"))
-    pieces = span_pieces(converted.spans)
-    resource_texts: dict[Resource, tuple[list[tuple[str, str]], str]] = {}
-    rows = []
-    for index, span in enumerate(converted.spans):
-        resource = span.resource
-        if resource not in resource_texts:
-            resource_texts[resource] = (_string_map(resource.attributes), orjson.dumps(resource.attributes).decode())
-        resource_map, resource_json = resource_texts[resource]
-        account = span.attribute("messaging.nats.account")
-        subject = span.attribute("messaging.destination.name")
-        rows.append(
-            {
-                "row_type": "span",
-                "trace_id": span.trace_id.hex(),
-                "span_id": span.span_id.hex(),
-                "parent_span_id": span.parent_span_id.hex(),
-                "name": span.name,
-                "kind": span.kind,
-                "start_ns": span.start_ns,
-                "end_ns": span.end_ns,
-                "status_code": span.status_code,
-                "status_message": span.status_message,
-                "trace_state": span.trace_state,
-                "role": _role(index, span),
-                "server_name": _text(resource.get("messaging.nats.server.name")),
-                "server_id": _text(resource.get("service.instance.id")),
-                "cluster": _text(resource.get("messaging.nats.server.cluster")),
-                "account": server_account if account is None else _text(account),
-                "subject": server_subject if subject is None else _text(subject),
-                "hop": _text(span.attribute("messaging.nats.trace.hop")),
-                "connection_kind": _text(span.attribute("messaging.nats.connection.kind")),
-                "peer": _text(span.attribute("messaging.nats.connection.name")),
-                "attributes": _string_map(span.attributes),
-                "resource_attributes": resource_map,
+class _Columns:
+    """Span rows as one list per column, `columns` of ROW_COLUMNS filled (others left out)."""
+
+    __slots__ = ("cols", "full", "names", "rows")
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.names = list(columns)
+        self.full = any(c not in LEAN_COLUMNS for c in self.names)
+        self.cols: dict[str, list[Any]] = {c: [] for c in (ROW_COLUMNS if self.full else LEAN_COLUMNS)}
+        self.rows = 0
+
+    def add(self, converted: Converted, source: str) -> None:
+        """The rows of one converted trace message: server span first, then its event spans."""
+        cols, spans = self.cols, converted.spans
+        pieces = span_pieces(spans)
+        resource_texts: dict[Resource, str] = {}
+        for index, span in enumerate(spans):
+            resource = span.resource
+            resource_json = resource_texts.get(resource)
+            if resource_json is None:
+                resource_json = resource_texts[resource] = orjson.dumps(resource.attributes).decode()
+            cols["trace_id"].append(span.trace_id.hex())
+            cols["span_id"].append(span.span_id.hex())
+            cols["start_ns"].append(span.start_ns)
+            cols["end_ns"].append(span.end_ns)
+            cols["role"].append(_role(index, span))
+            cols["resource_json"].append(resource_json)
+            cols["issues"].append(list(converted.issues) if index == 0 else [])
+            cols["otlp_resource"].append(pieces[index][0])
+            cols["otlp_span"].append(pieces[index][1])
+        self.rows += len(spans)
+        if self.full:
+            self._add_table(converted, source)
+
+    def _add_table(self, converted: Converted, source: str) -> None:
+        """The span table's other columns (Parquet, completeness, export)."""
+        cols = self.cols
+        server = converted.spans[0]
+        server_account = _text(server.attribute("messaging.nats.account"))
+        server_subject = _text(server.attribute("messaging.destination.name"))
+        for span in converted.spans:
+            resource = span.resource
+            account = span.attribute("messaging.nats.account")
+            subject = span.attribute("messaging.destination.name")
+            for name, value in (
+                ("parent_span_id", span.parent_span_id.hex()), ("name", span.name), ("kind", span.kind),
+                ("status_code", span.status_code), ("status_message", span.status_message),
+                ("trace_state", span.trace_state),
+                ("server_name", _text(resource.get("messaging.nats.server.name"))),
+                ("server_id", _text(resource.get("service.instance.id"))),
+                ("cluster", _text(resource.get("messaging.nats.server.cluster"))),
+                ("account", server_account if account is None else _text(account)),
+                ("subject", server_subject if subject is None else _text(subject)),
+                ("hop", _text(span.attribute("messaging.nats.trace.hop"))),
+                ("connection_kind", _text(span.attribute("messaging.nats.connection.kind"))),
+                ("peer", _text(span.attribute("messaging.nats.connection.name"))),
+                ("attributes", _string_map(span.attributes)),
+                ("resource_attributes", _string_map(resource.attributes)),
                 # Lossless (bool/int/float/array kept apart): what `row_to_span` rebuilds from.
-                "attributes_json": orjson.dumps(span.attributes).decode(),
-                "resource_json": resource_json,
-                "issues": list(converted.issues) if index == 0 else [],
-                "source": source,
-                "otlp_resource": pieces[index][0],
-                "otlp_span": pieces[index][1],
-            }
-        )
-    return rows
+                ("attributes_json", orjson.dumps(span.attributes).decode()),
+                ("source", source),
+            ):
+                cols[name].append(value)
+
+    def batch(self) -> Any:
+        """The rows so far as one Arrow batch (of `columns`), and a fresh start."""
+        import pyarrow as pa
+
+        schema = _arrow_schema(ddl(self.names))
+        batch = pa.RecordBatch.from_arrays([pa.array(self.cols[f.name], type=f.type) for f in schema], schema=schema)
+        for values in self.cols.values():
+            values.clear()
+        self.rows = 0
+        return batch
 
 
-def reject_row(rejected: Rejected, source: str, line: str) -> dict[str, Any]:
-    """The row of one record that gave no spans."""
-    return {
-        "row_type": "reject",
-        "subject": rejected.subject,
-        "source": source,
-        "reject_reason": rejected.reason,
-        "reject_detail": rejected.detail,
-        "record": line[:RECORD_EXCERPT],
-        "issues": [],
-    }
-
-
-def convert_lines(lines: Sequence[str], sources: Sequence[str], settings: ConvertSettings,
-                  report_runs: runs.Runs | None = None) -> list[dict[str, Any]]:
-    """Rows of the archive lines of one trace context (or of any lines, linked among
-    themselves); `report_runs`: the whole input's, when the lines are part of it. Pure: the
-    same lines give the same rows, in any order."""
-    raws: list[Any] = []
-    for line in lines:
-        try:
-            raws.append(parse_archive_line(line))
-        except DecodeError as exc:
-            raws.append(Rejected(exc.reason, exc.detail))
-    rows: list[dict[str, Any]] = []
-    results = convert_batch(raws, settings.options, settings.limits, report_runs=report_runs)
-    for line, source, result in zip(lines, sources, results, strict=True):
-        if isinstance(result, Rejected):
-            rows.append(reject_row(result, source, line))
-        else:
-            rows.extend(span_rows(result, source))
-    return rows
-
-
-class LineKey(NamedTuple):
-    """What the grouping and the report runs need of a record."""
-
-    ctx_key: bytes
-    server_id: str | None
-    seq: int | None
-    ts_ns: int | None
-
-
-def line_key(line: str, settings: ConvertSettings) -> LineKey:
-    """A record's trace context (b"" for a record that gives no spans) and its report's
-    server id, seq (None when not numbered: seq 0) and ingress time, as the linker's
-    ledger observes them."""
-    try:
-        prepared = prepare(parse_archive_line(line), settings.limits)
-    except DecodeError:
-        return LineKey(b"", None, None, None)
-    msg = prepared.msg
-    if msg.server.seq <= 0:
-        return LineKey(prepared.ctx.id_fields, None, None, None)
-    return LineKey(prepared.ctx.id_fields, msg.server.id, msg.server.seq, msg.ingress.ts_ns)
-
-
-def context_key(line: str, settings: ConvertSettings) -> bytes:
-    """The trace context a record belongs to (b"" for a record that gives no spans)."""
-    return line_key(line, settings).ctx_key
+def span_rows(converted: Converted, source: str) -> list[dict[str, Any]]:
+    """The rows of one converted trace message (every column): server span first."""
+    columns = _Columns(ROW_COLUMNS)
+    columns.add(converted, source)
+    names = list(columns.cols)
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns.cols.values(), strict=True)]
 
 
 def ddl(columns: Sequence[str]) -> str:
@@ -248,59 +217,98 @@ def arrow_batch(rows: Sequence[Mapping[str, Any]], schema: str) -> Any:
     )
 
 
-KEYED_SCHEMA = "value string, source string, ctx_key binary, server_id string, seq long, ts_ns long"
+# What the conversion reads of the keyed records.
+_GROUP_COLUMNS = ["subject", "headers", "payload", "source", "ctx_key", "server_id", "seq"]
 
 
-def _key_batches(batches: Iterable[Any], settings: ConvertSettings) -> Iterator[Any]:
-    import pyarrow as pa
+class ContextGroup:
+    """The keyed records of one trace context, as they come (sorted by context key), and
+    their conversion: `convert_batch` with the runs of the whole input that hold its reports."""
 
-    for batch in batches:
-        keys = [line_key(v, settings) for v in batch.column("value").to_pylist()]
-        # uint64 seqs and times, shifted into Spark's signed long (`runs.SHIFT`).
-        yield pa.RecordBatch.from_arrays(
-            [batch.column("value"), batch.column("source"), pa.array([k.ctx_key for k in keys], type=pa.binary()),
-             pa.array([k.server_id for k in keys], type=pa.string()),
-             pa.array([None if k.seq is None else k.seq - runs.SHIFT for k in keys], type=pa.int64()),
-             pa.array([None if k.ts_ns is None else k.ts_ns - runs.SHIFT for k in keys], type=pa.int64())],
-            names=["value", "source", "ctx_key", "server_id", "seq", "ts_ns"])
+    __slots__ = ("raws", "reports", "sources")
+
+    def __init__(self) -> None:
+        self.raws: list[Any] = []
+        self.sources: list[str] = []
+        self.reports: list[tuple[str, int]] = []
+
+    def add(self, subject: str | None, headers: str | None, payload: bytes, source: str, server_id: str | None,
+            seq: int | None) -> None:
+        self.raws.append(raw_message(subject, headers, payload))
+        self.sources.append(source)
+        if seq is not None:
+            self.reports.append((server_id, seq + runs.SHIFT))  # type: ignore[arg-type]  # numbered: an id
+
+    def convert(self, settings: ConvertSettings, run_index: runs.RunIndex | None) -> list[tuple[str, Converted]]:
+        """(source, spans) of each record; empties the group."""
+        report_runs = None if run_index is None else run_index.covering(self.reports)
+        results = convert_batch(self.raws, settings.options, settings.limits, report_runs=report_runs)
+        out = []
+        for source, result in zip(self.sources, results, strict=True):
+            if isinstance(result, Rejected):  # the key pass decoded it with the same limits
+                raise RuntimeError(f"{source}: rejected by the conversion, not by the key pass: {result.reason}")
+            out.append((source, result))
+        self.raws, self.sources, self.reports = [], [], []
+        return out
 
 
-def key_lines(lines_df: Any, settings: ConvertSettings) -> Any:
-    """`lines_df` (`value`, `source`) with each record's context key and report (KEYED_SCHEMA)."""
-    return lines_df.mapInArrow(functools.partial(_key_batches, settings=settings), KEYED_SCHEMA)
-
-
-def _convert_groups(batches: Iterable[Any], settings: ConvertSettings,
-                    run_index: runs.RunIndex | None = None) -> Iterator[Any]:
-    """Rows of a partition sorted by context key: each stretch of one key is converted
-    together (it may span Arrow batches, so the current one is carried over), with the runs
-    of the whole input that hold its reports (`server_id`, `seq` columns)."""
+def _convert_groups(batches: Iterable[Any], settings: ConvertSettings, run_index: runs.RunIndex | None = None,
+                    columns: Sequence[str] = tuple(ROW_COLUMNS)) -> Iterator[Any]:
+    """Span rows of a partition of keyed records sorted by context key: each stretch of one
+    key is converted together (it may span Arrow batches, so the current one is carried
+    over), with the runs of the whole input that hold its reports; yielded `batch_rows`
+    rows at a time."""
+    out = _Columns(columns)
+    group = ContextGroup()
     key: bytes | None = None
-    lines: list[str] = []
-    sources: list[str] = []
-    reports: list[tuple[str, int]] = []
-
-    def converted() -> Any:
-        report_runs = None if run_index is None else run_index.covering(reports)
-        return arrow_batch(convert_lines(lines, sources, settings, report_runs), ROW_SCHEMA)
-
     for batch in batches:
-        columns = batch.to_pydict()
-        for value, source, ctx_key, server_id, seq in zip(columns["value"], columns["source"], columns["ctx_key"],
-                                                          columns["server_id"], columns["seq"], strict=True):
-            if ctx_key != key and lines:
-                yield converted()
-                lines, sources, reports = [], [], []
+        for subject, headers, payload, source, ctx_key, server_id, seq in zip(
+                *(batch.column(c).to_pylist() for c in _GROUP_COLUMNS), strict=True):
+            if ctx_key != key and group.raws:
+                for converted_source, converted in group.convert(settings, run_index):
+                    out.add(converted, converted_source)
+                if out.rows >= settings.batch_rows:
+                    yield out.batch()
             key = ctx_key
-            lines.append(value)
-            sources.append(source)
-            if seq is not None:
-                reports.append((server_id, seq + runs.SHIFT))
-    if lines:
-        yield converted()
+            group.add(subject, headers, payload, source, server_id, seq)
+    for converted_source, converted in group.convert(settings, run_index):
+        out.add(converted, converted_source)
+    if out.rows:
+        yield out.batch()
 
 
-def _input_partitions(df: Any) -> int | None:
+class Keyed(NamedTuple):
+    """The keyed records of the whole input (persisted: the caller unpersists them) and the
+    runs of its reports."""
+
+    records: Any
+    run_index: runs.RunIndex
+
+    def rejects(self) -> Any:
+        """The rejected records (REJECT_COLUMNS)."""
+        from pyspark.sql import functions as F
+
+        return self.records.where(F.col("reject_reason").isNotNull()).select(
+            F.col("reject_reason").alias("reason"), F.col("reject_detail").alias("detail"), "subject", "source",
+            "record")
+
+
+def keyed(frames: Sequence[Any], settings: ConvertSettings, persist: Any = None, tally: Any = None) -> Keyed:
+    """Every record of `frames` (each archive lines, or messages: `keys.key_lines`) keyed,
+    and the whole input's report runs (`tally`: an accumulator of `keys.KeyTally`, complete
+    once this returns: the runs' job runs the key pass).
+
+    The keyed records are persisted (`persist`, a StorageLevel; default memory and disk):
+    the runs' job reads them, and then the grouping, each record decoded once for both.
+    """
+    from pyspark import StorageLevel
+
+    records = functools.reduce(lambda a, b: a.unionByName(b), [key_lines(frame, settings, tally) for frame in frames])
+    records = records.persist(persist or StorageLevel.MEMORY_AND_DISK)
+    return Keyed(records, runs.RunIndex(runs.report_runs(records.select("server_id", "seq", "ts_ns"))))
+
+
+def input_partitions(df: Any) -> int | None:
     """As many groups as input splits (the input's size decides); None under Spark Connect,
     which has no RDDs to ask: there the shuffle partitions decide, coalesced by AQE."""
     from spark_backfill.session import is_remote
@@ -310,34 +318,22 @@ def _input_partitions(df: Any) -> int | None:
     return df.rdd.getNumPartitions() or 1
 
 
-class Conversion(NamedTuple):
-    """What `convert` gives: the rows and the persisted frame (the caller unpersists it)."""
-
-    rows: Any
-    persisted: Any
-
-
-def convert(lines_df: Any, settings: ConvertSettings, persist: Any = None) -> Conversion:
-    """Rows (ROW_SCHEMA) of every record of `lines_df` (columns `value`, `source`).
-
-    The whole input's report runs are worked out first (a job: every record is read and
-    decoded for them, then again to be converted) and go to every context's conversion.
-    The mapping is persisted with `persist` (a StorageLevel; default memory and disk): the
-    counts and every sink read it instead of mapping again (and range partitioning samples
-    it). The caller unpersists it when done.
-    """
+def span_rows_of(keyed: Keyed, settings: ConvertSettings, persist: Any = None,
+                 columns: Sequence[str] = tuple(ROW_COLUMNS)) -> Any:
+    """Span rows (`columns` of ROW_COLUMNS) of the good keyed records, persisted (`persist`,
+    default memory and disk): the counts and every sink read them instead of mapping again
+    (and range partitioning samples them). The caller unpersists them."""
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
-    keyed = key_lines(lines_df, settings)
-    run_index = runs.RunIndex(runs.report_runs(keyed.select("server_id", "seq", "ts_ns")))
-    keyed = keyed.select("value", "source", "ctx_key", "server_id", "seq")
-    partitions = _input_partitions(keyed)
-    grouped = (keyed.repartition(partitions, "ctx_key") if partitions else keyed.repartition("ctx_key")
+    good = keyed.records.where(F.col("reject_reason").isNull()).select(*_GROUP_COLUMNS)
+    partitions = input_partitions(keyed.records)
+    grouped = (good.repartition(partitions, "ctx_key") if partitions else good.repartition("ctx_key")
                ).sortWithinPartitions("ctx_key")
-    rows = grouped.mapInArrow(functools.partial(_convert_groups, settings=settings, run_index=run_index),
-                             ROW_SCHEMA)
-    rows = rows.persist(persist or StorageLevel.MEMORY_AND_DISK)
-    return Conversion(rows, rows)
+    rows = grouped.mapInArrow(
+        functools.partial(_convert_groups, settings=settings, run_index=keyed.run_index, columns=tuple(columns)),
+        ddl(columns))
+    return rows.persist(persist or StorageLevel.MEMORY_AND_DISK)
 
 
 # --- back to span records ----------------------------------------------------------------

@@ -50,7 +50,8 @@ async def _consumer_count(url: str) -> int:
 
 
 def test_backfill_reads_ranges_with_the_least_privilege_user(tmp_path: Path) -> None:
-    from spark_backfill.sources import JetStreamSource, plan_ranges, read_range, stream_bounds
+    from spark_backfill.jetstream import JetStreamSource, plan_ranges, stream_bounds
+    from spark_backfill.sources import read_range
 
     raws = [parse_archive_line(line) for f in sorted(glob.glob(str(CORPUS / "*.jsonl")))
             for line in Path(f).read_bytes().splitlines(keepends=True) if line.strip()][:40]
@@ -61,7 +62,7 @@ def test_backfill_reads_ranges_with_the_least_privilege_user(tmp_path: Path) -> 
         url = f"nats://backfill:{BACKFILL_PASSWORD}@{hostport}"
         asyncio.run(_record(admin_url, raws))
 
-        source = JetStreamSource(url, "NATS_TRACES", timeout=2.0)
+        source = JetStreamSource((url,), "NATS_TRACES", timeout=2.0)
         first, last, count = stream_bounds(source)
         assert (first, last, count) == (1, len(raws), len(raws))
         lines = [line for part in plan_ranges(first, last, 3) for line, _ in read_range(part, source)]

@@ -46,7 +46,7 @@ async def _consumers(url: str) -> int:
 def test_jetstream_ranges_give_the_same_spans_as_convert(spark, workdir):
     from nats_otel.devkit.processes import start_topology
     from nats_otel.devkit.topology import single_server
-    from spark_backfill import sources
+    from spark_backfill import jetstream
     from spark_backfill.__main__ import run
 
     files = corpus_files()
@@ -56,7 +56,7 @@ def test_jetstream_ranges_give_the_same_spans_as_convert(spark, workdir):
         url = topo.client_url("n1", user="a")
         first, last = asyncio.run(_fill(url, raws))
         assert last - first + 1 == len(raws) + 2
-        bounds = sources.stream_bounds(sources.JetStreamSource(url, STREAM))
+        bounds = jetstream.stream_bounds(jetstream.JetStreamSource((url,), STREAM))
         # JetStream keeps last_seq when the last message is deleted: the last range ends in a gap.
         assert bounds == (first + 1, last, len(raws))
         out = workdir / "jetstream"
@@ -74,7 +74,7 @@ def test_jetstream_ranges_give_the_same_spans_as_convert(spark, workdir):
 
 
 def test_plan_ranges_cover_each_sequence_once():
-    from spark_backfill.sources import plan_ranges
+    from spark_backfill.jetstream import plan_ranges
 
     for first, last, parts in [(1, 1, 4), (1, 10, 3), (5, 1004, 7), (3, 4, 10)]:
         ranges = plan_ranges(first, last, parts)

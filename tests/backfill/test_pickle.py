@@ -10,7 +10,7 @@ import pytest
 from pyspark import cloudpickle
 
 from nats_otel.core.report_ledger import report_runs
-from spark_backfill import completeness, runs, sinks, sources, transform
+from spark_backfill import completeness, jetstream, keys, runs, sinks, transform
 from tests.backfill.conftest import corpus_files
 
 pytestmark = pytest.mark.spark
@@ -22,26 +22,30 @@ def _roundtrip(obj):
 
 def test_shipped_functions_and_settings_pickle_and_behave_the_same():
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     lines = [line.decode() for line in Path(corpus_files()[1]).read_bytes().splitlines(keepends=True) if line.strip()]
-    settings = transform.ConvertSettings()
-    keyed = [transform.line_key(line, settings) for line in lines]
+    settings = keys.ConvertSettings()
+    keyed = [keys.line_key(line, settings) for line in lines]
     run_index = runs.RunIndex(report_runs((k.server_id, k.seq, k.ts_ns) for k in keyed if k.seq is not None))
     shipped = [
         functools.partial(transform._convert_groups, settings=settings, run_index=run_index),
         sinks.otlp_json_lines,
         functools.partial(sinks._export_batches, settings=sinks.OtlpExportSettings("http://127.0.0.1:1")),
         functools.partial(completeness._placeholder_batches, schema=transform.ddl(transform.SPAN_COLUMNS)),
-        functools.partial(sources._read_ranges, ranges=(sources.JetStreamRange(1, 10),),
-                          source=sources.JetStreamSource("nats://127.0.0.1:1", "S")),
-        sources.JetStreamRange(1, 10),
-        functools.partial(transform._key_batches, settings=settings),
+        jetstream.JetStreamDataSource({"servers": "nats://127.0.0.1:1", "stream": "S"}).reader(None),
+        jetstream.JetStreamRange(1, 10),
+        functools.partial(keys._key_batches, settings=settings),
     ]
     for obj in shipped:
         assert _roundtrip(obj) is not None
     lines_batch = pa.RecordBatch.from_pydict({"value": lines, "source": ["x"] * len(lines)})
     batch = next(iter(shipped[-1]([lines_batch])))
     assert batch.equals(next(iter(_roundtrip(shipped[-1])([lines_batch]))))
+    # The conversion reads the good records, grouped by context (sorted by key).
+    good = batch.filter(pc.is_null(batch.column("reject_reason"))).to_pylist()
+    good.sort(key=lambda row: row["ctx_key"])
+    batch = pa.RecordBatch.from_pylist(good, schema=batch.schema)
     direct = next(iter(shipped[0]([batch])))
     again = next(iter(_roundtrip(shipped[0])([batch])))
     assert direct.num_rows > len(lines)

@@ -14,7 +14,7 @@ from nats_otel.core.decode import DecodeError, parse_archive_line
 from nats_otel.core.pipeline import prepare
 from nats_otel.core.report_ledger import report_runs
 from nats_otel.core.timestamps import parse_rfc3339_ns
-from spark_backfill import runs, transform
+from spark_backfill import keys, runs
 from tests.backfill.conftest import GARBAGE_LINES, HOP_ARCHIVES, archive_lines, corpus_files
 
 pytestmark = pytest.mark.spark
@@ -56,7 +56,7 @@ def test_runs_worked_out_by_spark_are_the_cores(spark, bucket_bits):
     kept += _odd_reports(lines[0]) + [line.decode() for line in GARBAGE_LINES]
     rnd.shuffle(kept)
     frame = spark.createDataFrame([(line, "test") for line in kept], "value string, source string")
-    keyed = transform.key_lines(frame, transform.ConvertSettings())
+    keyed = keys.key_lines(frame, keys.ConvertSettings())
 
     found = runs.report_runs(keyed.select("server_id", "seq", "ts_ns"), bucket_bits=bucket_bits)
 

@@ -33,25 +33,13 @@ from nats_otel.bridge.settings_sections import (
     OtlpSettings,
     SettingsError,
     TelemetrySettings,
-    TlsFiles,
     _Model,
 )
 from nats_otel.core.mapping import check_service_name
 
-__all__ = [
-    "BatchSettings",
-    "BridgeSettings",
-    "JetStreamSettings",
-    "LimitsSettings",
-    "LogSettings",
-    "NatsSettings",
-    "NatsSource",
-    "OtlpSettings",
-    "SettingsError",
-    "TelemetrySettings",
-    "TlsFiles",
-    "load_settings",
-]
+# The sections are defined in `settings_sections` (and importable from here, as before);
+# these are this module's own.
+__all__ = ["BridgeSettings", "load_settings"]
 
 ENV_PREFIX = "NATS_OTEL_"
 

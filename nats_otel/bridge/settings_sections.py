@@ -31,6 +31,17 @@ OTLP_GRPC_DEFAULT = "http://localhost:4317"
 OTLP_HTTP_DEFAULT = "http://localhost:4318/v1/traces"
 
 
+def _files_exist(model: BaseModel, names: tuple[str, ...], together: tuple[str, str]) -> None:
+    """A certificate and its key come together, and every file named exists."""
+    first, second = together
+    if (getattr(model, first) is None) != (getattr(model, second) is None):
+        raise ValueError(f"{first} and {second} must be given together")
+    for name in names:
+        path = getattr(model, name)
+        if path is not None and not path.is_file():
+            raise ValueError(f"{name}: no such file: {path}")
+
+
 class SettingsError(ValueError):
     """Configuration that cannot work: fatal, the message says where and what."""
 
@@ -49,12 +60,7 @@ class TlsFiles(_Model):
 
     @model_validator(mode="after")
     def _pair(self) -> TlsFiles:
-        if (self.cert is None) != (self.key is None):
-            raise ValueError("cert and key must be given together")
-        for name in ("ca", "cert", "key"):
-            path = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name}: no such file: {path}")
+        _files_exist(self, ("ca", "cert", "key"), together=("cert", "key"))
         return self
 
     @property
@@ -147,12 +153,8 @@ class OtlpSettings(_Model):
 
     @model_validator(mode="after")
     def _tls(self) -> OtlpSettings:
-        if (self.client_key is None) != (self.client_certificate is None):
-            raise ValueError("client_key and client_certificate must be given together")
-        for name in ("certificate", "client_key", "client_certificate"):
-            path = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name}: no such file: {path}")
+        _files_exist(self, ("certificate", "client_key", "client_certificate"),
+                     together=("client_key", "client_certificate"))
         if self.endpoint is not None:
             url = self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}"
             parts = urlsplit(url)

@@ -77,7 +77,12 @@ _HEARTBEAT_S = 1.0
 _HEARTBEAT_SOON_S = 0.1
 _AFTER_DATA_S = 2.0
 # Senders whose batch numbers are followed: the bridges of a deployment; a hostile input's bound.
+# Each start of a bridge is a sender of its own: when the bound is reached, those not heard
+# from for `_FORGET_S` are forgotten (at most once per `_PRUNE_EVERY_S`); one heard again
+# after that counts as first heard mid-way (`_numbered`).
 _SENDERS = 4096
+_FORGET_S = 600.0
+_PRUNE_EVERY_S = 1.0
 # Evidence batches waiting to be recorded; past it, the newest are dropped (counted): the
 # conversion thread is behind, and a bounded backlog is worth more than a late one.
 _PENDING_BATCHES = 256
@@ -126,8 +131,9 @@ class LinkExchange:
         self._last_log: dict[str, float] = {}
         self._published = 0  # batches numbered so far (`BATCH_HEADER`)
         self._last_published = self._last_data = 0.0
-        # sender -> (its last batch number seen, batches of it missed so far)
-        self._numbers: dict[str, tuple[int, int]] = {}
+        # sender -> (its last batch number seen, batches of it missed so far, when last heard)
+        self._numbers: dict[str, tuple[int, int, float]] = {}
+        self._pruned = 0.0
         # sender -> report time from which its evidence reached this bridge (first heard of mid-way)
         self._late: dict[str, int] = {}
         self._heartbeat: asyncio.Task[None] | None = None
@@ -271,8 +277,8 @@ class LinkExchange:
         if self._pending >= _PENDING_BATCHES:
             self._count("dropped", "the conversion thread is behind")
             if sender in self._numbers:  # a batch lost here, as if on the way
-                last, missed = self._numbers[sender]
-                self._numbers[sender] = (last, missed + 1)
+                last, missed, heard = self._numbers[sender]
+                self._numbers[sender] = (last, missed + 1, heard)
             return None
         # Not awaited: nats-py runs one subscription's callbacks one after another, so waiting
         # for the conversion thread here would record one batch per turn of that thread and
@@ -294,22 +300,34 @@ class LinkExchange:
         except ValueError:
             current = 0
         sender = batch.sender
+        now = time.monotonic()
         followed = self._numbers.get(sender)
         if followed is None:
+            if len(self._numbers) >= _SENDERS:
+                self._forget_silent(now)
             if len(self._numbers) >= _SENDERS:  # never followed, so never trusted
                 return PeerBatch(sender, batch.reports, batch.latencies, batch.streams, 1)
-            followed = (0, 0)
+            followed = (0, 0, now)
             if current > 1:  # its earlier batches went out before this bridge listened
-                followed = (current - 1, 0)
+                followed = (current - 1, 0, now)
                 self._late[sender] = (self._listening_since_ns or time.time_ns()) + self._margin_ns
-        last, missed = followed
+        last, missed, _ = followed
         if current <= 0 or current <= last:
             missed += 1  # unnumbered or out of order: what it vouches for is in doubt
         else:
             missed += current - last - 1
-        self._numbers[sender] = (max(last, current), missed)
+        self._numbers[sender] = (max(last, current), missed, now)
         trusted_from = self._late.get(sender)
         return PeerBatch(batch.sender, batch.reports, batch.latencies, batch.streams, missed, trusted_from)
+
+    def _forget_silent(self, now: float) -> None:
+        """Forget the senders not heard from for `_FORGET_S` (bridges stopped or restarted)."""
+        if now - self._pruned < _PRUNE_EVERY_S:
+            return
+        self._pruned = now
+        for sender in [s for s, (_, _, heard) in self._numbers.items() if now - heard > _FORGET_S]:
+            del self._numbers[sender]
+            self._late.pop(sender, None)
 
     def _recorded(self, future: asyncio.Future[None], *, reports: int) -> None:
         self._pending -= 1

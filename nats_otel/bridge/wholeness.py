@@ -31,6 +31,7 @@ __all__ = ["PEER_SILENCE_S", "Wholeness"]
 # connection. What was reported after that was routed to the others.
 PEER_SILENCE_S = 10.0
 
+
 class Wholeness:
     """The core sources' losses, whole since and observed until (see the module docstring)."""
 
@@ -64,7 +65,7 @@ class Wholeness:
     def streams(self, collected_ns: int | None = None) -> Streams:
         """Each core source's (losses, whole since, whole until) in report time; with
         `collected_ns`, as if the batch collected then were observed already (the state that
-        goes out with that batch's evidence)."""
+        goes out with that batch's evidence). At rest (`idle`), observed until now."""
         self.idle()
         until_ns = self._observed_until_ns
         if collected_ns is not None and (until_ns is None or collected_ns > until_ns):

@@ -217,19 +217,20 @@ def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0
     for known in latencies:
         index.sequences.latency.adopt((known.upstream, known.downstream), known.latency_ns, known.tolerance_ns)
     members: list[str] = []
+    missed = 0 if peer is None else peer.missed
     if peer is not None:
         # Batches of the sender that never arrived hid reports: each counts as a loss of
         # every stream of that sender (from here on, what came before proves nothing after).
         for state in peer.streams:
             members.append(f"{peer.sender}/{state.name}")
-            ledger.whole(members[-1], state.breaks + peer.missed, state.since_ns if peer.missed == 0 else None,
+            ledger.whole(members[-1], state.breaks + missed, state.since_ns if missed == 0 else None,
                          state.until_ns, now, local=False, trusted_from_ns=peer.trusted_from_ns)
         if not peer.streams:
             ledger.whole(peer.sender, None, None, None, now, local=False)
     for report in reports:
         ctx = TraceContext(b"", b"", id_fields=report.context)
         if 0 <= report.stream < len(members):
-            ledger.receiving = (members[report.stream], report.breaks + peer.missed if peer else report.breaks)
+            ledger.receiving = (members[report.stream], report.breaks + missed)
         try:
             index.observe_report(report.ident, report.server_id, report.seq, report.ts_ns, now, report.account)
         finally:

@@ -277,9 +277,7 @@ class ReportLedger:
     def _whole_until(self, server_id: str, seq: int, ts_ns: int, until_ns: int) -> bool:
         """No report of a server after `seq` (reported at `ts_ns`) up to `until_ns` (report
         time) was lost."""
-        members = self._members
-        return bool(members) and all(self._covers_range(name, member, server_id, seq, ts_ns, 1 << 62, until_ns)
-                                     for name, member in members.items())
+        return self._accounted(server_id, seq, ts_ns, 1 << 62, until_ns)
 
     def observe_number(self, server_id: str, seq: int, ts_ns: int, now: float = 0.0) -> None:
         """A report seen elsewhere (a sibling worker's, whose traces this one never links):

@@ -32,3 +32,21 @@ def test_unnumbered_or_repeated_batches_are_doubted():
     assert exchange._numbered(PeerBatch("a", ()), None).missed == 2
     assert exchange._numbered(PeerBatch("a", ()), "x").missed == 3
     assert exchange._numbered(PeerBatch("a", ()), "2").missed == 3
+
+
+def test_senders_long_silent_are_forgotten_when_the_bound_is_reached(monkeypatch):
+    """Each start of a bridge is a sender of its own: the bound on senders followed must not
+    fill up for good over restarts. One forgotten and heard again is first heard mid-way."""
+    import nats_otel.bridge.exchange as exchange_module
+
+    monkeypatch.setattr(exchange_module, "_SENDERS", 2)
+    exchange = _exchange()
+    exchange._numbered(PeerBatch("old", ()), "1")
+    exchange._numbered(PeerBatch("b", ()), "1")
+    assert exchange._numbered(PeerBatch("c", ()), "1").missed == 1  # full, all recent: not followed
+    last, missed, _ = exchange._numbers["old"]
+    exchange._numbers["old"] = (last, missed, -1e9)  # silent for ages
+    exchange._pruned = -1e9
+    assert exchange._numbered(PeerBatch("c", ()), "1").missed == 0 and "old" not in exchange._numbers
+    again = exchange._numbered(PeerBatch("b", ()), "2")
+    assert again.missed == 0

@@ -30,9 +30,10 @@ from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, pa
 from nats_otel.core.engine import prepare
 from nats_otel.core.mapping import MappingOptions
 from spark_backfill import runs
+from spark_backfill.splits import Split, read_lines
 
-__all__ = ["KEYED_SCHEMA", "RECORD_EXCERPT", "ConvertSettings", "KeyTally", "LineKey", "key_lines", "line_key",
-           "raw_message"]
+__all__ = ["KEYED_SCHEMA", "RECORD_EXCERPT", "ConvertSettings", "KeyTally", "LineKey", "LocalArchive", "key_lines",
+           "line_key", "raw_message"]
 
 # A record is kept in the rejects as at most this much of its archive line.
 RECORD_EXCERPT = 2000
@@ -82,50 +83,92 @@ def raw_message(subject: str | None, headers: str | None, payload: bytes) -> Raw
     return RawTraceMessage(subject, orjson.loads(headers) if headers else {}, payload)
 
 
-def _raws(batch: Any) -> Iterator[tuple[RawTraceMessage | None, str | None, DecodeError | None]]:
+# A record read: its raw message or None, its archive line or None, why it is no message.
+_Raw = tuple[RawTraceMessage | None, str | bytes | None, DecodeError | None]
+
+
+def _raws(batch: Any) -> Iterator[_Raw]:
     """(raw message or None, archive line or None, why it is no message) per row of an input batch."""
     names = batch.schema.names
     if "value" in names:
-        for line in batch.column("value").to_pylist():
-            try:
-                yield parse_archive_line(line), line, None
-            except DecodeError as exc:
-                yield None, line, exc
+        yield from _line_raws(batch.column("value").to_pylist())
         return
     for subject, headers, data in zip(batch.column("subject").to_pylist(), batch.column("headers").to_pylist(),
                                       batch.column("data").to_pylist(), strict=True):
         yield RawTraceMessage(subject, dict(headers or ()), data or b""), None, None
 
 
+def _line_raws(lines: Iterable[str | bytes]) -> Iterator[_Raw]:
+    for line in lines:
+        try:
+            yield parse_archive_line(line), line, None
+        except DecodeError as exc:
+            yield None, line, exc
+
+
+class LocalArchive(NamedTuple):
+    """Local archive files, read by the key pass's tasks themselves (`splits`): `ids` a
+    DataFrame of one row per task (`id`), `tasks` the splits each reads."""
+
+    ids: Any
+    tasks: list[list[Split]]
+
+
+def _frame_chunks(batches: Iterable[Any]) -> Iterator[tuple[Iterator[Any], Any]]:
+    """(raws, their `source` column) per batch of an input DataFrame."""
+    for batch in batches:
+        yield _raws(batch), batch.column("source")
+
+
+def _split_chunks(batches: Iterable[Any], tasks: list[list[Split]], rows: int) -> Iterator[tuple[Iterator[Any], Any]]:
+    """(raws, their sources) per `rows` lines of the splits of the tasks named by `batches`' ids."""
+    for batch in batches:
+        for task in batch.column("id").to_pylist():
+            for split in tasks[task]:
+                source = split.source
+                for lines in read_lines(split, rows):
+                    yield _line_raws(lines), [source] * len(lines)
+
+
 class KeyTally:
-    """Rejects by reason and good payload bytes, added up over the key pass's tasks (an
-    AccumulatorParam): what a run writing lines needs before converting, with no job of
-    its own. A retried task counts twice; the rejects output itself is exact."""
+    """Rejects by reason, good payload bytes and the report runs (`runs.islands`), added up
+    over the key pass's tasks (an AccumulatorParam): what a run needs before converting,
+    with no job of its own. A retried task counts its rejects and bytes twice (the rejects
+    output itself is exact); its runs add nothing new."""
 
     @staticmethod
     def zero(value: dict[str, Any]) -> dict[str, Any]:
-        return {"rejects": {}, "payload": 0}
+        return {"rejects": {}, "payload": 0, "runs": {}}
 
     @staticmethod
     def addInPlace(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:  # noqa: N802 - Spark's name
         total["payload"] += more["payload"]
         for reason, n in more["rejects"].items():
             total["rejects"][reason] = total["rejects"].get(reason, 0) + n
+        runs.merge(total["runs"], more["runs"])
         return total
 
 
-def _key_batches(batches: Iterable[Any], settings: ConvertSettings, tally: Any = None) -> Iterator[Any]:
+# Reports a task holds before working their runs out (`runs.islands`): a task's memory for
+# the runs stays that, plus its runs, however large its share of the input.
+_REPORTS_HELD = 1 << 16
+
+
+def _key_batches(chunks: Iterable[tuple[Iterator[Any], Any]], settings: ConvertSettings,
+                 tally: Any = None) -> Iterator[Any]:
+    """KEYED_SCHEMA batches of (raws, their sources) chunks."""
     import pyarrow as pa
 
     limits = settings.limits
     counts = KeyTally.zero({})
-    for batch in batches:
+    reports: list[tuple[str, int, int]] = []
+    for raws, sources in chunks:
         cols: dict[str, list[Any]] = {name: [] for name in _NAMES}
         subject, headers, payload, ctx_key = cols["subject"], cols["headers"], cols["payload"], cols["ctx_key"]
         trace_key = cols["trace_key"]
         server_id, seq, ts_ns = cols["server_id"], cols["seq"], cols["ts_ns"]
         reason, detail, record = cols["reject_reason"], cols["reject_detail"], cols["record"]
-        for raw, line, failed in _raws(batch):
+        for raw, line, failed in raws:
             prepared = None
             if raw is not None:
                 try:
@@ -134,7 +177,9 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings, tally: Any =
                     failed = exc
             if raw is None or prepared is None:
                 # The record as the rejects show it: its archive line, or one made for it.
-                text = line if line is not None else archive_record(raw).decode()  # type: ignore[arg-type]
+                if line is None:
+                    line = archive_record(raw)  # type: ignore[arg-type]
+                text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
                 for column in (payload, ctx_key, trace_key, server_id, seq, ts_ns, headers):
                     column.append(None)
                 subject.append(raw.subject if raw is not None else None)
@@ -155,6 +200,11 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings, tally: Any =
             # traces are known once linked (`traces`).
             trace_key.append(ctx.trace_id if ctx.adhoc_key is None else None)
             numbered = msg.server.seq > 0
+            if numbered:
+                reports.append((msg.server.id, msg.server.seq, msg.ingress.ts_ns))
+                if len(reports) >= _REPORTS_HELD:
+                    runs.merge(counts["runs"], runs.islands(reports))
+                    reports.clear()
             server_id.append(msg.server.id if numbered else None)
             # uint64 seqs and times, shifted into Spark's signed long (`runs.SHIFT`).
             seq.append(msg.server.seq - runs.SHIFT if numbered else None)
@@ -162,8 +212,9 @@ def _key_batches(batches: Iterable[Any], settings: ConvertSettings, tally: Any =
             reason.append(None)
             detail.append(None)
             record.append(None)
-        cols["source"] = batch.column("source")
+        cols["source"] = sources
         yield pa.RecordBatch.from_pydict(cols, schema=_arrow_schema())
+    runs.merge(counts["runs"], runs.islands(reports))
     if tally is not None:
         tally.add(counts)
 
@@ -176,9 +227,24 @@ def _arrow_schema() -> Any:
     return pa.schema([pa.field(*part.split(" ")[:1], types[part.split(" ")[1]]) for part in KEYED_SCHEMA.split(", ")])
 
 
+def _key_frame(batches: Iterable[Any], settings: ConvertSettings, tally: Any = None) -> Iterator[Any]:
+    """The key pass over an input DataFrame's batches."""
+    return _key_batches(_frame_chunks(batches), settings, tally)
+
+
+def _key_local(batches: Iterable[Any], tasks: list[list[Split]], settings: ConvertSettings,
+               tally: Any = None) -> Iterator[Any]:
+    """The key pass over the splits of the tasks named by `batches`' ids."""
+    return _key_batches(_split_chunks(batches, tasks, settings.batch_rows), settings, tally)
+
+
 def key_lines(frame: Any, settings: ConvertSettings, tally: Any = None) -> Any:
-    """`frame` (archive lines `value`, `source`; or messages `subject`, `headers`, `data`,
-    `source`) keyed (KEYED_SCHEMA); `tally`: an accumulator of `KeyTally`, or None."""
+    """`frame` keyed (KEYED_SCHEMA): a `LocalArchive`, or a DataFrame of archive lines
+    (`value`, `source`) or of messages (`subject`, `headers`, `data`, `source`); `tally`: an
+    accumulator of `KeyTally`, or None."""
+    if isinstance(frame, LocalArchive):
+        return frame.ids.mapInArrow(functools.partial(_key_local, tasks=frame.tasks, settings=settings, tally=tally),
+                                    KEYED_SCHEMA)
     columns = ["value", "source"] if "value" in frame.columns else ["subject", "headers", "data", "source"]
-    return frame.select(*columns).mapInArrow(functools.partial(_key_batches, settings=settings, tally=tally),
+    return frame.select(*columns).mapInArrow(functools.partial(_key_frame, settings=settings, tally=tally),
                                              KEYED_SCHEMA)

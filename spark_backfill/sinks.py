@@ -30,7 +30,6 @@ __all__ = [
     "export_otlp",
     "otlp_json_lines",
     "span_table",
-    "write_lines",
     "write_otlp_json",
     "write_parquet",
     "write_rejects",
@@ -131,11 +130,6 @@ def write_otlp_json(spans: Any, out: str, partitions: int, mode: str = "error",
     df = df.repartitionByRange(partitions, F.col("trace_id")).sortWithinPartitions(
         "trace_id", "start_ns", "end_ns", "span_id")
     lines = df.mapInArrow(otlp_json_lines, "value string")
-    lines.write.mode(mode).option("compression", compression).text(out)
-
-
-def write_lines(lines: Any, out: str, mode: str = "error", compression: str = "none") -> None:
-    """OTLP/JSON lines (`traces.otlp_json_lines`), a file per partition, in order."""
     lines.write.mode(mode).option("compression", compression).text(out)
 
 

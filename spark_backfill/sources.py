@@ -1,10 +1,12 @@
-"""Extract: every source becomes a DataFrame of archive lines or of stored messages.
+"""Extract: every source becomes what the key pass reads (`keys.key_lines`).
 
-Archive sources become one DataFrame of archive lines (`value`, `source`), parsed in the
-executors by `parse_archive_line`, the same as `nats-otel convert`:
+Archive records are parsed in the executors by `parse_archive_line`, the same as
+`nats-otel convert`:
 
-- archive JSON Lines: local files and folders (expanded like `convert` does), globs and any
-  Hadoop-compatible URI (`s3a://`, `hdfs://`, `.gz` decompressed by Spark);
+- archive JSON Lines: local files and folders (expanded like `convert` does, globs too),
+  read by the key pass's tasks themselves in byte ranges (`splits`, `keys.LocalArchive`);
+  any Hadoop-compatible URI (`s3a://`, `hdfs://`, `.gz` decompressed by Spark) and any
+  input of a Spark Connect session as a DataFrame of archive lines (`value`, `source`);
 - Parquet files of archive records (`subject`, `headers`, `payload_b64` or binary `payload`,
   optional `received_at`), turned back into archive lines by Spark;
 - a JetStream stream, read in parallel by sequence ranges by the `nats-jetstream` data
@@ -20,8 +22,10 @@ from typing import Any
 
 from nats_otel.archive import archive_record
 from nats_otel.core.decode import RawTraceMessage
+from spark_backfill import splits
 from spark_backfill.checks import UsageError, is_local, local_inputs
 from spark_backfill.jetstream import JetStreamRange, JetStreamSource, read_messages
+from spark_backfill.keys import LocalArchive
 
 __all__ = [
     "read_archive",
@@ -46,8 +50,11 @@ def _is_parquet(path: str) -> bool:
     return is_local(path) and local.is_dir() and any(local.rglob("*.parquet"))
 
 
-def read_archive(spark: Any, paths: Sequence[str]) -> Any:
-    """Archive JSON Lines (DESIGN §5) as (`value`, `source`); blank lines dropped like `convert`."""
+def read_archive(spark: Any, paths: Sequence[str]) -> list[Any]:
+    """Archive JSON Lines (DESIGN §5): local files as a `keys.LocalArchive` (the key pass
+    reads them itself, as `convert` does: `splits`), remote URIs (and all of a Spark
+    Connect session's) as a DataFrame of lines (`value`, `source`), blank lines dropped
+    like `convert`."""
     from pyspark.sql import functions as F
 
     from spark_backfill.session import is_remote
@@ -56,9 +63,28 @@ def read_archive(spark: Any, paths: Sequence[str]) -> Any:
         # A Connect server reads its own file system: it expands folders (to their archive
         # files, like `convert`) and globs.
         df = spark.read.options(recursiveFileLookup="true", pathGlobFilter=ARCHIVE_GLOB).text(list(paths))
-    else:
-        df = spark.read.text(local_inputs(paths))
-    return df.filter(F.trim("value") != "").select("value", F.input_file_name().alias("source"))
+        return [df.filter(F.trim("value") != "").select("value", F.input_file_name().alias("source"))]
+    found = local_inputs(paths)
+    local = [path for path in found if is_local(path)]
+    frames = []
+    if local:
+        frames.append(_local_archive(spark, [path.removeprefix("file://") for path in local]))
+    remote = [path for path in found if not is_local(path)]
+    if remote:
+        df = spark.read.text(remote)
+        frames.append(df.filter(F.trim("value") != "").select("value", F.input_file_name().alias("source")))
+    return frames
+
+
+def _local_archive(spark: Any, files: list[str]) -> LocalArchive:
+    """The key pass's tasks for local archive files, planned as Spark plans a file scan
+    (its split size and open cost, over the cores)."""
+    from spark_backfill.session import default_parallelism
+
+    conf = spark._jsparkSession.sessionState().conf()
+    tasks = splits.plan(files, int(conf.filesMaxPartitionBytes()), default_parallelism(spark),
+                        int(conf.filesOpenCostInBytes()))
+    return LocalArchive(spark.range(0, len(tasks), numPartitions=len(tasks)), tasks)
 
 
 def read_parquet(spark: Any, paths: Sequence[str]) -> Any:
@@ -80,19 +106,16 @@ def read_parquet(spark: Any, paths: Sequence[str]) -> Any:
     return df.select(F.to_json(F.struct(*fields)).alias("value"), F.input_file_name().alias("source"))
 
 
-def read_inputs(spark: Any, paths: Sequence[str], input_format: str = "auto") -> Any:
-    """All `--input` paths as one DataFrame of archive lines."""
+def read_inputs(spark: Any, paths: Sequence[str], input_format: str = "auto") -> list[Any]:
+    """All `--input` paths, as the frames the key pass reads (`keys.key_lines`)."""
     parquet = [p for p in paths if input_format == "parquet" or (input_format == "auto" and _is_parquet(p))]
     text = [p for p in paths if p not in parquet]
     frames = []
     if text:
-        frames.append(read_archive(spark, text))
+        frames.extend(read_archive(spark, text))
     if parquet:
         frames.append(read_parquet(spark, parquet))
-    df = frames[0]
-    for other in frames[1:]:
-        df = df.unionByName(other)
-    return df
+    return frames
 
 
 # --- JetStream ---------------------------------------------------------------------------

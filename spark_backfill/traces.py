@@ -23,6 +23,8 @@ each partition. The counts (`Tally`) come back through an accumulator.
 from __future__ import annotations
 
 import functools
+import os
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -32,7 +34,7 @@ from spark_backfill import runs
 from spark_backfill.keys import ConvertSettings
 from spark_backfill.transform import ContextGroup
 
-__all__ = ["LINE_SCHEMA", "Tally", "bucket_values", "otlp_json_lines"]
+__all__ = ["FILE_SCHEMA", "LINE_SCHEMA", "Tally", "bucket_values", "otlp_json_lines", "write_otlp_json"]
 
 # Lines (`value`) with the trace they belong to and their place in it (a trace of more than
 # MAX_SPANS_PER_REQUEST spans is several lines, in order).
@@ -59,16 +61,18 @@ class Tally:
 
 
 class _Writer:
-    """Spans of whole traces in, OTLP/JSON lines out (`batch_rows` at a time), counted."""
+    """Spans of whole traces in, OTLP/JSON lines out, counted: into `stream` (a binary
+    file) when given, else as batches of LINE_SCHEMA (`batch_rows` at a time)."""
 
-    __slots__ = ("chunks", "counts", "keys", "lines", "settings", "tally")
+    __slots__ = ("chunks", "counts", "keys", "lines", "settings", "stream", "tally", "written")
 
-    def __init__(self, settings: ConvertSettings, tally: Any) -> None:
-        self.settings, self.tally = settings, tally
+    def __init__(self, settings: ConvertSettings, tally: Any, stream: Any = None) -> None:
+        self.settings, self.tally, self.stream = settings, tally, stream
         self.keys: list[bytes] = []
         self.chunks: list[int] = []
         self.lines: list[str] = []
         self.counts: dict[str, Any] = Tally.zero({})
+        self.written = 0  # lines into `stream`
 
     def converted(self, group: ContextGroup, run_index: runs.RunIndex | None) -> list[SpanRecord]:
         """The spans of one context's records, counted."""
@@ -86,11 +90,19 @@ class _Writer:
     def write(self, spans: list[SpanRecord]) -> None:
         """The lines of whole traces (`convert`'s: sorted by trace id, long ones split)."""
         for chunk, trace in enumerate(split_by_trace(spans)):
+            if self.stream is not None:
+                self.stream.write(to_otlp_json_line(trace))
+                self.written += 1
+                continue
             self.keys.append(trace[0].trace_id)
             self.chunks.append(chunk)
             self.lines.append(to_otlp_json_line(trace).decode().removesuffix("\n"))
 
     def passed(self, key: bytes, chunk: int, line: str) -> None:
+        if self.stream is not None:
+            self.stream.write(line.encode() + b"\n")
+            self.written += 1
+            return
         self.keys.append(key)
         self.chunks.append(chunk)
         self.lines.append(line)
@@ -136,10 +148,16 @@ def _adhoc_lines(batches: Iterable[Any], settings: ConvertSettings, run_index: r
 
 def _trace_lines(batches: Iterable[Any], settings: ConvertSettings, run_index: runs.RunIndex | None,
                  tally: Any) -> Iterator[Any]:
-    """Lines of a partition sorted by (trace, context, chunk): records of traceparent
-    contexts (converted here, each trace written when the next begins) and the ad-hoc
-    contexts' lines (`value` set: passed on in their place)."""
+    """Lines (LINE_SCHEMA) of a partition sorted by (trace, context, chunk): `_convert_traces`."""
     writer = _Writer(settings, tally)
+    yield from _convert_traces(batches, writer, run_index)
+    yield writer.batch()
+
+
+def _convert_traces(batches: Iterable[Any], writer: _Writer, run_index: runs.RunIndex | None) -> Iterator[Any]:
+    """Into `writer`, the lines of a partition sorted by (trace, context, chunk): records of
+    traceparent contexts (converted here, each trace written when the next begins) and the
+    ad-hoc contexts' lines (`value` set: passed on in their place). Yields each full batch."""
     group = ContextGroup()
     spans: list[SpanRecord] = []
     trace = context = None
@@ -164,7 +182,37 @@ def _trace_lines(batches: Iterable[Any], settings: ConvertSettings, run_index: r
     if spans:
         writer.write(spans)
     writer.close()
-    yield writer.batch()
+
+
+# What each task that writes its own file says of it.
+FILE_SCHEMA = "partition int, lines long"
+
+
+def _trace_files(batches: Iterable[Any], settings: ConvertSettings, run_index: runs.RunIndex | None, tally: Any,
+                 folder: str, name: str, gzip_level: int | None) -> Iterator[Any]:
+    """As `_trace_lines`, the lines written by the task itself into `folder`, in the file
+    Spark's text writer would name for this partition (`name`: a format of the partition's
+    number). Written beside it first (a hidden name of this attempt's), then renamed: a
+    retried task's file replaces the first's whole, with the same bytes."""
+    import gzip
+
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = context.partitionId()
+    final = os.path.join(folder, name.format(partition))
+    temp = os.path.join(folder, f".{name.format(partition)}.{context.attemptNumber()}.tmp")
+    with open(temp, "wb", buffering=1 << 20) as raw:
+        stream = raw if gzip_level is None else gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=gzip_level,
+                                                              mtime=0)
+        with stream:
+            writer = _Writer(settings, tally, stream)
+            for _ in _convert_traces(batches, writer, run_index):
+                pass  # a writer with a stream keeps no batch
+    os.replace(temp, final)
+    yield pa.RecordBatch.from_pydict({"partition": [partition], "lines": [writer.written]},
+                                     schema=pa.schema([("partition", pa.int32()), ("lines", pa.int64())]))
 
 
 def bucket_values(spark: Any, partitions: int) -> list[int]:
@@ -185,11 +233,10 @@ def bucket_values(spark: Any, partitions: int) -> list[int]:
     return [found[p] for p in range(partitions)]
 
 
-def otlp_json_lines(keyed: Any, settings: ConvertSettings, run_index: runs.RunIndex | None, files: int,
-                    spark: Any, tally: Any = None) -> Any:
-    """The OTLP/JSON lines (`value`) of the good keyed records, in `files` partitions
-    ordered by trace id, each sorted: what `write.text` writes as `convert`'s file.
-    `tally`: an accumulator of `Tally` (None: not counted)."""
+def _ordered(keyed: Any, settings: ConvertSettings, run_index: runs.RunIndex | None, files: int, spark: Any,
+             tally: Any) -> Any:
+    """The good keyed records (and the ad-hoc contexts' lines) in `files` partitions by
+    trace id slice, each sorted by (trace, context, chunk): what `_convert_traces` reads."""
     from pyspark.sql import functions as F
 
     good = keyed.where(F.col("reject_reason").isNull())
@@ -205,7 +252,49 @@ def otlp_json_lines(keyed: Any, settings: ConvertSettings, run_index: runs.RunIn
     slice_of = F.floor(high * F.lit(files) / F.lit(1 << 32)).cast("int")
     bucket = F.element_at(F.array(*[F.lit(v) for v in bucket_values(spark, files)]), slice_of + 1)
     placed = both.withColumn("bucket", bucket.cast("int")).repartition(files, "bucket")
-    ordered = placed.sortWithinPartitions("trace_key", "ctx_key", "chunk")
-    lines = ordered.mapInArrow(
+    return placed.sortWithinPartitions("trace_key", "ctx_key", "chunk")
+
+
+def otlp_json_lines(keyed: Any, settings: ConvertSettings, run_index: runs.RunIndex | None, files: int,
+                    spark: Any, tally: Any = None) -> Any:
+    """The OTLP/JSON lines (`value`) of the good keyed records, in `files` partitions
+    ordered by trace id, each sorted: what `write.text` writes as `convert`'s file.
+    `tally`: an accumulator of `Tally` (None: not counted)."""
+    lines = _ordered(keyed, settings, run_index, files, spark, tally).mapInArrow(
         functools.partial(_trace_lines, settings=settings, run_index=run_index, tally=tally), LINE_SCHEMA)
     return lines.select("value")
+
+
+def _local_path(path: str) -> str | None:
+    """The path of this machine's file system that `path` (plain, `file:/...` as Hadoop
+    writes it, or `file:///...`) names; None for any other file system."""
+    if path.startswith("file:"):
+        return "/" + path.removeprefix("file:").lstrip("/")
+    return None if ":" in path.split("/", 1)[0] else path
+
+
+def write_otlp_json(keyed: Any, settings: ConvertSettings, run_index: runs.RunIndex | None, files: int,
+                    spark: Any, out: str, mode: str, compression: str, tally: Any = None) -> None:
+    """`otlp_json_lines` written to the folder `out`, a file per partition: by the tasks
+    themselves when `out` is on this machine's file system (the JVM then carries no line:
+    ~560 MB for 200k trace messages), else by Spark's text writer. The same files either
+    way: Spark's names (`outputs.jsonl_name` renames both), `_SUCCESS` once all are in."""
+    from spark_backfill.session import is_remote
+
+    folder = _local_path(out)
+    if is_remote(spark) or folder is None:
+        otlp_json_lines(keyed, settings, run_index, files, spark, tally).write.mode(mode).option(
+            "compression", compression).text(out)
+        return
+    if os.path.exists(folder) and mode == "error":
+        raise FileExistsError(f"output {out} exists")
+    os.makedirs(folder, exist_ok=True)
+    name = "part-{:05d}-" + uuid.uuid4().hex + "-c000.txt" + (".gz" if compression == "gzip" else "")
+    write = functools.partial(_trace_files, settings=settings, run_index=run_index, tally=tally, folder=folder,
+                              name=name, gzip_level=6 if compression == "gzip" else None)
+    _ordered(keyed, settings, run_index, files, spark, tally).mapInArrow(write, FILE_SCHEMA).collect()
+    for leftover in os.listdir(folder):  # a failed attempt's file, when a retry took its place
+        if leftover.startswith(".part-") and leftover.endswith(".tmp"):
+            os.remove(os.path.join(folder, leftover))
+    with open(os.path.join(folder, "_SUCCESS"), "wb"):
+        pass

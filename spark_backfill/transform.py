@@ -6,10 +6,11 @@ so the records are grouped by trace context before they are converted:
 
 1. `keys.key_lines` reads and decodes each record once, for its context key, its report
    (server, seq, time) and its raw message as columns; rejects are decided there. The
-   keyed records are persisted: the runs' job and the grouping both read them;
-2. `runs.report_runs` works out which reports of each server the whole input holds (a
-   job of its own: crowded hops are linked only where no report was lost, and one
-   context alone would see every other context's reports as lost);
+   keyed records are persisted: the grouping reads them once the runs are known;
+2. the runs say which reports of each server the whole input holds (crowded hops are
+   linked only where no report was lost, and one context alone would see every other
+   context's reports as lost): each key pass task's runs, merged by an accumulator
+   (`runs.islands`), or under Spark Connect a job of their own (`runs.report_runs`);
 3. the keyed records (raw message, context key, report: what the conversion needs, no
    more) are partitioned by context key and sorted within partitions, so each context's
    records are contiguous in one partition;
@@ -295,17 +296,21 @@ class Keyed(NamedTuple):
 
 def keyed(frames: Sequence[Any], settings: ConvertSettings, persist: Any = None, tally: Any = None) -> Keyed:
     """Every record of `frames` (each archive lines, or messages: `keys.key_lines`) keyed,
-    and the whole input's report runs (`tally`: an accumulator of `keys.KeyTally`, complete
-    once this returns: the runs' job runs the key pass).
+    and the whole input's report runs. `tally`: an accumulator of `keys.KeyTally` (complete
+    once this returns), which also brings the runs back from the key pass's tasks; None
+    (Spark Connect: no accumulators) works the runs out in Spark (`runs.report_runs`).
 
     The keyed records are persisted (`persist`, a StorageLevel; default memory and disk):
-    the runs' job reads them, and then the grouping, each record decoded once for both.
+    the grouping reads them once the runs are known, each record decoded once for both.
     """
     from pyspark import StorageLevel
 
     records = functools.reduce(lambda a, b: a.unionByName(b), [key_lines(frame, settings, tally) for frame in frames])
     records = records.persist(persist or StorageLevel.MEMORY_AND_DISK)
-    return Keyed(records, runs.RunIndex(runs.report_runs(records.select("server_id", "seq", "ts_ns"))))
+    if tally is None:
+        return Keyed(records, runs.RunIndex(runs.report_runs(records.select("server_id", "seq", "ts_ns"))))
+    records.count()  # the key pass, its records persisted as it goes; the tasks' runs in the tally
+    return Keyed(records, runs.RunIndex(tally.value["runs"]))
 
 
 def input_partitions(df: Any) -> int | None:

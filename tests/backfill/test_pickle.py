@@ -35,7 +35,7 @@ def test_shipped_functions_and_settings_pickle_and_behave_the_same():
         functools.partial(completeness._placeholder_batches, schema=transform.ddl(transform.SPAN_COLUMNS)),
         jetstream.JetStreamDataSource({"servers": "nats://127.0.0.1:1", "stream": "S"}).reader(None),
         jetstream.JetStreamRange(1, 10),
-        functools.partial(keys._key_batches, settings=settings),
+        functools.partial(keys._key_frame, settings=settings),
     ]
     for obj in shipped:
         assert _roundtrip(obj) is not None
@@ -51,3 +51,23 @@ def test_shipped_functions_and_settings_pickle_and_behave_the_same():
     assert direct.num_rows > len(lines)
     assert direct.equals(again)
     assert _roundtrip(settings) == settings
+
+
+def test_the_key_pass_of_local_splits_is_the_key_pass_of_their_lines(tmp_path):
+    """The key pass reading local files itself (`splits`) keys the records as the key pass
+    of Spark's lines of them: only `source` is named by the file rather than given."""
+    import pyarrow as pa
+
+    from spark_backfill import splits
+
+    path = Path(corpus_files()[1])
+    lines = [line.decode() for line in path.read_bytes().splitlines(keepends=True) if line.strip()]
+    settings = keys.ConvertSettings(batch_rows=7)
+    tasks = splits.plan([str(path)], max_split_bytes=20_000, cores=2, open_cost=1)
+    shipped = _roundtrip(functools.partial(keys._key_local, tasks=tasks, settings=settings))
+    ids = pa.RecordBatch.from_pydict({"id": list(range(len(tasks)))})
+    local = pa.Table.from_batches(list(shipped([ids])))
+    frame = pa.Table.from_batches(list(keys._key_frame(
+        [pa.RecordBatch.from_pydict({"value": lines, "source": [path.as_uri()] * len(lines)})], settings)))
+    assert len(tasks) > 1 and local.num_rows == len(lines)
+    assert sorted(local.to_pylist(), key=str) == sorted(frame.to_pylist(), key=str)

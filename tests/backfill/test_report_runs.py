@@ -76,3 +76,40 @@ def test_each_context_gets_the_runs_holding_its_reports():
         "A": ((1, 5, 10), (7, 9, 70))}
     assert index.covering([("B", 2), ("A", 11)]) == {"A": ((11, 11, 110),), "B": ((2, 3, 20),)}
     assert index.covering([]) == {}
+
+
+def _kept_lines(seed: int) -> list[str]:
+    rnd = random.Random(seed)
+    lines = [line for path in corpus_files() for line in archive_lines(Path(path)) if line.strip()]
+    lines += [line for path in HOP_ARCHIVES for line in archive_lines(path)]
+    kept = [line for line in lines if rnd.random() >= 0.1]  # lost reports: gaps in the runs
+    kept += rnd.sample(kept, 200)  # redelivered
+    kept += _odd_reports(lines[0]) + [line.decode() for line in GARBAGE_LINES]
+    rnd.shuffle(kept)
+    return kept
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_runs_of_shares_merged_are_the_runs_of_the_whole(seed):
+    """However the reports are shared out among tasks, and whatever a task adds twice (a
+    retry), the shares' runs merged are the core's runs of the whole."""
+    rnd = random.Random(seed)
+    reports = _reports(_kept_lines(seed))
+    expected = report_runs(reports)
+    shares: list[list[tuple[str, int, int]]] = [[] for _ in range(rnd.randint(1, 40))]
+    for report in reports:
+        rnd.choice(shares).append(report)
+    total = keys.KeyTally.zero({})["runs"]
+    for share in [*shares, *rnd.sample(shares, min(3, len(shares)))]:
+        runs.merge(total, runs.islands(share))
+    assert total == expected
+    assert sum(len(server_runs) for server_runs in expected.values()) > 300  # many gaps
+
+
+def test_the_key_pass_brings_the_runs_back_in_its_tally(spark):
+    kept = _kept_lines(29)
+    frame = spark.createDataFrame([(line, "test") for line in kept], "value string, source string").repartition(7)
+    tally = spark.sparkContext.accumulator(keys.KeyTally.zero({}), keys.KeyTally())
+    keys.key_lines(frame, keys.ConvertSettings(), tally).count()
+    assert tally.value["runs"] == report_runs(_reports(kept))
+    assert sum(tally.value["rejects"].values()) == len(GARBAGE_LINES)

@@ -158,7 +158,7 @@ def _convert(spark: Any, args: argparse.Namespace) -> int:
     keyed = transform.keyed(frames, settings, tally=key_tally)
     persisted = [keyed.records]
     try:
-        if lines:
+        if lines and key_tally is not None:  # (a classic session: `lines` says so)
             status = _write_lines(spark, args, keyed, key_tally.value, settings, started, targets, outputs.mode)
         else:
             rows = transform.span_rows_of(keyed, settings)

@@ -114,13 +114,13 @@ class LocalArchive(NamedTuple):
     tasks: list[list[Split]]
 
 
-def _frame_chunks(batches: Iterable[Any]) -> Iterator[tuple[Iterator[Any], Any]]:
+def _frame_chunks(batches: Iterable[Any]) -> Iterator[tuple[Iterator[_Raw], Any]]:
     """(raws, their `source` column) per batch of an input DataFrame."""
     for batch in batches:
         yield _raws(batch), batch.column("source")
 
 
-def _split_chunks(batches: Iterable[Any], tasks: list[list[Split]], rows: int) -> Iterator[tuple[Iterator[Any], Any]]:
+def _split_chunks(batches: Iterable[Any], tasks: list[list[Split]], rows: int) -> Iterator[tuple[Iterator[_Raw], Any]]:
     """(raws, their sources) per `rows` lines of the splits of the tasks named by `batches`' ids."""
     for batch in batches:
         for task in batch.column("id").to_pylist():
@@ -154,7 +154,7 @@ class KeyTally:
 _REPORTS_HELD = 1 << 16
 
 
-def _key_batches(chunks: Iterable[tuple[Iterator[Any], Any]], settings: ConvertSettings,
+def _key_batches(chunks: Iterable[tuple[Iterator[_Raw], Any]], settings: ConvertSettings,
                  tally: Any = None) -> Iterator[Any]:
     """KEYED_SCHEMA batches of (raws, their sources) chunks."""
     import pyarrow as pa

@@ -200,6 +200,7 @@ def _trace_files(batches: Iterable[Any], settings: ConvertSettings, run_index: r
     from pyspark import TaskContext
 
     context = TaskContext.get()
+    assert context is not None  # a task's code
     partition = context.partitionId()
     final = os.path.join(folder, name.format(partition))
     temp = os.path.join(folder, f".{name.format(partition)}.{context.attemptNumber()}.tmp")

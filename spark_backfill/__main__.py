@@ -375,14 +375,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def job() -> int:
-        from spark_backfill.session import build_session
+        from spark_backfill import jvm_archive
+        from spark_backfill.session import build_session, under_spark_submit
 
+        # An embedded JVM starts from a class archive, made after the first run (`jvm_archive`).
+        archive = None if args.remote or under_spark_submit() else jvm_archive.archive_for()
+        if archive is not None and archive.path.exists():
+            log.info("the JVM starts from its class archive %s", archive.path)
         spark = build_session(args.master, shuffle_partitions=args.shuffle_partitions,
-                              extra_conf=_pairs(args.conf, "--conf"), remote=args.remote)
+                              extra_conf=_pairs(args.conf, "--conf"), remote=args.remote, archive=archive)
+        status = 1
         try:
-            return _dispatch(spark, args)
+            status = _dispatch(spark, args)
+            return status
         finally:
-            spark.stop()
+            try:
+                jvm_archive.after_run(archive, spark, succeeded=status == 0)
+            finally:
+                spark.stop()
 
     return _guarded(args, job)
 

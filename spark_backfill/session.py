@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import warnings
+from typing import Any
 
 __all__ = [
     "LOCAL_JAVA_OPTIONS",
@@ -125,6 +126,7 @@ def build_session(
     shuffle_partitions: int | None = None,
     extra_conf: dict[str, str] | None = None,
     remote: str | None = None,
+    archive: Any = None,
 ):  # -> pyspark.sql.SparkSession (import kept lazy: `report --help` needs no JVM)
     """A SparkSession whose Python workers run this very interpreter.
 
@@ -133,6 +135,8 @@ def build_session(
     workers: point them at `sys.executable`. Under spark-submit the cluster's settings win.
     With `remote` (`sc://HOST:PORT`), a Spark Connect session: the server's settings and
     Python workers are its own, only runtime settings (`extra_conf`) are passed.
+    `archive`: a `jvm_archive.Archive` for an embedded JVM's start (unless `extra_conf`
+    gives the JVM options itself).
     """
     _quiet()
     from pyspark.sql import SparkSession
@@ -163,6 +167,8 @@ def build_session(
     }
     if (master or "").startswith("local") and not under_spark_submit():
         conf.update(local_defaults(local_cores(master or "local[*]")))
+        if archive is not None and "spark.driver.extraJavaOptions" not in (extra_conf or {}):
+            conf["spark.driver.extraJavaOptions"] = f"{LOCAL_JAVA_OPTIONS} {archive.java_options()}".strip()
     if shuffle_partitions:
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
     conf.update(extra_conf or {})

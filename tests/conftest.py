@@ -4,6 +4,7 @@ implementations (`core`: every test that takes it runs on each)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -11,6 +12,10 @@ import pytest
 
 from nats_otel.core import accel, engine
 from nats_otel.core.decode import parse_archive_line
+
+# The backfill's runs make no JVM class archive in the user's cache (`spark_backfill.jvm_archive`):
+# its own test turns it on, in a folder of its own.
+os.environ.setdefault("NATS_OTEL_SPARK_ARCHIVE", "off")
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 GOLDEN = Path(__file__).parent / "golden"

@@ -46,15 +46,22 @@ def _odd_reports(line: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("bucket_bits", [20, 3])
-def test_runs_worked_out_by_spark_are_the_cores(spark, bucket_bits):
-    rnd = random.Random(29)
+def _kept_lines(seed: int) -> list[str]:
+    """The corpus and the hop archives with 10 % of the lines lost, 200 redelivered, odd
+    reports and garbage, shuffled."""
+    rnd = random.Random(seed)
     lines = [line for path in corpus_files() for line in archive_lines(Path(path)) if line.strip()]
     lines += [line for path in HOP_ARCHIVES for line in archive_lines(path)]
     kept = [line for line in lines if rnd.random() >= 0.1]  # lost reports: gaps in the runs
     kept += rnd.sample(kept, 200)  # redelivered
     kept += _odd_reports(lines[0]) + [line.decode() for line in GARBAGE_LINES]
     rnd.shuffle(kept)
+    return kept
+
+
+@pytest.mark.parametrize("bucket_bits", [20, 3])
+def test_runs_worked_out_by_spark_are_the_cores(spark, bucket_bits):
+    kept = _kept_lines(29)
     frame = spark.createDataFrame([(line, "test") for line in kept], "value string, source string")
     keyed = keys.key_lines(frame, keys.ConvertSettings())
 
@@ -76,17 +83,6 @@ def test_each_context_gets_the_runs_holding_its_reports():
         "A": ((1, 5, 10), (7, 9, 70))}
     assert index.covering([("B", 2), ("A", 11)]) == {"A": ((11, 11, 110),), "B": ((2, 3, 20),)}
     assert index.covering([]) == {}
-
-
-def _kept_lines(seed: int) -> list[str]:
-    rnd = random.Random(seed)
-    lines = [line for path in corpus_files() for line in archive_lines(Path(path)) if line.strip()]
-    lines += [line for path in HOP_ARCHIVES for line in archive_lines(path)]
-    kept = [line for line in lines if rnd.random() >= 0.1]  # lost reports: gaps in the runs
-    kept += rnd.sample(kept, 200)  # redelivered
-    kept += _odd_reports(lines[0]) + [line.decode() for line in GARBAGE_LINES]
-    rnd.shuffle(kept)
-    return kept
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -7,7 +7,7 @@
 cimport cpython.unicode
 from cpython.ref cimport Py_XDECREF
 from libc.stdint cimport uint64_t
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 
 cdef object _NO = object()  # "declined"
 
@@ -74,19 +74,26 @@ cdef object _text(const unsigned char* s, Py_ssize_t start, Py_ssize_t end, bint
 # not repeat (timestamps, the traceparent) are never put in it.
 cdef enum:
     CACHE_SLOTS = 1024  # a power of two
-    CACHE_MAX = 48
+    CACHE_MAX = 64  # a server's id is 56
 cdef PyObject* _cache[CACHE_SLOTS]  # owned references (or NULL), kept for the process' life
 
 
 cdef object _name(const unsigned char* s, Py_ssize_t start, Py_ssize_t end, bint ascii):
     cdef Py_ssize_t size = end - start, i
-    cdef uint64_t h = 14695981039346656037ULL  # FNV-1a
+    cdef uint64_t h = 14695981039346656037ULL  # FNV-1a's constants
+    cdef uint64_t head = 0, tail = 0
     cdef PyObject* held
     if not ascii or size > CACHE_MAX:
         return _text(s, start, end, ascii)
-    for i in range(size):
-        h = (h ^ s[start + i]) * 1099511628211ULL
-    h = (h ^ (h >> 29)) & (CACHE_SLOTS - 1)
+    if size >= 8:  # the first and the last eight bytes and the length: the compare decides the rest
+        memcpy(&head, s + start, 8)
+        memcpy(&tail, s + end - 8, 8)
+        h = (h ^ head) * 1099511628211ULL
+        h = (h ^ tail ^ <uint64_t>size) * 1099511628211ULL
+    else:
+        for i in range(size):
+            h = (h ^ s[start + i]) * 1099511628211ULL
+    h = (h ^ (h >> 29) ^ (h >> 43)) & (CACHE_SLOTS - 1)
     held = _cache[h]
     if (held is not NULL and PyUnicode_GET_LENGTH(<object>held) == size
             and memcmp(PyUnicode_1BYTE_DATA(<object>held), s + start, size) == 0):

@@ -99,9 +99,12 @@ cdef object _name(const unsigned char* s, Py_ssize_t start, Py_ssize_t end, bint
             and memcmp(PyUnicode_1BYTE_DATA(<object>held), s + start, size) == 0):
         return <object>held
     text = _text(s, start, end, True)
+    # The slot read again: making the text may run the collector, and another thread with
+    # it, which may have replaced the slot meanwhile. No Python code runs between these lines.
+    held = _cache[h]
     Py_INCREF(text)
-    Py_XDECREF(held)
     _cache[h] = <PyObject*>text
+    Py_XDECREF(held)
     return text
 
 

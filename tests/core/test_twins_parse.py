@@ -166,6 +166,27 @@ def test_fuzzed_documents_parse_as_msgspec_decodes(kernel, doc, ascii_only, spac
     same_or_declined(kernel, data, 200)
 
 
+# Texts the parse takes (any UTF-8 but escapes and control characters: names, header names
+# and values, tags), timestamps at and past the edges of the servers' form, cids at 10**18.
+_TEXTS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cc", "Cs"), exclude_characters='"\\'),
+                 max_size=70)
+_STAMPS = st.builds(lambda y, mo, d, h, mi, s, frac: f"{y:04d}-{mo:02d}-{d:02d}T{h:02d}:{mi:02d}:{s:02d}{frac}Z",
+                    st.integers(1960, 2600), st.integers(0, 13), st.integers(0, 32), st.integers(0, 25),
+                    st.integers(0, 61), st.integers(0, 62),
+                    st.sampled_from(["", ".1", ".123456789", ".1234567890", "."]))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=_TEXTS, header=_TEXTS, value=_TEXTS, server_id=_TEXTS, stamp=_STAMPS, time=_STAMPS,
+       cid=st.integers(0, 10**19), tags=st.lists(_TEXTS, max_size=3))
+def test_generated_texts_and_stamps_parse_as_msgspec_decodes(kernel, name, header, value, server_id, stamp, time, cid,
+                                                             tags):
+    doc = f.message(f.ingress(name=name, subj=value, ts=stamp, cid=cid), f.egress(name=name[::-1], hop=value),
+                    headers={header: [value, name]}, server_id=server_id)
+    doc["server"].update(time=time, tags=tags)
+    same_or_declined(kernel, json.dumps(doc, ensure_ascii=False).encode())
+
+
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_damaged_real_payloads_parse_as_msgspec_decodes(kernel, corpus_raws, data):

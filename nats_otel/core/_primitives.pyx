@@ -6,7 +6,8 @@ request, the document, the trace context), and the Python hooks were a visible s
 decoding. `model`, `decode` and `ids` choose these hooks (`accel.primitives`) when their
 classes are made, so this module sits below them: it imports nothing of the core but
 `timestamps`, its own reference, which imports nothing (the text forms the C parser does
-not take go there). The kernel (`_kernel.pyx`) cimports `context_fields_c`.
+not take go there). The kernel (`_kernel.pyx`) cimports `context_fields_c`, and for its own
+JSON parse `rfc3339_bytes_c` and `timestamp_ns_c`.
 
 The references: `timestamps.parse_rfc3339_ns`, `model`'s and `decode`'s hooks,
 `ids._context_fields` and `TraceContext.__post_init__`. Same values, same errors (the

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -102,14 +103,19 @@ def main() -> None:
         parser.error("give the baseline checkout")
     print(f"load average {os.getloadavg()[0]:.2f}; {args.messages:,} messages, {args.rounds} rounds", flush=True)
     best = {"baseline": float("inf"), "ours": float("inf")}
+    ratios = []
     for round_number in range(1, args.rounds + 1):
         base, ours = run(args.baseline.resolve(), args.messages, args.path), run(OURS, args.messages, args.path)
         best["baseline"], best["ours"] = min(best["baseline"], base), min(best["ours"], ours)
+        ratios.append(base / ours)
         print(f"round {round_number}: baseline {base:6.2f} us/msg   ours {ours:6.2f} us/msg   "
               f"ratio {base / ours:.2f}x", flush=True)
     print(f"\nbest: baseline {best['baseline']:.2f} us/msg, ours {best['ours']:.2f} us/msg: "
           f"ours uses {best['ours'] / best['baseline']:.2f} of the baseline's CPU "
           f"({best['baseline'] / best['ours']:.2f}x as many messages per core)")
+    # The paired ratio's median: each round's two runs share the machine's state of the moment.
+    print(f"median paired ratio baseline/ours {statistics.median(ratios):.3f}x over {len(ratios)} rounds "
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f}); load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

@@ -40,4 +40,15 @@ static inline PyObject *nats_otel_field(PyObject *obj, Py_ssize_t offset) {
     return value;
 }
 
+/* Replace `obj`'s field at `offset` with `value`: only for a record the caller has just made
+ * (the kernel's parse, `_stage_parse.pxi`, fills a copy of a template), never one another
+ * holder may have seen: frozen records are frozen to everyone else. */
+static inline void nats_otel_set_field(PyObject *obj, Py_ssize_t offset, PyObject *value) {
+    PyObject **slot = (PyObject **)((char *)obj + offset);
+    PyObject *old = *slot;
+    Py_INCREF(value);
+    *slot = value;
+    Py_XDECREF(old);
+}
+
 #endif

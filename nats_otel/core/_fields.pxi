@@ -4,6 +4,7 @@
 cdef extern from "_fields.h":
     Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
     object field "nats_otel_field"(object obj, Py_ssize_t offset)
+    void set_field "nats_otel_set_field"(object obj, Py_ssize_t offset, object value)
 
 
 cdef dict _offsets(object cls, str names):

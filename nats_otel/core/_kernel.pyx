@@ -3,7 +3,8 @@
 
 A raw trace message goes prepare -> link -> map and encode -> network, then into export
 requests; each stage is an include below (`_stage_*.pxi`), the compiled counterpart of one
-pure-Python module, which is the reference: the same records, bytes, counters and errors
+pure-Python module, which is the reference (prepare's JSON is the kernel's own parse,
+`_stage_parse.pxi` over `_json.pxi`, for the shape servers send; msgspec's decode otherwise): the same records, bytes, counters and errors
 (the golden files test the reference; tests/core runs every core test on both, through
 the `core` fixture).
 
@@ -135,6 +136,8 @@ except _LayoutChanged as exc:
     raise ImportError(f"mapping.py makes spans the kernel does not write: {exc}") from exc
 
 include "_stage_ids.pxi"
+include "_json.pxi"
+include "_stage_parse.pxi"
 include "_stage_prepare.pxi"
 include "_stage_link.pxi"
 include "_stage_map.pxi"

@@ -6,7 +6,8 @@ request, the document, the trace context), and the Python hooks were a visible s
 decoding. `model`, `decode` and `ids` choose these hooks (`accel.primitives`) when their
 classes are made, so this module sits below them: it imports nothing of the core but
 `timestamps`, its own reference, which imports nothing (the text forms the C parser does
-not take go there). The kernel (`_kernel.pyx`) cimports `context_fields_c`.
+not take go there). The kernel (`_kernel.pyx`) cimports `context_fields_c`, and for its own
+JSON parse `rfc3339_bytes_c` and `timestamp_ns_c`.
 
 The references: `timestamps.parse_rfc3339_ns`, `model`'s and `decode`'s hooks,
 `ids._context_fields` and `TraceContext.__post_init__`. Same values, same errors (the
@@ -26,7 +27,7 @@ cdef bytes _HEX = b"0123456789abcdef"
 # What servers write: `YYYY-MM-DDTHH:MM:SS[.f{1,9}]Z` in ASCII. Anything else (offsets,
 # odd digits, year 0, out-of-range fields) goes to the reference, which parses or raises.
 
-cdef inline int digits(const unsigned int* p, int n, int* out):
+cdef inline int digits(const unsigned int* p, int n, int* out) noexcept:
     cdef int i, value = 0
     for i in range(n):
         if p[i] < 48 or p[i] > 57:
@@ -36,7 +37,7 @@ cdef inline int digits(const unsigned int* p, int n, int* out):
     return 1
 
 
-cdef inline int64_t days_from_civil(int64_t y, int m, int d):
+cdef inline int64_t days_from_civil(int64_t y, int m, int d) noexcept:
     # Howard Hinnant's algorithm: days since 1970-01-01 of a proleptic Gregorian date. Day
     # 31 of a short month runs on into the next, as in `calendar.timegm`.
     cdef int64_t era, yoe, doy, doe
@@ -53,8 +54,7 @@ def parse_rfc3339_ns(text):
     cdef Py_ssize_t n, i
     cdef unsigned int buf[30]
     cdef Py_UCS4 c
-    cdef int year, month, day, hour, minute, second, fraction = 0, width
-    cdef int64_t days
+    cdef int64_t ns
     cdef str chars
     if type(text) is not str:
         return _reference_parse(text)
@@ -65,25 +65,47 @@ def parse_rfc3339_ns(text):
     for i in range(n):
         c = chars[i]
         buf[i] = <unsigned int>c
+    if not _servers_form(buf, n, &ns):
+        return _reference_parse(text)  # raises, or (offsets, far years...) parses
+    return ns
+
+
+cdef bint rfc3339_bytes_c(const unsigned char* text, Py_ssize_t n, int64_t* ns) noexcept:
+    """`parse_rfc3339_ns` of ASCII bytes in the servers' form, for the kernel's own parse
+    (`_stage_parse.pxi`): true with `ns` set, or false (then the text is the caller's to
+    give to `parse_rfc3339_ns`). Always within what OTLP carries (years 1970 to 2200)."""
+    cdef unsigned int buf[30]
+    cdef Py_ssize_t i
+    if n < 20 or n > 30:
+        return False
+    for i in range(n):
+        buf[i] = text[i]
+    return _servers_form(buf, n, ns)
+
+
+cdef bint _servers_form(const unsigned int* buf, Py_ssize_t n, int64_t* ns) noexcept:
+    # `YYYY-MM-DDTHH:MM:SS[.f{1,9}]Z`, 20 to 30 characters, years 1970 to 2200; false for
+    # anything else
+    cdef int year, month, day, hour, minute, second, fraction = 0, width, i
     if not (buf[4] == 45 and buf[7] == 45 and buf[10] in (84, 116, 32) and buf[13] == 58 and buf[16] == 58
             and buf[n - 1] in (90, 122)):
-        return _reference_parse(text)
+        return False
     if not (digits(buf, 4, &year) and digits(buf + 5, 2, &month) and digits(buf + 8, 2, &day)
             and digits(buf + 11, 2, &hour) and digits(buf + 14, 2, &minute) and digits(buf + 17, 2, &second)):
-        return _reference_parse(text)
+        return False
     if n == 20:
         width = 0
     else:
         width = <int>(n - 21)
         if buf[19] != 46 or width < 1 or width > 9 or not digits(buf + 20, width, &fraction):
-            return _reference_parse(text)
+            return False
         for i in range(9 - width):
             fraction *= 10
     if year < 1970 or year > 2200 or not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60
                                           and second < 61):
-        return _reference_parse(text)  # raises, or (far years: no int64 overflow here) parses
-    days = days_from_civil(year, month, day)
-    return (days * 86400 + hour * 3600 + minute * 60 + second) * 1_000_000_000 + fraction
+        return False
+    ns[0] = (days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second) * 1_000_000_000 + fraction
+    return True
 
 
 # --- msgspec's hooks (`model`, `decode`) --------------------------------------------------
@@ -95,6 +117,12 @@ cdef inline object _ns(object text):
     if ns < 0 or ns >= _U64:
         raise ValueError(f"timestamp {text!r:.40} outside what OTLP can carry (1970 to 2554)")
     return ns
+
+
+cdef object timestamp_ns_c(object text):
+    """`_ns` for the kernel's own parse (`_stage_parse.pxi`): the hooks' nanoseconds, or
+    their ValueError."""
+    return _ns(text)
 
 
 cdef inline void _check_uint64(str name, object value) except *:

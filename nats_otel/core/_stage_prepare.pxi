@@ -35,26 +35,35 @@ cpdef object prepare(object raw, object limits=_UNSET):
             data = _decompress(payload, encoding, limits)
         except Exception:  # refused: the reference raises the same error
             return _prepare_by_reference(raw, limits)
-    # decode._decode_fast
-    try:
-        doc = _decode_document(data)
-    except Exception:  # not for the fast path: the reference words the error, or decodes it its way
-        return _prepare_by_reference(raw, limits)
-    if type(doc) is not _Document:
-        return _prepare_by_reference(raw, limits)
-    events = field(doc, DOC.events)
-    if not events or len(events) > limits.max_events or type(events[0]) is not _Ingress:
-        return _prepare_by_reference(raw, limits)
+    # The kernel's own parse (`_stage_parse.pxi`) takes the shape servers send, and checks
+    # what the lines below check; what it declines, msgspec decodes as before
+    # (decode._decode_fast), and what msgspec refuses goes to the reference.
+    global _declined
     cdef Py_ssize_t i
-    for i in range(1, len(events)):
-        if type(events[i]) is _Ingress:
+    parsed = _parse_document(data, limits.max_events)
+    if parsed is not _NO:
+        server, events, message_headers, msg_size, hops = <tuple>parsed
+    else:
+        _declined += 1
+        try:
+            doc = _decode_document(data)
+        except Exception:  # not for the fast path: the reference words the error, or decodes it its way
             return _prepare_by_reference(raw, limits)
-    request = field(doc, DOC.request)
-    server = field(doc, DOC.server)
-    if type(request) is not _DecodedRequest or type(server) is not _ServerInfo:
-        return _prepare_by_reference(raw, limits)
-    message_headers = field(request, REQ.header)
-    msg_size = field(request, REQ.msgsize)
+        if type(doc) is not _Document:
+            return _prepare_by_reference(raw, limits)
+        events = field(doc, DOC.events)
+        if not events or len(events) > limits.max_events or type(events[0]) is not _Ingress:
+            return _prepare_by_reference(raw, limits)
+        for i in range(1, len(events)):
+            if type(events[i]) is _Ingress:
+                return _prepare_by_reference(raw, limits)
+        request = field(doc, DOC.request)
+        server = field(doc, DOC.server)
+        if type(request) is not _DecodedRequest or type(server) is not _ServerInfo:
+            return _prepare_by_reference(raw, limits)
+        message_headers = field(request, REQ.header)
+        msg_size = field(request, REQ.msgsize)
+        hops = field(doc, DOC.hops)
     # model.first_values and shapes.message_shape, in one pass over the headers
     cdef dict index = {}
     size = msg_size
@@ -78,7 +87,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     if own is not None:  # rare: a per-message header; the digest is the reference's own
         size = _shape_digest(size, own)
     ingress = events[0]
-    msg = _TraceMessage(server, message_headers, msg_size, field(doc, DOC.hops), ingress, _tail(events), (), index)
+    msg = _TraceMessage(server, message_headers, msg_size, hops, ingress, _tail(events), (), index)
     # ids.trace_context, when the traceparent is valid; otherwise the reference decides
     # (an ad-hoc context, or the error), and prepare's issue follows
     cdef tuple issues = ()

@@ -1,0 +1,232 @@
+"""The compiled kernel's own JSON parse (`_kernel.own_parse`: `_stage_parse.pxi`) against
+msgspec's decode (`decode._DOCUMENT`), which it stands in for on the common path: where it
+takes a payload, the records it builds equal msgspec's field for field (and type for type);
+where it is not sure, it declines (None), and `prepare` then goes the way it went before
+(msgspec, then the reference: test_twins_prepare.py compares the outcome). On the corpus,
+on fuzzed documents and on byte-level damage to real payloads; its bounds on hostile input;
+and the cache of repeated names under more names than it has slots.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nats_otel.core import pipeline
+from nats_otel.core.decode import _DOCUMENT, DecodeLimits, RawTraceMessage, decompress
+from tests.core import factories as f
+from tests.core.test_fuzz_decode import documents
+from tests.core.test_twins_prepare import outcome
+
+
+def msgspec_view(data: bytes):
+    """What `prepare` reads of msgspec's decode, as `own_parse` returns it; None when msgspec
+    refuses the payload."""
+    try:
+        doc = _DOCUMENT.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError):
+        return None
+    return doc.server, doc.events, doc.request.header, doc.request.msgsize, doc.hops
+
+
+def same_or_declined(kernel, data: bytes, max_events: int = 10_000) -> bool:
+    """True when the parse took `data` (and then built what msgspec builds); False when it
+    declined. Fails when it took something msgspec refuses or builds otherwise."""
+    ours = kernel.own_parse(data, max_events)
+    if ours is None:
+        return False
+    theirs = msgspec_view(data)
+    assert theirs is not None, f"taken, but msgspec refuses it: {data[:200]!r}"
+    assert ours == theirs
+    assert [type(e) for e in ours[1]] == [type(e) for e in theirs[1]]
+    assert type(ours[0]) is type(theirs[0])
+    return True
+
+
+def test_the_corpus_parses_as_msgspec_decodes(kernel, corpus_raws):
+    taken = declined = 0
+    for raw in corpus_raws:
+        data = decompress(raw.payload, raw.header("Content-Encoding"), DecodeLimits())
+        if same_or_declined(kernel, data):
+            taken += 1
+        else:
+            declined += 1
+            assert b"\\" in data  # the only thing in what servers sent that it leaves to msgspec: escapes
+    assert taken > 250 and declined <= 4
+
+
+def test_prepare_counts_what_the_parse_declines(kernel, corpus_raws):
+    plain = corpus_raws[0]
+    escaped = RawTraceMessage("trace.a", {}, plain.payload.replace(b'"ver":"', b'"ver":"\\u0032', 1))
+    assert b"\\u0032" in escaped.payload
+    before = kernel.declined_by_parser()
+    assert outcome(kernel.prepare, plain) == outcome(pipeline.python_prepare, plain)
+    assert kernel.declined_by_parser() == before
+    assert outcome(kernel.prepare, escaped) == outcome(pipeline.python_prepare, escaped)
+    assert kernel.declined_by_parser() == before + 1
+
+
+# --- what it takes, what it declines --------------------------------------------------------
+
+BASE = f.message(f.ingress(), f.egress(t=300, kind=1, name="s2", hop="1"), hops=1)
+
+
+def _with(**changes) -> bytes:
+    doc = json.loads(json.dumps(BASE))
+    for path, value in changes.items():
+        target = doc
+        *parents, last = path.split("__")
+        for key in parents:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        target[int(last) if isinstance(target, list) else last] = value
+    return json.dumps(doc, ensure_ascii=False).encode()
+
+
+TAKEN = [
+    _with(),
+    _with(server__feature_flags={"a": True, "b": [1, -2, None, {"c": "d"}]}, server__flags=0, x=[]),
+    _with(server__tags=["a", "b"], server__jetstream=True, server__seq=10**18 - 1, server__time=f.ts(5)),
+    _with(server__time=None, server__domain="é-ü", server__name="服务器"),
+    _with(events__0__ts="2026-11-22T02:16:30+01:00"),  # not the servers' form: the hook's function
+    _with(events__0__ts="2026-11-22T02:16:30Z", events__1__error="boom", events__0__account="ignored"),
+    _with(request__header={"Traceparent": [f.TRACEPARENT], "X-É": ["é", ""], "Empty": []}),
+    _with(request={}), _with(request__msgsize=0),
+    b' \n{ "server" : {"name":"a","id":"b"} ,\t"events":[{"type":"in","ts":"2026-11-22T02:16:30Z","kind":0}] }\r\n',
+    (b'{"events":[{"type":"in","kind":0,"ts":"2026-11-22T02:16:30.1Z"},{"type":"sm","ts":"2026-11-22T02:16:30Z"},'
+     b'{"type":"se","ts":"2026-11-22T02:16:30Z","acc":"B","to":"t"},{"type":"si","ts":"2026-11-22T02:16:30Z",'
+     b'"from":"f"},{"type":"js","ts":"2026-11-22T02:16:30Z","nointerest":true}],"server":{"id":"b","name":"a"}}'),
+]
+
+COMPACT = json.dumps(BASE, separators=(",", ":")).encode()
+
+DECLINED = [
+    _with(events__0__name="a\\b"),  # an escape (json.dumps writes "a\\b")
+    _with(server__seq=2**63), _with(hops=-1), _with(request__msgsize=1.0), _with(events__0__kind=-1),
+    _with(events__0__kind=10**18),
+    _with(events__0__ts_ns=5), _with(server__time_ns=5),  # fields it does not read
+    _with(events__0__ts="not a time"), _with(events__0__ts="1969-12-31T23:59:59Z"),
+    _with(server__jetstream=1), _with(server__tags="a"), _with(request__header={"a": "b"}),
+    _with(request=None), _with(server__time=5),
+    _with(x={"a": [[[[[[[[[[1]]]]]]]]]]}),  # skipped, but nested deeper than it checks
+    _with(x=1.5), _with(x="é"), _with(x=10**20),
+    json.dumps({"events": BASE["events"][::-1], "server": BASE["server"]}).encode(),  # ingress not first
+    json.dumps({"events": [], "server": BASE["server"]}).encode(),
+    json.dumps({"events": BASE["events"]}).encode(),  # no server
+    json.dumps({"server": BASE["server"], "events": [{"ts": f.ts(1), "type": "in", "kind": 0}]}).encode(),
+    json.dumps({"server": BASE["server"], "events": [f.ingress(), {"type": "zz", "ts": f.ts(1)}]}).encode(),
+    json.dumps({"server": BASE["server"], "events": [f.ingress(), f.ingress()]}).encode(),
+    COMPACT + b" x", COMPACT[:-1], b"[]", b"", b"{}",
+    COMPACT.replace(b'"hops":1', b'"hops":1,"hops":1'),
+    COMPACT.replace(b'"name":"pub"', b'"name":"pub","name":"pub"'),
+    COMPACT.replace(b'"traceparent"', b'"a":[],"a"'),
+    COMPACT.replace(b'"pub"', b'"p\x01b"'),  # a control character
+    COMPACT.replace(b'"pub"', b'"p\xffb"'),  # not UTF-8
+    COMPACT.replace(b'"pub"', b'"p\xed\xa0\x80b"'),  # a surrogate in UTF-8
+    COMPACT.replace(b'"hops":1', b'"hops":01'),
+    COMPACT.replace(b'"hops":1', b'"hops":1e0'),
+]
+
+
+@pytest.mark.parametrize("data", TAKEN)
+def test_takes_the_common_shapes_and_builds_what_msgspec_builds(kernel, data):
+    assert same_or_declined(kernel, data)
+
+
+@pytest.mark.parametrize("data", DECLINED)
+def test_declines_what_it_is_not_sure_of_and_prepare_still_agrees(kernel, data):
+    assert kernel.own_parse(data) is None
+    raw = RawTraceMessage("trace.a", {}, data)
+    assert outcome(kernel.prepare, raw) == outcome(pipeline.python_prepare, raw)
+
+
+def test_max_events_bounds_it(kernel):
+    events = [f.ingress()] + [f.egress(t=200 + i) for i in range(9)]
+    data = json.dumps(f.message(*events)).encode()
+    assert kernel.own_parse(data, 10) is not None
+    assert kernel.own_parse(data, 9) is None
+    limits = DecodeLimits(max_events=9)
+    raw = RawTraceMessage("trace.a", {}, data)
+    assert outcome(kernel.prepare, raw, limits) == outcome(pipeline.python_prepare, raw, limits)
+
+
+# --- fuzzed -----------------------------------------------------------------------------------
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(doc=documents(), ascii_only=st.booleans(), spaced=st.booleans())
+def test_fuzzed_documents_parse_as_msgspec_decodes(kernel, doc, ascii_only, spaced):
+    try:
+        data = json.dumps(doc, ensure_ascii=ascii_only, indent=1 if spaced else None).encode()
+    except UnicodeEncodeError:  # a lone surrogate the generator drew
+        return
+    same_or_declined(kernel, data, 200)
+
+
+# Texts the parse takes (any UTF-8 but escapes and control characters: names, header names
+# and values, tags), timestamps at and past the edges of the servers' form, cids at 10**18.
+_TEXTS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cc", "Cs"), exclude_characters='"\\'),
+                 max_size=70)
+_STAMPS = st.builds(lambda y, mo, d, h, mi, s, frac: f"{y:04d}-{mo:02d}-{d:02d}T{h:02d}:{mi:02d}:{s:02d}{frac}Z",
+                    st.integers(1960, 2600), st.integers(0, 13), st.integers(0, 32), st.integers(0, 25),
+                    st.integers(0, 61), st.integers(0, 62),
+                    st.sampled_from(["", ".1", ".123456789", ".1234567890", "."]))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=_TEXTS, header=_TEXTS, value=_TEXTS, server_id=_TEXTS, stamp=_STAMPS, time=_STAMPS,
+       cid=st.integers(0, 10**19), tags=st.lists(_TEXTS, max_size=3))
+def test_generated_texts_and_stamps_parse_as_msgspec_decodes(kernel, name, header, value, server_id, stamp, time, cid,
+                                                             tags):
+    doc = f.message(f.ingress(name=name, subj=value, ts=stamp, cid=cid), f.egress(name=name[::-1], hop=value),
+                    headers={header: [value, name]}, server_id=server_id)
+    doc["server"].update(time=time, tags=tags)
+    same_or_declined(kernel, json.dumps(doc, ensure_ascii=False).encode())
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_damaged_real_payloads_parse_as_msgspec_decodes(kernel, corpus_raws, data):
+    raw = data.draw(st.sampled_from(corpus_raws[:80]))
+    payload = bytearray(decompress(raw.payload, raw.header("Content-Encoding"), DecodeLimits()))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(payload) - 1))
+        action = data.draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+        byte = data.draw(st.sampled_from([*b'"\\{}[],:0-9 e.-tfn\x00\x80\xff', data.draw(st.integers(0, 255))]))
+        if action == "flip":
+            payload[at] = byte
+        elif action == "insert":
+            payload[at:at] = bytes([byte])
+        elif action == "delete":
+            del payload[at]
+        else:
+            del payload[at:]
+        if not payload:
+            return
+    same_or_declined(kernel, bytes(payload))
+
+
+# --- bounds and the cache of names ----------------------------------------------------------
+
+@pytest.mark.parametrize("hostile", [
+    _with(x=None).replace(b'"x":null', b'"x":' + b"[" * 200_000 + b"]" * 200_000),
+    _with(x=None).replace(b'"x":null', b'"x":"' + b"a" * 2_000_000 + b'"'),
+    _with(x=None).replace(b'"x":null', b'"x":' + b"[1," * 300_000 + b"1" + b"]" * 300_000),
+    json.dumps(f.message(*([f.ingress()] + [f.egress(t=i % 10**9) for i in range(60_000)]))).encode(),
+])
+def test_hostile_payloads_cost_what_their_size_says(kernel, hostile):
+    started = time.perf_counter()
+    kernel.own_parse(hostile, 10_000)
+    per_byte = (time.perf_counter() - started) / len(hostile)
+    assert per_byte < 1e-7, f"{per_byte * 1e9:.1f} ns per byte"  # ~1-3 ns per byte on a slow machine
+
+
+def test_many_more_names_than_cache_slots_stay_exact(kernel):
+    for i in range(5000):
+        names = {"name": f"conn-{i}", "acc": f"A{i % 7}", "subj": f"s.{i}.x" * (1 + i % 9)}
+        doc = f.message(f.ingress(**names), f.egress(name=f"e{i * 7919}"), server=f"srv-{i % 1500}",
+                        headers={f"h-{i}": [f"v{i}"], "traceparent": [f.TRACEPARENT]})
+        assert same_or_declined(kernel, json.dumps(doc).encode())

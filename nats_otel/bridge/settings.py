@@ -43,6 +43,11 @@ __all__ = ["BridgeSettings", "load_settings"]
 
 ENV_PREFIX = "NATS_OTEL_"
 
+# The project's own switches that share the prefix but are no bridge setting: read where
+# they act (`core.accel`; the backfill's `spark_backfill.jvm_archive`), skipped here, or
+# a bridge started with one set would refuse its configuration ("extra inputs").
+NOT_SETTINGS = frozenset({"NATS_OTEL_NO_EXTENSIONS", "NATS_OTEL_SPARK_ARCHIVE", "NATS_OTEL_CACHE"})
+
 
 class BridgeSettings(_Model):
     """Everything `nats-otel bridge` needs; resolved once, passed down explicitly."""
@@ -184,7 +189,7 @@ def _prefixed_env(env: Mapping[str, str]) -> dict[str, Any]:
     """`NATS_OTEL_OTLP__ENDPOINT=x` -> {"otlp": {"endpoint": "x"}}; lists as YAML flow text."""
     tree: dict[str, Any] = {}
     for name, value in env.items():
-        if not name.startswith(ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS:
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
         node = tree

@@ -109,6 +109,16 @@ def test_errors_name_the_variable_or_flag() -> None:
         load_settings(overrides=flags("--subject", "t"), env={"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"})
 
 
+def test_the_projects_own_switches_are_no_settings() -> None:
+    """`NATS_OTEL_NO_EXTENSIONS`, the backfill's archive switch and cache folder share the
+    prefix: a bridge started with them set runs (an unknown NATS_OTEL_ name still fails)."""
+    env = {"NATS_OTEL_NO_EXTENSIONS": "1", "NATS_OTEL_SPARK_ARCHIVE": "off", "NATS_OTEL_CACHE": "/tmp/c"}
+    assert load_settings(overrides=flags("--subject", "t"), env=env) == load_settings(
+        overrides=flags("--subject", "t"), env={})
+    with pytest.raises(SettingsError, match=r"NATS_OTEL_\* environment: field 'cache_dir'"):
+        load_settings(overrides=flags("--subject", "t"), env={"NATS_OTEL_CACHE_DIR": "/tmp/c"})
+
+
 def test_unreadable_or_malformed_file(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="cannot read"):
         load_settings(tmp_path / "missing.yaml", env={})

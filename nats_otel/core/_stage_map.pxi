@@ -169,23 +169,6 @@ cdef int put_outcome(Buf* s, int role, int index, object error) except -1:
     return put_status(s, error)
 
 
-cdef int put_headers(Buf* s, object headers, object allowlist) except -1:
-    """The copied headers, in the message's order (`nats.header.<lower-case name>`)."""
-    cdef set seen = None
-    for name, values in (<dict>headers).items():
-        lowered = name.lower()
-        if lowered not in allowlist:
-            continue
-        if seen is None:
-            seen = set()
-        if lowered in seen or type(values) is not list:
-            return 0  # two names differing in case share one attribute: Python decides
-        seen.add(lowered)
-        if not put_key_value(s, 9, HEADER_ATTRIBUTE_PREFIX + lowered, tuple(values)):
-            return 0
-    return 1
-
-
 cdef inline int close_span(Buf* blob, Buf* s) except -1:
     put_field(blob, 2, s.data, s.size)
     s.size = 0

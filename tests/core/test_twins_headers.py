@@ -1,4 +1,5 @@
-"""The compiled mapper's copied headers (`_stage_headers.pxi`) against the reference: the
+"""The compiled mapper's copied headers (`_stage_headers.pxi`) and the buffers it keeps
+between calls (`_stage_map.pxi`) against the reference: the
 same bytes, or the same exception, and the message handed to the reference exactly when
 the generic way (a name twice in other cases, a value it cannot write) hands it over.
 
@@ -112,3 +113,35 @@ def test_generated_headers_and_allowlists_map_alike(kernel, cases):
     for headers, allowlist in cases:
         p, placement = _prepared(headers)
         _alike(kernel, p, placement, MappingOptions(header_allowlist=allowlist))
+
+
+class _Reentrant:
+    """Options whose allowlist, read while the kernel writes a message's spans, maps another
+    message first: a call into `map_encode` while one is writing (as another thread's could)."""
+
+    service_name = "nats-server"
+
+    def __init__(self, kernel, inner) -> None:
+        self.kernel, self.inner, self.results = kernel, inner, []
+
+    @property
+    def header_allowlist(self) -> frozenset[str]:
+        p, placement = self.inner
+        self.results.append(self.kernel.map_encode(p.msg, p.ctx, placement, MappingOptions()))
+        return MappingOptions().header_allowlist
+
+
+def test_a_call_while_another_writes_has_buffers_of_its_own(kernel):
+    outer = _prepared({"traceparent": [TRACEPARENT], "Nats-Trace-Hop": ["1"]})
+    inner = _prepared({"traceparent": [TRACEPARENT], "Nats-Msg-Id": ["m" * 50]})
+    options = _Reentrant(kernel, inner)
+    assert _alike(kernel, *outer, options) == 0
+    p, placement = inner
+    assert options.results[0] == span_bytes.python_map_encode(p.msg, p.ctx, placement, MappingOptions())
+
+
+def test_buffers_grown_by_a_large_message_are_given_back(kernel):
+    p, placement = _prepared({"traceparent": [TRACEPARENT]})
+    large = _with_headers(p, {"traceparent": [TRACEPARENT] * 3000})  # ~190 KB of spans
+    for prepared in (large, p, large, p):
+        assert _alike(kernel, prepared, placement, MappingOptions()) == 0

@@ -24,6 +24,7 @@ what `report_runs` collects. Spark Connect has no accumulators: `report_runs` th
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -68,7 +69,7 @@ def report_runs(reports: Any, bucket_bits: int = 20) -> Runs:
     return {server_id: tuple(sorted(server_runs)) for server_id, server_runs in sorted(found.items())}
 
 
-def _joined(pieces: list[tuple[int, int, int, int]]) -> tuple[tuple[int, int, int, int], ...]:
+def _joined(pieces: Iterable[tuple[int, int, int, int]]) -> tuple[tuple[int, int, int, int], ...]:
     """Runs of (first, last, since, until) pieces sorted by first: those that touch or overlap joined."""
     out: list[tuple[int, int, int, int]] = []
     for first, last, since, until in pieces:
@@ -92,9 +93,11 @@ def islands(reports: Iterable[tuple[str, int, int]]) -> Runs:
 
 
 def merge(total: dict[str, Any], more: Runs) -> dict[str, Any]:
-    """`total` with the runs of `more` joined in (in place): the runs of both inputs."""
+    """`total` with the runs of `more` joined in (in place): the runs of both inputs. Both
+    are sorted by first seq, so they are merged in one pass: a task's runs cost the driver
+    their number plus the server's runs so far, never a sort of all of them."""
     for server_id, pieces in more.items():
-        total[server_id] = _joined(sorted((*total.get(server_id, ()), *pieces)))
+        total[server_id] = _joined(heapq.merge(total.get(server_id, ()), pieces))
     return total
 
 

@@ -55,25 +55,29 @@ def read_archive(spark: Any, paths: Sequence[str]) -> list[Any]:
     reads them itself, as `convert` does: `splits`), remote URIs (and all of a Spark
     Connect session's) as a DataFrame of lines (`value`, `source`), blank lines dropped
     like `convert`."""
-    from pyspark.sql import functions as F
-
     from spark_backfill.session import is_remote
 
     if is_remote(spark):
         # A Connect server reads its own file system: it expands folders (to their archive
         # files, like `convert`) and globs.
-        df = spark.read.options(recursiveFileLookup="true", pathGlobFilter=ARCHIVE_GLOB).text(list(paths))
-        return [df.filter(F.trim("value") != "").select("value", F.input_file_name().alias("source"))]
-    found = local_inputs(paths)
+        return [_nonblank(spark.read.options(recursiveFileLookup="true", pathGlobFilter=ARCHIVE_GLOB)
+                          .text(list(paths)))]
+    found = local_inputs(paths)  # local files as resolved paths, remote URIs as given
     local = [path for path in found if is_local(path)]
-    frames = []
-    if local:
-        frames.append(_local_archive(spark, [path.removeprefix("file://") for path in local]))
     remote = [path for path in found if not is_local(path)]
+    frames: list[Any] = []
+    if local:
+        frames.append(_local_archive(spark, local))
     if remote:
-        df = spark.read.text(remote)
-        frames.append(df.filter(F.trim("value") != "").select("value", F.input_file_name().alias("source")))
+        frames.append(_nonblank(spark.read.text(remote)))
     return frames
+
+
+def _nonblank(df: Any) -> Any:
+    """A text source's lines (`value`) and their file (`source`), blank lines dropped."""
+    from pyspark.sql import functions as F
+
+    return df.filter(F.trim("value") != "").select("value", F.input_file_name().alias("source"))
 
 
 def _local_archive(spark: Any, files: list[str]) -> LocalArchive:

@@ -382,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         archive = None if args.remote or under_spark_submit() else jvm_archive.archive_for()
         if archive is not None and archive.path.exists():
             log.info("the JVM starts from its class archive %s", archive.path)
+        elif archive is not None and archive.failed.exists():
+            log.info("no JVM class archive: making it failed (java's message in %s; delete it to try again)",
+                     archive.failed)
         spark = build_session(args.master, shuffle_partitions=args.shuffle_partitions,
                               extra_conf=_pairs(args.conf, "--conf"), remote=args.remote, archive=archive)
         status = 1

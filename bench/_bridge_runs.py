@@ -26,6 +26,14 @@ PY = sys.executable
 NAIVE_QUEUE = 2_000_000  # BatchSpanProcessor(max_queue_size=...), the no-drop naive pipeline
 
 
+def link_wait() -> float:
+    """The bridges' `link.wait` in seconds: the environment's (`NATS_OTEL_LINK__WAIT`, which
+    the bridges inherit) or the default."""
+    from nats_otel.bridge.settings_sections import LinkSettingsModel
+
+    return float(os.environ.get("NATS_OTEL_LINK__WAIT", LinkSettingsModel().wait))
+
+
 # The link-evidence exchange (bridge/exchange.py): its cost beside one bridge, and three
 # bridges in one queue group against one. name -> (bridge processes, their arguments).
 EXCHANGE_VARIANTS: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -220,6 +228,9 @@ class Bench:
              "offered": rate or pub["sent"] / max(pub["ended"] - pub["started"], 1e-6),
              "sent": pub["sent"], "received": total(m, "nats_otel_messages_received"),
              "decoded": total(m, "nats_otel_messages_decoded"), "dropped": total(m, "nats_otel_messages_dropped"),
+             # What a bridge of no CPU could reach end to end: the last message published
+             # waits `link.wait` before it is mapped (docs/performance.md, "Targets").
+             "window_bound": pub["sent"] / (max(pub["ended"] - pub["started"], 0.0) + link_wait()),
              "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers,
              # CPU seconds per message carried (a burst's cores over its window read low: it waits `link.wait`)
              "us_per_msg": cpu / max(self.rx.spans / self.spans_per_msg, 1) * 1e6}

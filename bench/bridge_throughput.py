@@ -131,6 +131,9 @@ def report_rounds(by_round: dict[str, list[dict]], workers: list[int]) -> None:
                         parts.append(f"end to end {r['e2e']:,.0f} msgs/s = {r['e2e'] / raws[i]['e2e']:.3f} of raw's "
                                      f"({raws[i]['e2e']:,.0f})" + (f", {r['e2e'] / naives[i]['e2e']:.2f}x naive's "
                                      f"({naives[i]['e2e']:,.0f})" if i < len(naives) else ""))
+                        if "window_bound" in r:  # a bridge of no CPU, waiting `link.wait`
+                            parts.append(f"the link window's bound {r['window_bound']:,.0f} msgs/s = "
+                                         f"{r['window_bound'] / raws[i]['e2e']:.3f} of raw's")
                 if i < len(naives):
                     parts.append(f"{r['rate'] / naives[i]['rate']:.2f}x naive ({naives[i]['rate']:,.0f})")
                 if i < len(base):

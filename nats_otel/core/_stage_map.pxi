@@ -112,13 +112,15 @@ cdef object _label(object kind):
     return label if label is not None else f"kind-{kind}"
 
 
-cdef int put_span_head(Buf* s, bytes trace_id, bytes span_id, bytes parent, object state, const char* prefix,
-                  Py_ssize_t prefix_size, object rest, bint always, int kind, uint64_t start, uint64_t end) except -1:
+cdef int put_span_head(Buf* s, bytes trace_id, const char* span_id, const char* parent, Py_ssize_t parent_size,
+                       object state, const char* prefix, Py_ssize_t prefix_size, object rest, bint always, int kind,
+                       uint64_t start, uint64_t end) except -1:
     """A span's fields up to its attributes, as `otlp_wire._span` writes them; the name is
-    `prefix + " " + rest`, or `prefix` alone when `rest` is empty and not `always`."""
+    `prefix + " " + rest`, or `prefix` alone when `rest` is empty and not `always`. The span
+    id is 8 bytes at `span_id`."""
     cdef Py_ssize_t rest_size = 0
     cdef const char* rest_data = NULL
-    if not put_ids(s, trace_id, span_id, state, parent):
+    if not put_ids_at(s, trace_id, span_id, 8, state, parent, parent_size):
         return 0
     if type(rest) is not str:
         return 0
@@ -193,13 +195,20 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     cdef object account = field(ingress, IN.account)
     cdef object ingress_kind = field(ingress, IN.kind)
     cdef object error = field(ingress, IN.error)
+    cdef bytes parent  # the server span's
+    cdef unsigned char server_id[8]
+    cdef unsigned char hashed_id[8]
+    cdef const char* span_id
+    cdef bint forwards
     cdef object events = field(msg, MSG.events)
     cdef object unknown = field(msg, MSG.unknown_events)
     cdef uint64_t start, end, ts
     cdef int position = 0, i
-    if type(trace_id) is not bytes or type(ident) is not bytes or type(trace_state) is not str:
+    if type(trace_id) is not bytes or type(ident) is not bytes or type(trace_state) is not str \
+            or type(where[2]) is not bytes:
         return 0
-    server_id = server_span_id(ctx, ident)
+    parent = where[2]
+    server_span_id_into(server_id, ctx, ident)
     start = field(ingress, TS_NS)
     end = start
     for event in events:
@@ -212,7 +221,8 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     if ingress_kind in _FORWARDING:
         hop = (<dict>first).get("nats-trace-hop") or ""
     # the server span
-    if not put_span_head(s, trace_id, server_id, where[2], trace_state, "receive", 7, subject, False, 5, start, end):
+    if not put_span_head(s, trace_id, <char*>server_id, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent),
+                         trace_state, "receive", 7, subject, False, 5, start, end):
         return 0
     for i in range(3):
         put_const(s, SERVER, i)
@@ -252,18 +262,21 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     # one child span per event
     for event in events:
         position += 1
-        span_id = event_span_id(ctx, ident, position)
         ts = field(event, TS_NS)
         if ts < start:
             ts = start
         kind = type(event)
+        span_id = <char*>hashed_id
         if kind is _EgressEvent:
-            if not put_span_head(s, trace_id, span_id, server_id, trace_state, "send", 4, subject, False, 4, start, ts):
+            connection = field(event, EG.kind)
+            name = field(event, EG.name)
+            forwards = field(event, EG.hop) and connection in _FORWARDING  # `event.forwards`
+            event_span_id_into(hashed_id, ctx, ident, position)
+            if not put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "send", 4, subject, False, 4,
+                                 start, ts):
                 return 0
             for i in range(3):
                 put_const(s, EGRESS, i)
-            connection = field(event, EG.kind)
-            name = field(event, EG.name)
             if not (put_pair(s, EGRESS, E_DEST, subject) and put_pair(s, EGRESS, E_ACCOUNT, field(event, EG.account) or account)
                     and put_pair(s, EGRESS, E_KIND, _label(connection)) and put_pair(s, EGRESS, E_CID, field(event, EG.cid))
                     and put_pair(s, EGRESS, E_NAME, name)):
@@ -276,33 +289,36 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             value = field(event, EG.queue)
             if value and not put_pair(s, EGRESS, E_QUEUE, value):
                 return 0
-            value = field(event, EG.hop)
-            if value and connection in _FORWARDING:
-                if not (put_pair(s, EGRESS, E_HOP, value) and put_pair(s, EGRESS, E_PEER, name)):
+            if forwards:
+                if not (put_pair(s, EGRESS, E_HOP, field(event, EG.hop)) and put_pair(s, EGRESS, E_PEER, name)):
                     return 0
             if not put_outcome(s, EGRESS, E_NOTE, field(event, EG.error)):
                 return 0
-        elif kind is _SubjectMapping:
+            close_span(blob, s)
+            continue
+        event_span_id_into(hashed_id, ctx, ident, position)
+        if kind is _SubjectMapping:
             to = event.to
-            if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "map", 3, to, True, 1, start, ts)
+            if not (put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "map", 3, to, True, 1, start,
+                                  ts)
                     and put_pair(s, MAPPING, M_FROM, subject) and put_pair(s, MAPPING, M_TO, to)):
                 return 0
             subject = to  # later egresses deliver on the mapped subject
         elif kind is _StreamExport:
-            if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "stream export", 13, event.account, True,
-                             1, start, ts)
+            if not (put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "stream export", 13,
+                                  event.account, True, 1, start, ts)
                     and put_pair(s, EXPORT, X_ACCOUNT, event.account) and put_pair(s, EXPORT, X_SUBJECT, event.to)):
                 return 0
         elif kind is _ServiceImport:
-            if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "service import", 14, event.account,
-                             True, 1, start, ts)
+            if not (put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "service import", 14,
+                                  event.account, True, 1, start, ts)
                     and put_pair(s, IMPORT, I_ACCOUNT, event.account) and put_pair(s, IMPORT, I_FROM, event.from_subject)
                     and put_pair(s, IMPORT, I_TO, event.to)):
                 return 0
             subject, account = event.to, event.account
         elif kind is _JetStreamEvent:
-            if not put_span_head(s, trace_id, span_id, server_id, trace_state, "store", 5, event.stream, False, 1,
-                            start, ts):
+            if not put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "store", 5, event.stream,
+                                 False, 1, start, ts):
                 return 0
             for i in range(3):
                 put_const(s, JETSTREAM, i)

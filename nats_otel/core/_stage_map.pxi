@@ -178,7 +178,9 @@ cdef inline int close_span(Buf* blob, Buf* s) except -1:
 
 
 cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
-                      list issues) except -1:
+                      list issues, object egress_ids) except -1:
+    # `egress_ids`: the span ids of the forwarding egresses, in order, as the linker's `_observe`
+    # hashed them for this message (None: hash them here).
     # Exact types only: the fields below are read at their offsets. Anything else (a
     # hand-built message has no `header_index`) is mapped by the Python twin.
     if type(msg) is not _TraceMessage or type(ctx) is not _TraceContext or type(placement) is not _Placement:
@@ -199,6 +201,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     cdef unsigned char server_id[8]
     cdef unsigned char hashed_id[8]
     cdef const char* span_id
+    cdef Py_ssize_t forwarded = 0  # forwarding egresses met so far: the next one's id is egress_ids[forwarded]
     cdef bint forwards
     cdef object events = field(msg, MSG.events)
     cdef object unknown = field(msg, MSG.unknown_events)
@@ -270,8 +273,17 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         if kind is _EgressEvent:
             connection = field(event, EG.kind)
             name = field(event, EG.name)
-            forwards = field(event, EG.hop) and connection in _FORWARDING  # `event.forwards`
-            event_span_id_into(hashed_id, ctx, ident, position)
+            # `event.forwards`, as the linker's `_observe` tells a forwarding egress: it hashed
+            # this one's id already (`egress_ids`, in the same order).
+            forwards = field(event, EG.hop) and connection in _FORWARDING
+            known = None
+            if forwards and egress_ids is not None and forwarded < len(<tuple>egress_ids):
+                known = (<tuple>egress_ids)[forwarded]
+                forwarded += 1
+            if type(known) is bytes and PyBytes_GET_SIZE(known) == 8:
+                span_id = PyBytes_AS_STRING(known)
+            else:
+                event_span_id_into(hashed_id, ctx, ident, position)
             if not put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "send", 4, subject, False, 4,
                                  start, ts):
                 return 0
@@ -388,6 +400,12 @@ cdef inline int _give_back(Buf* b, Py_ssize_t cap) except -1:
 cpdef object map_encode(object msg, object ctx, object placement, object options):
     """(resource, encoded spans, span count, issues) of one trace message: the bytes
     `python_map_encode` gives, written in C (or by it, for unusual input)."""
+    return _map_encode(msg, ctx, placement, options, None)
+
+
+cdef object _map_encode(object msg, object ctx, object placement, object options, object egress_ids):
+    """`map_encode`, given the span ids of the message's forwarding egresses the linker has
+    hashed already (`Linker._observe`; None: hashed here)."""
     global _kept_taken
     cdef Buf own_blob, own_span
     cdef Buf* blob = &_kept_blob
@@ -405,7 +423,7 @@ cpdef object map_encode(object msg, object ctx, object placement, object options
         if not kept:
             buf_init(blob, 1024)
             buf_init(s, 512)
-        count = map_encode_c(blob, s, msg, ctx, placement, options, issues)
+        count = map_encode_c(blob, s, msg, ctx, placement, options, issues, egress_ids)
         if count:
             spans = PyBytes_FromStringAndSize(blob.data, blob.size)
     finally:

@@ -348,15 +348,53 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
 
 cdef dict _resources = {}  # mapping.server_resource's key -> its resource
 
+# The resources of the server records met last, found without the nine-field key: every
+# message has a record of its own (its `seq` and `time` differ), but the kernel's parse
+# gives the same server's records the very same field objects (`_json._name` caches the
+# strings). A direct-mapped table by the address of the record's `id` string; each slot
+# holds (a record, its service name, its resource). A record whose fields are the held
+# record's fields (the same objects; tags equal: a tuple is made per record) has the same
+# resource: identical values are equal values, so the key would be equal too. Any field
+# that is not the same object (another server, a record msgspec decoded) goes by the key.
+cdef enum:
+    _BY_RECORD_SLOTS = 64  # a power of two
+cdef list _resources_by_record = [None] * _BY_RECORD_SLOTS
+
+
+cdef inline bint _same_fields(object server, object held):
+    """The resource's fields of two `ServerInfo`s are the same objects (tags: equal)."""
+    if (field(server, SRV.id) is not field(held, SRV.id) or field(server, SRV.name) is not field(held, SRV.name)
+            or field(server, SRV.version) is not field(held, SRV.version)
+            or field(server, SRV.host) is not field(held, SRV.host)
+            or field(server, SRV.cluster) is not field(held, SRV.cluster)
+            or field(server, SRV.domain) is not field(held, SRV.domain)
+            or field(server, SRV.jetstream) is not field(held, SRV.jetstream)):
+        return False
+    tags, held_tags = field(server, SRV.tags), field(held, SRV.tags)
+    return tags is held_tags or (type(tags) is tuple and type(held_tags) is tuple and <tuple>tags == <tuple>held_tags)
+
 
 cdef object _resource_of(object server, object service_name):
-    """`mapping.server_resource`, with its key made from the server's slots: the Python
+    """`mapping.server_resource`: like the record met last with the same `id` object
+    (`_resources_by_record`), else by its key made from the server's slots; the Python
     function (a frame, nine attribute reads) runs only for a server not seen yet."""
     if type(server) is not _ServerInfo:
         return _server_resource(server, service_name)
+    server_id = field(server, SRV.id)
+    # Objects are 16-byte aligned: the bits above those pick the slot.
+    cdef Py_ssize_t slot = (<Py_ssize_t><PyObject*>server_id >> 4) & (_BY_RECORD_SLOTS - 1)
+    held = (<list>_resources_by_record)[slot]
+    if held is not None and (<tuple>held)[1] is service_name and _same_fields(server, (<tuple>held)[0]):
+        return (<tuple>held)[2]
     tags = field(server, SRV.tags)
     if type(tags) is not tuple:  # the reference's key copies it into one
         return _server_resource(server, service_name)
+    resource = _resource_by_fields(server, service_name, tags)
+    (<list>_resources_by_record)[slot] = (server, service_name, resource)
+    return resource
+
+
+cdef object _resource_by_fields(object server, object service_name, tuple tags):
     key = (service_name, field(server, SRV.id), field(server, SRV.name), field(server, SRV.version),
            field(server, SRV.host), field(server, SRV.cluster), field(server, SRV.domain), tags,
            field(server, SRV.jetstream))

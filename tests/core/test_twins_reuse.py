@@ -1,13 +1,16 @@
 """What the compiled kernel works out once and reuses (issue 39), against working it out
 again: a forwarding egress's span id, hashed by the linker when it observes the message and
-written by the mapper from there (`Linker._observe`, `_stage_map.map_encode_c`). Each reused
-value must be the one computed afresh, byte for byte. The kernel comes from the `kernel`
-fixture (skipped under NATS_OTEL_NO_EXTENSIONS=1).
+written by the mapper from there (`Linker._observe`, `_stage_map.map_encode_c`), and a
+server's resource, found by the identity of its record's fields (`_stage_map._resource_of`).
+Each reused value must be the one computed afresh, byte for byte, whatever the records'
+fields. The kernel comes from the `kernel` fixture (skipped under NATS_OTEL_NO_EXTENSIONS=1).
 """
 
 from __future__ import annotations
 
-from nats_otel.core import ids, pipeline
+from msgspec.structs import replace
+
+from nats_otel.core import ids, mapping, pipeline
 from nats_otel.core.mapping import MappingOptions
 from nats_otel.core.model import Egress
 
@@ -52,3 +55,21 @@ def test_the_mapper_writes_the_ids_it_is_given_and_hashes_the_rest(kernel, corpu
         again.observe(raw)
         again._pending[id(raw)] = (raw, prepared, odd)
         assert b"\x12\x08" + egress_ids[0] in again.convert(raw, 0.0, True).encoded.data
+
+
+def test_resources_found_by_the_records_fields_are_the_references(kernel, corpus_raws):
+    prepared = pipeline.prepare(next(raw for raw in corpus_raws if pipeline.prepare(raw).msg.server.tags == ()))
+    msg, server = prepared.msg, prepared.msg.server
+    placement = kernel.Linker(bounded=False).place(prepared)
+    # Records sharing the `id` object (one slot of the table), differing in one field or
+    # none; tags equal but not the same tuple; two service names.
+    records = [server, replace(server, seq=server.seq + 1), replace(server, name=server.name + "-other"),
+               replace(server, version="9.9.9"), replace(server, host="elsewhere"), replace(server, cluster="c2"),
+               replace(server, domain="d2"), replace(server, jetstream=not server.jetstream),
+               replace(server, tags=("a", "b")), replace(server, tags=tuple(["a", "b"])),
+               replace(server, tags=("a", "c")), server]
+    for service_name in ("nats", "{server}@{cluster}", "nats"):
+        options = MappingOptions(service_name)
+        for record in records + records[::-1]:
+            resource = kernel.map_encode(replace(msg, server=record), prepared.ctx, placement, options)[0]
+            assert resource == mapping.server_resource(record, service_name)

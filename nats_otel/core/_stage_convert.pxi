@@ -20,12 +20,15 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
     cdef list spans = []
     encoding = None
+    prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
     if encoded:
-        resource, data, count, map_issues = _map_encode(msg, ctx, placement, options, egress_ids)
-        encoding = _new(_EncodedSpans, (resource, data, count))
+        # The mapper appends its issues to the prepared ones: the list `Converted` keeps.
+        issues = [*prepared_issues] if prepared_issues else []
+        encoding = _encoded_spans(msg, ctx, placement, options, egress_ids, issues)
     else:
         result = _map_message(msg, ctx, placement, options)
         spans, map_issues = result.spans, result.issues
+        issues = [*prepared_issues, *map_issues] if prepared_issues else map_issues
     egress_ns = None
     if link is not None:
         if type(link) is _Link:
@@ -34,8 +37,6 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
             egress, first = link.egress, link.first
         if egress is not None and first:
             egress_ns = egress.ts_ns
-    prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
-    issues = [*prepared_issues, *map_issues] if prepared_issues else map_issues
     if type(placement) is _Placement:
         ident, trace_id = (<tuple>placement)[0], (<tuple>placement)[1]
         placement_link, candidates = (<tuple>placement)[3], (<tuple>placement)[4]

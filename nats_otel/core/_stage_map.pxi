@@ -438,19 +438,41 @@ cdef inline int _give_back(Buf* b, Py_ssize_t cap) except -1:
 cpdef object map_encode(object msg, object ctx, object placement, object options):
     """(resource, encoded spans, span count, issues) of one trace message: the bytes
     `python_map_encode` gives, written in C (or by it, for unusual input)."""
-    return _map_encode(msg, ctx, placement, options, None)
+    cdef list issues = []
+    cdef int count
+    spans = _write_spans(msg, ctx, placement, options, None, issues, &count)
+    if spans is None:
+        return _map_encode_by_reference(msg, ctx, placement, options)
+    return _resource_of(field(msg, MSG.server), options.service_name), spans, count, issues
 
 
-cdef object _map_encode(object msg, object ctx, object placement, object options, object egress_ids):
-    """`map_encode`, given the span ids of the message's forwarding egresses the linker has
-    hashed already (`Linker._observe`; None: hashed here)."""
+cdef object _encoded_spans(object msg, object ctx, object placement, object options, tuple egress_ids,
+                           list issues):
+    """`map_encode` as the converter wants it: an `EncodedSpans`, its issues appended to
+    `issues` (no tuple to unpack and no list of its own per message). `egress_ids`: the span
+    ids of its forwarding egresses the linker hashed already (`Linker._observe`; None: hashed here)."""
+    cdef int count
+    cdef Py_ssize_t mark = len(issues)
+    spans = _write_spans(msg, ctx, placement, options, egress_ids, issues, &count)
+    if spans is None:
+        del issues[mark:]  # what the C writer noted before it handed the message over
+        resource, spans, count, more = _map_encode_by_reference(msg, ctx, placement, options)
+        issues.extend(more)
+    else:
+        resource = _resource_of(field(msg, MSG.server), options.service_name)
+    return _new(_EncodedSpans, (resource, spans, count))
+
+
+cdef object _write_spans(object msg, object ctx, object placement, object options, tuple egress_ids, list issues,
+                         int* count):
+    """The message's spans written in C (bytes; their number in `count`), or None: the
+    reference must map it."""
     global _kept_taken
     cdef Buf own_blob, own_span
     cdef Buf* blob = &_kept_blob
     cdef Buf* s = &_kept_span
     cdef bint kept = not _kept_taken
-    cdef list issues = []
-    cdef int count
+    spans = None
     own_blob.data = own_span.data = NULL
     if kept:
         _kept_taken = True
@@ -461,8 +483,8 @@ cdef object _map_encode(object msg, object ctx, object placement, object options
         if not kept:
             buf_init(blob, 1024)
             buf_init(s, 512)
-        count = map_encode_c(blob, s, msg, ctx, placement, options, issues, egress_ids)
-        if count:
+        count[0] = map_encode_c(blob, s, msg, ctx, placement, options, issues, egress_ids)
+        if count[0]:
             spans = PyBytes_FromStringAndSize(blob.data, blob.size)
     finally:
         if kept:
@@ -472,6 +494,4 @@ cdef object _map_encode(object msg, object ctx, object placement, object options
         else:
             buf_free(blob)
             buf_free(s)
-    if not count:
-        return _map_encode_by_reference(msg, ctx, placement, options)
-    return _resource_of(msg.server, options.service_name), spans, count, issues
+    return spans

@@ -227,18 +227,26 @@ cdef inline Py_ssize_t varint_size(uint64_t value):
 cdef int put_ids(Buf* b, bytes trace_id, bytes span_id, object state, bytes parent) except -1:
     """A Span's fields 1-4 as `otlp_wire._span` writes them (trace_state strictly UTF-8);
     0 if the state must go to Python."""
+    return put_ids_at(b, trace_id, PyBytes_AS_STRING(span_id), PyBytes_GET_SIZE(span_id), state,
+                      PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent))
+
+
+cdef int put_ids_at(Buf* b, bytes trace_id, const char* span_id, Py_ssize_t span_id_size, object state,
+                    const char* parent, Py_ssize_t parent_size) except -1:
+    """`put_ids` with the span id and the parent as C bytes: the mapper hashes them into
+    arrays (no bytes object per span id)."""
     put(b, b"\x0a\x10", 2)
     put_bytes(b, trace_id)
     put(b, b"\x12\x08", 2)
-    put_bytes(b, span_id)
+    put(b, span_id, span_id_size)
     if len(state) and not put_utf8(b, 3, state):
         return 0
-    if PyBytes_GET_SIZE(parent):
-        if PyBytes_GET_SIZE(parent) == 8:
+    if parent_size:
+        if parent_size == 8:
             put(b, b"\x22\x08", 2)
-            put_bytes(b, parent)
+            put(b, parent, 8)
         else:
-            put_field(b, 4, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent))
+            put_field(b, 4, parent, parent_size)
     return 1
 
 

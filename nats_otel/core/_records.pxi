@@ -16,7 +16,7 @@ cdef struct EgressFields:       # model.Egress (the event)
 cdef struct JetStreamFields:    # model.JetStreamEvent
     Py_ssize_t error
 cdef struct ServerFields:       # model.ServerInfo
-    Py_ssize_t id, name, version, host, cluster, domain, tags, jetstream
+    Py_ssize_t id, name, version, host, cluster, domain, tags, jetstream, seq
 cdef struct ContextFields:      # ids.TraceContext
     Py_ssize_t trace_id, parent_span_id, trace_state, adhoc_key, id_fields
 cdef struct PreparedFields:     # pipeline.Prepared
@@ -57,7 +57,7 @@ try:
     IN = _offsets(_Ingress, "ts_ns kind cid name account subject error")
     EG = _offsets(_EgressEvent, "ts_ns kind cid name hop account subscription queue error")
     JS = _offsets(_JetStreamEvent, "error")
-    SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream")
+    SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream seq")
     CTX = _offsets(_TraceContext, "trace_id parent_span_id trace_state adhoc_key id_fields")
     PREPARED = _offsets(_Prepared, "msg ctx ident arrival issues size")
     RAW = _offsets(_RawTraceMessage, "headers payload")

@@ -5,10 +5,12 @@
 
 def finish(prepared, linker, options, encoded=False):
     """As `pipeline.finish`: map an observed message where the linker places it."""
-    return _finish(prepared, linker, options, encoded)
+    return _finish(prepared, linker, options, encoded, None)
 
 
-cdef object _finish(object prepared, object linker, object options, bint encoded):
+cdef object _finish(object prepared, object linker, object options, bint encoded, tuple egress_ids):
+    # `egress_ids`: the span ids of its forwarding egresses, as the linker hashed them when it
+    # observed this message (`Linker._observe`), or None.
     # The kernel's own stages are called in C (cpdef); a linker of another type, as Python.
     if type(linker) is Linker:
         placement, link = (<Linker>linker).locate(prepared)
@@ -18,12 +20,15 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
     cdef list spans = []
     encoding = None
+    prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
     if encoded:
-        resource, data, count, map_issues = map_encode(msg, ctx, placement, options)
-        encoding = _new(_EncodedSpans, (resource, data, count))
+        # The mapper appends its issues to the prepared ones: the list `Converted` keeps.
+        issues = [*prepared_issues] if prepared_issues else []
+        encoding = _encoded_spans(msg, ctx, placement, options, egress_ids, issues)
     else:
         result = _map_message(msg, ctx, placement, options)
         spans, map_issues = result.spans, result.issues
+        issues = [*prepared_issues, *map_issues] if prepared_issues else map_issues
     egress_ns = None
     if link is not None:
         if type(link) is _Link:
@@ -32,8 +37,6 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
             egress, first = link.egress, link.first
         if egress is not None and first:
             egress_ns = egress.ts_ns
-    prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
-    issues = [*prepared_issues, *map_issues] if prepared_issues else map_issues
     if type(placement) is _Placement:
         ident, trace_id = (<tuple>placement)[0], (<tuple>placement)[1]
         placement_link, candidates = (<tuple>placement)[3], (<tuple>placement)[4]
@@ -58,7 +61,9 @@ cdef class Converter:
     cdef public object options
     cdef public object limits
     cdef public object linker
-    cdef readonly dict _pending  # id(raw) -> (raw, its decoded form): see `pipeline.PythonConverter`
+    # id(raw) -> (raw, its decoded form, its forwarding egresses' span ids or None): see
+    # `pipeline.PythonConverter` (which keeps the first two)
+    cdef readonly dict _pending
     cdef Py_ssize_t _pending_capacity
 
     def __init__(self, options=None, limits=None, link=None, Py_ssize_t pending_capacity=200_000):
@@ -80,7 +85,7 @@ cdef class Converter:
             key = id(raw)
             entry = PyDict_GetItem(pending, key)
             if entry is NULL or (<tuple>entry)[0] is not raw:
-                pending[key] = (raw, self._prepare_one(raw, now))
+                pending[key] = self._prepare_one(raw, now)
         over = len(pending) - self._pending_capacity
         if over > 0:  # the oldest are decoded again when their turn comes
             for key in list(islice(pending, over)):
@@ -102,23 +107,26 @@ cdef class Converter:
 
     cdef object _convert_one(self, object raw, object now, bint encoded, object index):
         entry = self._pending.pop(id(raw), None)
-        if entry is not None and (<tuple>entry)[0] is raw:
-            result = (<tuple>entry)[1]
-        else:  # never observed (or forgotten): its evidence is new, the bounds apply again
-            result = self._prepare_one(raw, now)
+        if entry is None or (<tuple>entry)[0] is not raw:
+            # never observed (or forgotten): its evidence is new, the bounds apply again
+            entry = self._prepare_one(raw, now)
             index.expire(now)
-        return result if type(result) is _Rejected else _finish(result, self.linker, self.options, encoded)
+        result = (<tuple>entry)[1]
+        if type(result) is _Rejected:
+            return result
+        return _finish(result, self.linker, self.options, encoded, (<tuple>entry)[2])
 
-    cdef object _prepare_one(self, object raw, object now):
+    cdef tuple _prepare_one(self, object raw, object now):
+        """(raw, its decoded form or why it has none, its forwarding egresses' span ids or None):
+        a `_pending` entry."""
         try:
             prepared = prepare(raw, self.limits)
         except _DecodeError as exc:
-            return _Rejected(exc.reason, exc.detail, raw.subject)
+            return (raw, _Rejected(exc.reason, exc.detail, raw.subject), None)
         if type(self.linker) is Linker:
-            (<Linker>self.linker).observe(prepared, now)
-        else:
-            self.linker.observe(prepared, now)
-        return prepared
+            return (raw, prepared, (<Linker>self.linker)._observe(prepared, now))
+        self.linker.observe(prepared, now)
+        return (raw, prepared, None)
 
 
 def convert_batch(raws, options=_DEFAULT_OPTIONS, limits=_DEFAULT_LIMITS, link=_DEFAULT_LINK, report_runs=None):
@@ -139,4 +147,4 @@ def convert_batch(raws, options=_DEFAULT_OPTIONS, limits=_DEFAULT_LIMITS, link=_
             continue
         linker.observe(p)
         prepared.append(p)
-    return [p if isinstance(p, _Rejected) else _finish(p, linker, options, False) for p in prepared]
+    return [p if isinstance(p, _Rejected) else _finish(p, linker, options, False, None) for p in prepared]

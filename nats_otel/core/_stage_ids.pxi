@@ -20,7 +20,9 @@ def blake2b(bytes data, int digest_size):
     return PyBytes_FromStringAndSize(<char*>out, digest_size)
 
 
-cdef bytes _span_id(bytes prefix, bytes id_fields, bytes ident, bytes tail):
+cdef void _span_id_into(unsigned char* out, bytes prefix, bytes id_fields, bytes ident, bytes tail):
+    """The 8-byte span id of these inputs, written at `out`: no bytes object for a span id
+    that only goes into a span's protobuf (`_stage_map`)."""
     cdef const unsigned char* parts[4]
     cdef size_t sizes[4]
     cdef unsigned char digest[16]
@@ -36,8 +38,15 @@ cdef bytes _span_id(bytes prefix, bytes id_fields, bytes ident, bytes tail):
     nats_otel_blake2b(digest, 16, parts, sizes, 4)
     for i in range(8):
         if digest[i]:
-            return PyBytes_FromStringAndSize(<char*>digest, 8)
-    return b"\x00" * 7 + b"\x01"  # an all-zero span id is invalid in OTLP
+            memcpy(out, digest, 8)
+            return
+    memcpy(out, b"\x00\x00\x00\x00\x00\x00\x00\x01", 8)  # an all-zero span id is invalid in OTLP
+
+
+cdef bytes _span_id(bytes prefix, bytes id_fields, bytes ident, bytes tail):
+    cdef unsigned char span_id[8]
+    _span_id_into(span_id, prefix, id_fields, ident, tail)
+    return PyBytes_FromStringAndSize(<char*>span_id, 8)
 
 
 cpdef object server_span_id(object ctx, object ident):
@@ -55,6 +64,32 @@ cpdef object event_span_id(object ctx, object ident, object position):
             or not 0 <= position < 256:
         return _reference_event_span_id(ctx, ident, position)
     return _span_id(_EVENT_PREFIX, id_fields, ident, <bytes>_POSITIONS[position])
+
+
+cdef int server_span_id_into(unsigned char* out, object ctx, object ident) except -1:
+    """`server_span_id` written at `out` (8 bytes); from the Python twin's bytes when odd
+    inputs send it there."""
+    id_fields = ctx.id_fields if type(ctx) is not _TraceContext else field(ctx, CTX.id_fields)
+    if type(ident) is not bytes or type(id_fields) is not bytes:
+        return _copy_span_id(out, _reference_server_span_id(ctx, ident))
+    _span_id_into(out, _SERVER_PREFIX, id_fields, ident, b"")
+    return 0
+
+
+cdef int event_span_id_into(unsigned char* out, object ctx, object ident, int position) except -1:
+    """`event_span_id` written at `out` (8 bytes), as `server_span_id_into`."""
+    id_fields = ctx.id_fields if type(ctx) is not _TraceContext else field(ctx, CTX.id_fields)
+    if type(ident) is not bytes or type(id_fields) is not bytes or not 0 <= position < 256:
+        return _copy_span_id(out, _reference_event_span_id(ctx, ident, position))
+    _span_id_into(out, _EVENT_PREFIX, id_fields, ident, <bytes>_POSITIONS[position])
+    return 0
+
+
+cdef int _copy_span_id(unsigned char* out, object span_id) except -1:
+    if type(span_id) is not bytes or PyBytes_GET_SIZE(span_id) != 8:  # every id `ids` makes is
+        raise TypeError(f"a span id of 8 bytes expected, got {span_id!r}")
+    memcpy(out, PyBytes_AS_STRING(span_id), 8)
+    return 0
 
 
 cdef inline int _hex_value(unsigned char c):

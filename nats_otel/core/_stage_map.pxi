@@ -112,13 +112,15 @@ cdef object _label(object kind):
     return label if label is not None else f"kind-{kind}"
 
 
-cdef int put_span_head(Buf* s, bytes trace_id, bytes span_id, bytes parent, object state, const char* prefix,
-                  Py_ssize_t prefix_size, object rest, bint always, int kind, uint64_t start, uint64_t end) except -1:
+cdef int put_span_head(Buf* s, bytes trace_id, const char* span_id, const char* parent, Py_ssize_t parent_size,
+                       object state, const char* prefix, Py_ssize_t prefix_size, object rest, bint always, int kind,
+                       uint64_t start, uint64_t end) except -1:
     """A span's fields up to its attributes, as `otlp_wire._span` writes them; the name is
-    `prefix + " " + rest`, or `prefix` alone when `rest` is empty and not `always`."""
+    `prefix + " " + rest`, or `prefix` alone when `rest` is empty and not `always`. The span
+    id is 8 bytes at `span_id`."""
     cdef Py_ssize_t rest_size = 0
     cdef const char* rest_data = NULL
-    if not put_ids(s, trace_id, span_id, state, parent):
+    if not put_ids_at(s, trace_id, span_id, 8, state, parent, parent_size):
         return 0
     if type(rest) is not str:
         return 0
@@ -176,7 +178,9 @@ cdef inline int close_span(Buf* blob, Buf* s) except -1:
 
 
 cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
-                      list issues) except -1:
+                      list issues, object egress_ids) except -1:
+    # `egress_ids`: the span ids of the forwarding egresses, in order, as the linker's `_observe`
+    # hashed them for this message (None: hash them here).
     # Exact types only: the fields below are read at their offsets. Anything else (a
     # hand-built message has no `header_index`) is mapped by the Python twin.
     if type(msg) is not _TraceMessage or type(ctx) is not _TraceContext or type(placement) is not _Placement:
@@ -193,13 +197,21 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     cdef object account = field(ingress, IN.account)
     cdef object ingress_kind = field(ingress, IN.kind)
     cdef object error = field(ingress, IN.error)
+    cdef bytes parent  # the server span's
+    cdef unsigned char server_id[8]
+    cdef unsigned char hashed_id[8]
+    cdef const char* span_id
+    cdef Py_ssize_t forwarded = 0  # forwarding egresses met so far: the next one's id is egress_ids[forwarded]
+    cdef bint forwards
     cdef object events = field(msg, MSG.events)
     cdef object unknown = field(msg, MSG.unknown_events)
     cdef uint64_t start, end, ts
     cdef int position = 0, i
-    if type(trace_id) is not bytes or type(ident) is not bytes or type(trace_state) is not str:
+    if type(trace_id) is not bytes or type(ident) is not bytes or type(trace_state) is not str \
+            or type(where[2]) is not bytes:
         return 0
-    server_id = server_span_id(ctx, ident)
+    parent = where[2]
+    server_span_id_into(server_id, ctx, ident)
     start = field(ingress, TS_NS)
     end = start
     for event in events:
@@ -212,7 +224,8 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     if ingress_kind in _FORWARDING:
         hop = (<dict>first).get("nats-trace-hop") or ""
     # the server span
-    if not put_span_head(s, trace_id, server_id, where[2], trace_state, "receive", 7, subject, False, 5, start, end):
+    if not put_span_head(s, trace_id, <char*>server_id, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent),
+                         trace_state, "receive", 7, subject, False, 5, start, end):
         return 0
     for i in range(3):
         put_const(s, SERVER, i)
@@ -252,18 +265,30 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     # one child span per event
     for event in events:
         position += 1
-        span_id = event_span_id(ctx, ident, position)
         ts = field(event, TS_NS)
         if ts < start:
             ts = start
         kind = type(event)
+        span_id = <char*>hashed_id
         if kind is _EgressEvent:
-            if not put_span_head(s, trace_id, span_id, server_id, trace_state, "send", 4, subject, False, 4, start, ts):
+            connection = field(event, EG.kind)
+            name = field(event, EG.name)
+            # `event.forwards`, as the linker's `_observe` tells a forwarding egress: it hashed
+            # this one's id already (`egress_ids`, in the same order).
+            forwards = field(event, EG.hop) and connection in _FORWARDING
+            known = None
+            if forwards and egress_ids is not None and forwarded < len(<tuple>egress_ids):
+                known = (<tuple>egress_ids)[forwarded]
+                forwarded += 1
+            if type(known) is bytes and PyBytes_GET_SIZE(known) == 8:
+                span_id = PyBytes_AS_STRING(known)
+            else:
+                event_span_id_into(hashed_id, ctx, ident, position)
+            if not put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "send", 4, subject, False, 4,
+                                 start, ts):
                 return 0
             for i in range(3):
                 put_const(s, EGRESS, i)
-            connection = field(event, EG.kind)
-            name = field(event, EG.name)
             if not (put_pair(s, EGRESS, E_DEST, subject) and put_pair(s, EGRESS, E_ACCOUNT, field(event, EG.account) or account)
                     and put_pair(s, EGRESS, E_KIND, _label(connection)) and put_pair(s, EGRESS, E_CID, field(event, EG.cid))
                     and put_pair(s, EGRESS, E_NAME, name)):
@@ -276,33 +301,36 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             value = field(event, EG.queue)
             if value and not put_pair(s, EGRESS, E_QUEUE, value):
                 return 0
-            value = field(event, EG.hop)
-            if value and connection in _FORWARDING:
-                if not (put_pair(s, EGRESS, E_HOP, value) and put_pair(s, EGRESS, E_PEER, name)):
+            if forwards:
+                if not (put_pair(s, EGRESS, E_HOP, field(event, EG.hop)) and put_pair(s, EGRESS, E_PEER, name)):
                     return 0
             if not put_outcome(s, EGRESS, E_NOTE, field(event, EG.error)):
                 return 0
-        elif kind is _SubjectMapping:
+            close_span(blob, s)
+            continue
+        event_span_id_into(hashed_id, ctx, ident, position)
+        if kind is _SubjectMapping:
             to = event.to
-            if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "map", 3, to, True, 1, start, ts)
+            if not (put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "map", 3, to, True, 1, start,
+                                  ts)
                     and put_pair(s, MAPPING, M_FROM, subject) and put_pair(s, MAPPING, M_TO, to)):
                 return 0
             subject = to  # later egresses deliver on the mapped subject
         elif kind is _StreamExport:
-            if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "stream export", 13, event.account, True,
-                             1, start, ts)
+            if not (put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "stream export", 13,
+                                  event.account, True, 1, start, ts)
                     and put_pair(s, EXPORT, X_ACCOUNT, event.account) and put_pair(s, EXPORT, X_SUBJECT, event.to)):
                 return 0
         elif kind is _ServiceImport:
-            if not (put_span_head(s, trace_id, span_id, server_id, trace_state, "service import", 14, event.account,
-                             True, 1, start, ts)
+            if not (put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "service import", 14,
+                                  event.account, True, 1, start, ts)
                     and put_pair(s, IMPORT, I_ACCOUNT, event.account) and put_pair(s, IMPORT, I_FROM, event.from_subject)
                     and put_pair(s, IMPORT, I_TO, event.to)):
                 return 0
             subject, account = event.to, event.account
         elif kind is _JetStreamEvent:
-            if not put_span_head(s, trace_id, span_id, server_id, trace_state, "store", 5, event.stream, False, 1,
-                            start, ts):
+            if not put_span_head(s, trace_id, span_id, <char*>server_id, 8, trace_state, "store", 5, event.stream,
+                                 False, 1, start, ts):
                 return 0
             for i in range(3):
                 put_const(s, JETSTREAM, i)
@@ -320,15 +348,53 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
 
 cdef dict _resources = {}  # mapping.server_resource's key -> its resource
 
+# The resources of the server records met last, found without the nine-field key: every
+# message has a record of its own (its `seq` and `time` differ), but the kernel's parse
+# gives the same server's records the very same field objects (`_json._name` caches the
+# strings). A direct-mapped table by the address of the record's `id` string; each slot
+# holds (a record, its service name, its resource). A record whose fields are the held
+# record's fields (the same objects; tags equal: a tuple is made per record) has the same
+# resource: identical values are equal values, so the key would be equal too. Any field
+# that is not the same object (another server, a record msgspec decoded) goes by the key.
+cdef enum:
+    _BY_RECORD_SLOTS = 64  # a power of two
+cdef list _resources_by_record = [None] * _BY_RECORD_SLOTS
+
+
+cdef inline bint _same_fields(object server, object held):
+    """The resource's fields of two `ServerInfo`s are the same objects (tags: equal)."""
+    if (field(server, SRV.id) is not field(held, SRV.id) or field(server, SRV.name) is not field(held, SRV.name)
+            or field(server, SRV.version) is not field(held, SRV.version)
+            or field(server, SRV.host) is not field(held, SRV.host)
+            or field(server, SRV.cluster) is not field(held, SRV.cluster)
+            or field(server, SRV.domain) is not field(held, SRV.domain)
+            or field(server, SRV.jetstream) is not field(held, SRV.jetstream)):
+        return False
+    tags, held_tags = field(server, SRV.tags), field(held, SRV.tags)
+    return tags is held_tags or (type(tags) is tuple and type(held_tags) is tuple and <tuple>tags == <tuple>held_tags)
+
 
 cdef object _resource_of(object server, object service_name):
-    """`mapping.server_resource`, with its key made from the server's slots: the Python
+    """`mapping.server_resource`: like the record met last with the same `id` object
+    (`_resources_by_record`), else by its key made from the server's slots; the Python
     function (a frame, nine attribute reads) runs only for a server not seen yet."""
     if type(server) is not _ServerInfo:
         return _server_resource(server, service_name)
+    server_id = field(server, SRV.id)
+    # Objects are 16-byte aligned: the bits above those pick the slot.
+    cdef Py_ssize_t slot = (<Py_ssize_t><PyObject*>server_id >> 4) & (_BY_RECORD_SLOTS - 1)
+    held = (<list>_resources_by_record)[slot]
+    if held is not None and (<tuple>held)[1] is service_name and _same_fields(server, (<tuple>held)[0]):
+        return (<tuple>held)[2]
     tags = field(server, SRV.tags)
     if type(tags) is not tuple:  # the reference's key copies it into one
         return _server_resource(server, service_name)
+    resource = _resource_by_fields(server, service_name, tags)
+    (<list>_resources_by_record)[slot] = (server, service_name, resource)
+    return resource
+
+
+cdef object _resource_by_fields(object server, object service_name, tuple tags):
     key = (service_name, field(server, SRV.id), field(server, SRV.name), field(server, SRV.version),
            field(server, SRV.host), field(server, SRV.cluster), field(server, SRV.domain), tags,
            field(server, SRV.jetstream))
@@ -372,13 +438,41 @@ cdef inline int _give_back(Buf* b, Py_ssize_t cap) except -1:
 cpdef object map_encode(object msg, object ctx, object placement, object options):
     """(resource, encoded spans, span count, issues) of one trace message: the bytes
     `python_map_encode` gives, written in C (or by it, for unusual input)."""
+    cdef list issues = []
+    cdef int count
+    spans = _write_spans(msg, ctx, placement, options, None, issues, &count)
+    if spans is None:
+        return _map_encode_by_reference(msg, ctx, placement, options)
+    return _resource_of(field(msg, MSG.server), options.service_name), spans, count, issues
+
+
+cdef object _encoded_spans(object msg, object ctx, object placement, object options, tuple egress_ids,
+                           list issues):
+    """`map_encode` as the converter wants it: an `EncodedSpans`, its issues appended to
+    `issues` (no tuple to unpack and no list of its own per message). `egress_ids`: the span
+    ids of its forwarding egresses the linker hashed already (`Linker._observe`; None: hashed here)."""
+    cdef int count
+    cdef Py_ssize_t mark = len(issues)
+    spans = _write_spans(msg, ctx, placement, options, egress_ids, issues, &count)
+    if spans is None:
+        del issues[mark:]  # what the C writer noted before it handed the message over
+        resource, spans, count, more = _map_encode_by_reference(msg, ctx, placement, options)
+        issues.extend(more)
+    else:
+        resource = _resource_of(field(msg, MSG.server), options.service_name)
+    return _new(_EncodedSpans, (resource, spans, count))
+
+
+cdef object _write_spans(object msg, object ctx, object placement, object options, tuple egress_ids, list issues,
+                         int* count):
+    """The message's spans written in C (bytes; their number in `count`), or None: the
+    reference must map it."""
     global _kept_taken
     cdef Buf own_blob, own_span
     cdef Buf* blob = &_kept_blob
     cdef Buf* s = &_kept_span
     cdef bint kept = not _kept_taken
-    cdef list issues = []
-    cdef int count
+    spans = None
     own_blob.data = own_span.data = NULL
     if kept:
         _kept_taken = True
@@ -389,8 +483,8 @@ cpdef object map_encode(object msg, object ctx, object placement, object options
         if not kept:
             buf_init(blob, 1024)
             buf_init(s, 512)
-        count = map_encode_c(blob, s, msg, ctx, placement, options, issues)
-        if count:
+        count[0] = map_encode_c(blob, s, msg, ctx, placement, options, issues, egress_ids)
+        if count[0]:
             spans = PyBytes_FromStringAndSize(blob.data, blob.size)
     finally:
         if kept:
@@ -400,6 +494,4 @@ cpdef object map_encode(object msg, object ctx, object placement, object options
         else:
             buf_free(blob)
             buf_free(s)
-    if not count:
-        return _map_encode_by_reference(msg, ctx, placement, options)
-    return _resource_of(msg.server, options.service_name), spans, count, issues
+    return spans

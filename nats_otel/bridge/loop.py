@@ -34,6 +34,7 @@ from nats_otel.bridge.telemetry import HealthServer, Metrics
 from nats_otel.bridge.wholeness import Wholeness
 from nats_otel.bridge.workers import WorkerDied, WorkerPool
 from nats_otel.core import engine
+from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.pipeline import Converted
 
 __all__ = ["Bridge"]
@@ -50,6 +51,9 @@ _GIVE_UP_CHECK_S = 0.25
 # at the deadline), so that it is counted exported or failed, not lost uncounted.
 _DRAIN_GRACE_S = 2.0
 EXIT_GAVE_UP = 3
+# A batch waiting out `link.wait`: when it may be mapped, its deliveries, their raw
+# messages (listed once, when its evidence is observed, and kept for the conversion).
+_Waiting = tuple[float, list[Delivery], list[RawTraceMessage]]
 
 
 class Bridge:
@@ -214,7 +218,7 @@ class Bridge:
                                                      "mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
         if s.mode == "core":
-            delayed: asyncio.Queue[tuple[float, list[Delivery]] | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
+            delayed: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
             workers = [asyncio.create_task(self._core_intake(delayed))]
             workers += [asyncio.create_task(self._core_worker(delayed)) for _ in range(self._inflight)]
         else:
@@ -261,11 +265,12 @@ class Bridge:
         per_converter = 1 + self.settings.batch.exports_in_flight
         return per_converter if self.workers is None else per_converter * self.workers.size
 
-    async def _process(self, deliveries: Sequence[Delivery], holdable: frozenset[int] = frozenset()
+    async def _process(self, deliveries: Sequence[Delivery], raws: list[RawTraceMessage],
+                       holdable: frozenset[int] = frozenset()
                        ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]:
-        """Convert, export, count one batch; returns what to (ack, nak, term, hold) (JetStream
-        mode, `holdable`: `JetStreamSource.holdable`; core mode settles nothing: empty)."""
-        raws = [d.raw for d in deliveries]
+        """Convert, export, count one batch (`raws`: its deliveries' raw messages, as
+        `_observe` took them); returns what to (ack, nak, term, hold) (JetStream mode,
+        `holdable`: `JetStreamSource.holdable`; core mode settles nothing: empty)."""
         if self.workers is None:
             if self._vouching:  # how far each stream is known whole; which peers left
                 self.processor.whole(self.wholeness.streams(),
@@ -311,7 +316,7 @@ class Bridge:
 
     # -- core mode -------------------------------------------------------------------------
 
-    async def _core_intake(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
+    async def _core_intake(self, delayed: asyncio.Queue[_Waiting | None]) -> None:
         """Collect batches, record their hop evidence at once, hand them on to wait."""
         while True:
             if self._past_deadline():
@@ -320,11 +325,12 @@ class Bridge:
                 batch = await self._collect()
                 if batch:
                     collected_ns = self.wholeness.collected()
+                    raws = [d.raw for d in batch]
                     try:
-                        ripe_at = await self._observe(batch, collected_ns)
+                        ripe_at = await self._observe(batch, raws, collected_ns)
                     finally:
                         self.wholeness.observed(collected_ns)
-                    await delayed.put((ripe_at, batch))
+                    await delayed.put((ripe_at, batch, raws))
                     continue
                 if not (self._intake_done and self.intake.empty()):
                     continue
@@ -332,27 +338,28 @@ class Bridge:
                 await delayed.put(None)
             return
 
-    async def _core_worker(self, delayed: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
+    async def _core_worker(self, delayed: asyncio.Queue[_Waiting | None]) -> None:
         while (item := await delayed.get()) is not None:
-            ripe_at, batch = item
+            ripe_at, batch, raws = item
             try:
                 if self._past_deadline():  # the drain ran out of time: counted, not exported
                     self._count_drain_lost(len(batch))
                     continue
                 await self._until(ripe_at)
-                await self._process(batch)
+                await self._process(batch, raws)
             finally:
                 self.intake.release(batch)
 
     # -- the link window: observe on arrival, map `link.wait` later ------------------------
 
-    async def _observe(self, deliveries: Sequence[Delivery], collected_ns: int | None = None) -> float:
-        """Record the hop evidence of just-arrived messages; returns when they may be mapped.
+    async def _observe(self, deliveries: Sequence[Delivery], raws: list[RawTraceMessage],
+                       collected_ns: int | None = None) -> float:
+        """Record the hop evidence of just-arrived messages (`raws`: their raw messages, made
+        once per batch and kept for `_process`); returns when they may be mapped.
 
         Trace messages of one traced message arrive in any order (a downstream server's
         often before its upstream's): mapping waits `link.wait`, so that both sides of a
         hop are known when the downstream span's parent is decided (core/linking.py)."""
-        raws = [d.raw for d in deliveries]
         if self.workers is None:
             # One bridge receiving in core mode, in one process, sees every report routed to
             # its subscriptions in order, but for the losses its sources count
@@ -433,7 +440,7 @@ class Bridge:
         evidence was recorded, then is converted, exported and settled on its own
         (max_ack_pending bounds what is in flight)."""
         assert self._stopping is not None
-        batches: asyncio.Queue[tuple[float, list[Delivery]] | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
+        batches: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
         settlers = [asyncio.create_task(self._jetstream_settler(source, batches)) for _ in range(self._inflight)]
         try:
             while not self._intake_done:
@@ -447,19 +454,20 @@ class Bridge:
                     continue
                 deliveries = await source.fetch(_FETCH_TIMEOUT_S)
                 if deliveries:
-                    await batches.put((await self._observe(deliveries), deliveries))
+                    raws = [d.raw for d in deliveries]
+                    await batches.put((await self._observe(deliveries, raws), deliveries, raws))
         finally:
             for _ in settlers:
                 await batches.put(None)
             await asyncio.gather(*settlers)
 
     async def _jetstream_settler(self, source: JetStreamSource,
-                                 batches: asyncio.Queue[tuple[float, list[Delivery]] | None]) -> None:
+                                 batches: asyncio.Queue[_Waiting | None]) -> None:
         js = self.settings.jetstream
         while (item := await batches.get()) is not None:
-            ripe_at, deliveries = item
+            ripe_at, deliveries, raws = item
             await self._until(ripe_at)
-            ack, nak, term, hold = await self._process(deliveries, source.holdable(deliveries))
+            ack, nak, term, hold = await self._process(deliveries, raws, source.holdable(deliveries))
             delay = 0.0
             if nak:
                 self._js_failures += 1

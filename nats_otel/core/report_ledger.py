@@ -27,6 +27,24 @@ class _ServerRuns:
 
     def add(self, seq: int, ts_ns: int, now: float) -> None:
         firsts, lasts = self.firsts, self.lasts
+        # A server's reports mostly come in its order: past the last run, `seq` extends it
+        # or starts a new one (what the general case below decides there, without its
+        # bisect and branches: this runs for every report, issue 39).
+        if not lasts or seq > lasts[-1]:
+            if lasts and seq == lasts[-1] + 1:
+                lasts[-1] = seq
+                if ts_ns < self.since_ns[-1]:
+                    self.since_ns[-1] = ts_ns
+                if ts_ns > self.until_ns[-1]:
+                    self.until_ns[-1] = ts_ns
+                self.touched[-1] = now
+            else:
+                firsts.append(seq)
+                lasts.append(seq)
+                self.since_ns.append(ts_ns)
+                self.until_ns.append(ts_ns)
+                self.touched.append(now)
+            return
         at = bisect_right(firsts, seq) - 1  # the run starting at or before seq
         if at >= 0 and seq <= lasts[at]:
             return  # seen (a redelivery)
@@ -188,10 +206,14 @@ class ReportLedger:
         redelivery) it vouches for nothing; a new count of losses starts anew from it."""
         if seq <= 0 or self._fixed:
             return
-        member = self._member(stream)
+        # Runs for every report a bridge receives: the known member without a call (issue 39).
+        member = self._members.get(stream)
         if member is None:
-            return  # a hostile input's bound: it vouches for nothing
-        member.heard = max(member.heard, now)
+            member = self._member(stream)
+            if member is None:
+                return  # a hostile input's bound: it vouches for nothing
+        if now > member.heard:
+            member.heard = now
         key = (stream, server_id)
         cover = self._covers.get(key)
         if cover is None:

@@ -26,7 +26,7 @@ result does not depend on the input order."""
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -51,8 +51,25 @@ _CLUSTER_MAX = 1024
 _LINK_PAIRS = 32
 
 
-def _arrival_time(pair: tuple[Any, Any, bytes]) -> int:
-    return pair[1][0]
+class _LinkPairs:
+    """The matched (egress, arrival, context) pairs kept on one link, sorted by arrival time,
+    and those times in a list of their own, in step: bisected in C with no key function
+    (a key's Python calls were most of what `HopSequences.learn` cost, issue 39). A pair
+    goes after those of an equal time, as `insort` places it."""
+
+    __slots__ = ("pairs", "times")
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[Any, Any, bytes]] = []
+        self.times: list[int] = []
+
+    def add(self, egress: Any, arrival: Any, context: bytes, keep: int | None) -> None:
+        """Keep a pair; with `keep`, only that many of the latest."""
+        at = bisect_right(self.times, arrival[0])
+        self.times.insert(at, arrival[0])
+        self.pairs.insert(at, (egress, arrival, context))
+        if keep is not None and len(self.times) > keep:
+            del self.times[0], self.pairs[0]
 
 
 class HopSequences:
@@ -81,7 +98,7 @@ class HopSequences:
         # (upstream, downstream) -> recent matched (egress, arrival) pairs of any context: a
         # cluster's start is trusted when one of them precedes it in both servers' runs.
         # Whole input: only pairs of the same context (the backfill converts one at a time).
-        self._link_pairs: dict[tuple[str, str], list[tuple[Any, Any, bytes]]] = {}
+        self._link_pairs: dict[tuple[str, str], _LinkPairs] = {}
         # Crowded hops decided here, by the rule that decided them ("order", "numbers",
         # "latency"): what each rule's share is (tests, bench/hop_links.py). The others
         # linked were each other's only candidate, or the only one of their shape.
@@ -103,31 +120,32 @@ class HopSequences:
         pair as a mark on the link. Only the live bridge learns as it goes; the whole-input
         mode learns everything first."""
         if self._bounded:
-            self.latency.learn((key[2], key[3]), arrival[0] - egress[0])
-            self._mark(key, egress, arrival)
+            link = (key[2], key[3])
+            self.latency.learn(link, arrival[0] - egress[0])
+            self._mark(link, key[0], egress, arrival)
 
-    def _mark(self, key: Any, egress: Any, arrival: Any) -> None:
-        pairs = self._link_pairs.get((key[2], key[3]))
+    def _mark(self, link: tuple[str, str], context: Any, egress: Any, arrival: Any) -> None:
+        """Keep the matched pair (`egress`, `arrival`) of `context` on `link`, by arrival time
+        (found by bisect); the live bridge keeps the latest few."""
+        pairs = self._link_pairs.get(link)
         if pairs is None:
             if len(self._link_pairs) >= 4096:  # links are pairs of servers: a hostile input's bound
                 return
-            pairs = self._link_pairs[(key[2], key[3])] = []
-        insort(pairs, (egress, arrival, key[0]), key=_arrival_time)  # by arrival: found by bisect
-        if self._bounded and len(pairs) > _LINK_PAIRS:
-            del pairs[0]  # the live bridge keeps the latest few
+            pairs = self._link_pairs[link] = _LinkPairs()
+        pairs.add(egress, arrival, context, _LINK_PAIRS if self._bounded else None)
 
     def _preceded(self, key: Any, egress: Any, arrival: Any) -> bool:
         """A matched pair of the same link and account, earlier on both sides, lies in the same
         run of reports as `egress` (upstream) and `arrival` (downstream): per connection the
         order holds, so any report of this cluster's first message lies in those runs too,
         and a lost one would show."""
-        pairs = self._link_pairs.get((key[2], key[3]))
-        if not pairs:
+        marks = self._link_pairs.get((key[2], key[3]))
+        if marks is None or not marks.pairs:
             return False
         ledger = self.ledger
         accounts = ledger.account(egress[2]), ledger.account(arrival[2])
-        before = bisect_left(pairs, arrival[0], key=_arrival_time)
-        for earlier_egress, earlier_arrival, context in reversed(pairs[max(0, before - _LINK_PAIRS):before]):
+        before = bisect_left(marks.times, arrival[0])
+        for earlier_egress, earlier_arrival, context in reversed(marks.pairs[max(0, before - _LINK_PAIRS):before]):
             if ((self._bounded or context == key[0])
                     and earlier_egress[0] < egress[0] and earlier_arrival[0] < arrival[0]
                     and (ledger.account(earlier_egress[2]), ledger.account(earlier_arrival[2])) == accounts
@@ -170,7 +188,7 @@ class HopSequences:
         for key, egresses, arrivals in everything:
             if len(egresses) == 1 and len(arrivals) == 1 and (
                     egresses[0][0] - self.skew_ns <= arrivals[0][0] <= egresses[0][0] + self.latency_ns):
-                self._mark(key, egresses[0], arrivals[0])
+                self._mark((key[2], key[3]), key[0], egresses[0], arrivals[0])
         for key, egresses, arrivals in held:
             for position in range(len(arrivals)):
                 self._decide(key, egresses, arrivals, position)
@@ -185,10 +203,11 @@ class HopSequences:
         if egress is not None and not shapes_agree(arrival[1], egress[1]):
             egress = None  # the messages' own headers say otherwise: exact evidence wins
         if egress is not None:
+            link = (key[2], key[3])
             if self._bounded:
-                self.latency.learn((key[2], key[3]), arrival[0] - egress[0])
+                self.latency.learn(link, arrival[0] - egress[0])
             self._decided.setdefault(key, {})[arrival] = egress
-            self._mark(key, egress, arrival)
+            self._mark(link, key[0], egress, arrival)
             self.decided_by["order"] += 1
         return egress
 

@@ -165,3 +165,35 @@ def test_no_loss_pattern_over_a_queue_groups_streams_makes_a_stretch_complete_wr
         c, k = _simulate(seed)
         checked, complete = checked + c, complete + k
     assert checked > 10_000 and complete > 0.3 * checked, (checked, complete)
+
+
+def test_runs_are_what_the_numbers_seen_say_whatever_their_order():
+    """`_ServerRuns.add`'s in-order path (a report past the last run) and its general case
+    keep the same runs: each a maximal stretch of consecutive numbers seen, its earliest
+    and latest report times and when it was last extended."""
+    for seed in range(300):
+        rng = random.Random(seed)
+        seqs = sorted(rng.sample(range(1, 400), rng.randrange(1, 120)))
+        # Mostly in order, some swapped and some repeated: a live bridge's and a redelivery's.
+        for _ in range(rng.randrange(0, 12)):
+            i, j = rng.randrange(len(seqs)), rng.randrange(len(seqs))
+            seqs[i], seqs[j] = seqs[j], seqs[i]
+        seqs += rng.sample(seqs, min(len(seqs), rng.randrange(0, 5)))
+        ledger = ReportLedger(capacity=1000, retention_s=30.0)
+        ts_of = {seq: rng.randrange(10**9) for seq in seqs}
+        touched: dict[int, float] = {}
+        for at, seq in enumerate(seqs):
+            ledger.observe(b"r%d" % seq, "S1", seq, ts_of[seq], float(at))
+            touched.setdefault(seq, float(at))
+        expected: list[list[int]] = []
+        run: list[int] = []
+        for seq in sorted(set(seqs)):
+            if seq - 1 not in ts_of:
+                run = [seq]
+                expected.append(run)
+            else:
+                run.append(seq)
+        want = tuple((r[0], r[-1], min(ts_of[s] for s in r), max(ts_of[s] for s in r)) for r in expected)
+        assert ledger.runs() == {"S1": want}, seed
+        kept = ledger._servers["S1"]
+        assert kept.touched == [max(touched[s] for s in r) for r in expected], seed

@@ -212,3 +212,25 @@ def _sorted_sides(hops: Hops) -> tuple[list, list, ReportLedger]:
     egresses = sorted(e for side, *_, e in hops.reports if side == "egress")
     arrivals = sorted(a for side, *_, a in hops.reports if side == "arrival")
     return egresses, arrivals, ledger
+
+
+def test_a_links_pairs_stay_in_arrival_order_as_insort_kept_them():
+    """`sequences._LinkPairs`: the pairs, and their times kept apart, in the order `insort`
+    by arrival time placed them (after those of an equal time), the latest few when bounded."""
+    from bisect import insort
+
+    from nats_otel.core.sequences import _LinkPairs
+
+    for seed in range(200):
+        rng = random.Random(seed)
+        keep = rng.choice((None, 4, 32))
+        marks, reference = _LinkPairs(), []
+        for n in range(rng.randrange(1, 80)):
+            at_ns = _T0 + rng.randrange(50) * 1000  # equal times too
+            egress, arrival = Egress(at_ns - 10, 0, b"e%d" % n, b"s"), Arrival(at_ns, 0, b"a%d" % n)
+            marks.add(egress, arrival, b"ctx", keep)
+            insort(reference, (egress, arrival, b"ctx"), key=lambda pair: pair[1][0])
+            if keep is not None and len(reference) > keep:
+                del reference[0]
+        assert marks.pairs == reference, seed
+        assert marks.times == [pair[1][0] for pair in reference], seed

@@ -24,6 +24,9 @@ from _bridge_roles import build_pool
 ROLES = Path(__file__).resolve().with_name("_bridge_roles.py")
 PY = sys.executable
 NAIVE_QUEUE = 2_000_000  # BatchSpanProcessor(max_queue_size=...), the no-drop naive pipeline
+# A paced bridge keeps up when its last span comes within this after the publisher's last
+# message and the link window: the batch's delay (0.2 s), its conversion and export.
+SUSTAIN_LAG_S = 0.6
 
 
 def link_wait() -> float:
@@ -202,12 +205,14 @@ class Bench:
             time.sleep(0.1)
         raise SystemExit(f"bridge {name} not ready: see {log.name}")
 
-    def phase_core(self, workers: int, round_number: int = 0, rate: float = 0, src: Path | None = None) -> None:
+    def phase_core(self, workers: int, round_number: int = 0, rate: float = 0, src: Path | None = None,
+                   label: str = "") -> dict:
         """A burst of the whole pool (rate 0), or the pool paced at `rate` for --sustain-seconds.
 
-        `src`: the bridge of another checkout (the baseline), reported as `base-...`.
+        `src`: the bridge of another checkout (the baseline), reported as `base-...`; `label`:
+        the name to report it under instead.
         """
-        name = ("base-" if src else "") + (f"core-w{workers}" if rate else f"burst-core-w{workers}")
+        name = label or ("base-" if src else "") + (f"core-w{workers}" if rate else f"burst-core-w{workers}")
         self.rx.reset(track=False)
         subject = f"bench.{name}.{round_number}"
         proc, mport = self.start_bridge(name, workers, subject=subject, src=src)
@@ -231,6 +236,8 @@ class Bench:
              # What a bridge of no CPU could reach end to end: the last message published
              # waits `link.wait` before it is mapped (docs/performance.md, "Targets").
              "window_bound": pub["sent"] / (max(pub["ended"] - pub["started"], 0.0) + link_wait()),
+             # Paced: how long after the window the last span came (kept up: well under a second).
+             "lag": self.rx.last - pub["ended"] - link_wait(), "whole": self.rx.spans >= expected,
              "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers,
              # CPU seconds per message carried (a burst's cores over its window read low: it waits `link.wait`)
              "us_per_msg": cpu / max(self.rx.spans / self.spans_per_msg, 1) * 1e6}
@@ -238,6 +245,31 @@ class Bench:
         print(f"bridge {name}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  "
               f"(received {r['received']:,.0f} of {r['sent']:,}, decoded {r['decoded']:,.0f}, "
               f"dropped {r['dropped']:,.0f}; CPU {r['cpu']:.0%}, peak RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
+        return r
+
+    def phase_sustained(self, workers: int, start: float, step: float) -> None:
+        """The sustained rate, the figure to size by: the pool offered at `start` msgs/s for
+        --sustain-seconds, then `step` more each time, until the bridge no longer keeps up
+        (a span missing, a message dropped, or the last span later than `SUSTAIN_LAG_S`
+        after the publisher's last message and the link window: the intake grew). Reports
+        the highest pace kept up."""
+        rate, kept = start, None
+        while True:
+            if rate * self.args.sustain_seconds > self.args.messages:
+                print(f"sustained: stopped at {rate:,.0f} msgs/s: the pool ({self.args.messages:,}) would cycle "
+                      "(trace ids repeat); raise --messages", flush=True)
+                break
+            r = self.phase_core(workers, rate=rate, label=f"sustain-w{workers}-{rate:.0f}")
+            ok = r["whole"] and not r["dropped"] and r["lag"] <= SUSTAIN_LAG_S
+            print(f"sustained: offered {rate:,.0f} msgs/s -> {'kept up' if ok else 'fell behind'} (last span "
+                  f"{r['lag']:+.2f} s after the window, dropped {r['dropped']:,.0f}, every span: {r['whole']}; "
+                  f"{r['us_per_msg']:.1f} us/msg)", flush=True)
+            if not ok:
+                break
+            kept = {**r, "offered": rate}
+            rate += step
+        if kept is not None:
+            self.results[f"sustained-w{workers}"] = kept
 
     def phase_pair(self, workers: int, round_number: int = 0, rate: float = 0) -> None:
         """Two bridge processes in one queue group: do they carry more than one?"""

@@ -5,6 +5,8 @@ OTLP/gRPC receiver, with the ceiling and the naive pipeline measured in the same
     python bench/bridge_throughput.py --quick                         # ~1.5 min
     python bench/bridge_throughput.py --workers 1 --workers 3 --skip naive --js-messages 0
     python bench/bridge_throughput.py --quick --baseline /tmp/base   # vs another checkout
+    python bench/bridge_throughput.py --only raw --only naive --workers 1 --messages 400000 \
+        --sustain-seconds 5 --find-sustained 36000                   # the sustained rate
     python bench/bridge_throughput.py --only exchange --messages 100000 --rounds 3 \
         --sustain-seconds 10 --exchange-rate 15000                    # ~10 min
 
@@ -23,6 +25,11 @@ never the slowest part. Phases, one nats-server for all (own subject per phase):
             only what arrived counts. An extra row, not the baseline.
 * core/wN - `nats-otel bridge --workers N` (core mode) fed a burst of the whole pool:
             sustained rate = spans arrived / (last - first arrival), drops from /metrics.
+* sustained - with `--find-sustained RATE`: one bridge offered the pool paced at RATE for
+            --sustain-seconds, then --sustained-step more each time, until it no longer keeps
+            up (a span missing, a drop, or its last span more than 0.6 s after the publisher's
+            last message and `link.wait`): the highest pace kept up is the rate to size by.
+            Keep RATE x --sustain-seconds under --messages (fresh trace ids).
 * base-core/wN - with `--baseline DIR`: the same, with the bridge of another checkout (e.g.
             `git worktree add /tmp/base HEAD~1`), alternated with ours in every round.
 * core-2x - two bridge processes in one queue group, the same burst.
@@ -96,6 +103,11 @@ def report(results: dict[str, dict], workers: list[int]) -> None:
                 print(f"core bridge --workers {w}: {r['rate']:,.0f} msgs/s = {r['rate'] / naive['rate']:.2f}x the "
                       f"no-drop naive pipeline (target >= 6x with one worker), {r['rate'] / raw['rate']:.2f} of raw "
                       "receive (target >= 0.35 with one worker)")
+    for name, r in results.items():
+        if name.startswith("sustained-"):
+            print(f"{name}: kept up with {r['offered']:,.0f} msgs/s offered for its seconds, nothing lost, "
+                  f"{_cpu_per_msg(r):.1f} us/msg" + (f"; {r['offered'] / raw['rate']:.3f} of raw" if raw else "")
+                  + (f", {r['offered'] / naive['rate']:.2f}x naive" if naive else ""))
     one_w, two_w = results.get("core-w1"), results.get("core-w2")
     if one_w and two_w:
         print(f"--workers 2: {two_w['rate'] / one_w['rate']:.2f}x one worker (target > 1.6x)")
@@ -215,6 +227,10 @@ def main() -> None:
                         help="the paced core phases' rate in msgs/s (default 1.3x the round's better burst: an "
                              "overload, drops counted); a rate the bridge holds gives the sustained rate with "
                              "nothing lost")
+    parser.add_argument("--find-sustained", type=float, default=0, metavar="RATE",
+                        help="step the offered pace up from RATE msgs/s (by --sustained-step) until one bridge "
+                             "(the first --workers) no longer keeps up: the sustained rate, nothing lost")
+    parser.add_argument("--sustained-step", type=float, default=4000, help="msgs/s added per step (default 4000)")
     parser.add_argument("--naive-messages", type=int, help="burst for the naive pipeline (default 60k, quick 8k)")
     parser.add_argument("--workers", type=int, action="append",
                         help="bridge --workers values (repeatable; default 1 and 2)")
@@ -302,6 +318,8 @@ def main() -> None:
                         args.exchange_rate = args.exchange_rate or round(0.6 * one, -2)
                     if "fixed" in stages:
                         bench.phase_exchange("fixed", round_number, rate=args.exchange_rate)
+            if args.find_sustained:
+                bench.phase_sustained(args.workers[0], args.find_sustained, args.sustained_step)
             if "latency" not in args.skip:
                 rates = {w: bench.results.get(f"core-w{w}", {}).get("rate", 0) for w in args.workers}
                 w = max(rates, key=lambda k: rates[k])

@@ -7,6 +7,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
+from heapq import heappop, heappush
 
 __all__ = ["ReportLedger", "report_runs"]
 
@@ -14,9 +15,16 @@ __all__ = ["ReportLedger", "report_runs"]
 class _ServerRuns:
     """The seqs seen from one server as runs of consecutive numbers, sorted: parallel lists
     of each run's first and last seq, its earliest and latest report times and when it was
-    last extended (`now`, for expiry)."""
+    last extended (`now`, for expiry).
 
-    __slots__ = ("firsts", "lasts", "since_ns", "touched", "until_ns")
+    `due` finds the runs to expire without reading them all (with gaps every few reports a
+    live bridge holds ~10^5 runs, and expiry ran at every batch): a heap of (when a run was
+    touched, a seq in it then), pushed whenever a run's `touched` takes a new value. Runs
+    only grow or merge, so the seq stays in the run that holds it, and every run has an
+    entry with its current `touched`; an entry whose run was touched since (or is gone) is
+    passed over when it comes due."""
+
+    __slots__ = ("due", "firsts", "lasts", "since_ns", "touched", "until_ns")
 
     def __init__(self) -> None:
         self.firsts: list[int] = []
@@ -24,6 +32,21 @@ class _ServerRuns:
         self.since_ns: list[int] = []
         self.until_ns: list[int] = []
         self.touched: list[float] = []
+        self.due: list[tuple[float, int]] = []
+
+    def _touch(self, run: int, seq: int, now: float) -> None:
+        if self.touched[run] != now:
+            self.touched[run] = now
+            heappush(self.due, (now, seq))
+
+    def append(self, first: int, last: int, since_ns: int, until_ns: int, touched: float) -> None:
+        """A run after every run held."""
+        self.firsts.append(first)
+        self.lasts.append(last)
+        self.since_ns.append(since_ns)
+        self.until_ns.append(until_ns)
+        self.touched.append(touched)
+        heappush(self.due, (touched, first))
 
     def add(self, seq: int, ts_ns: int, now: float) -> None:
         firsts, lasts = self.firsts, self.lasts
@@ -37,13 +60,11 @@ class _ServerRuns:
                     self.since_ns[-1] = ts_ns
                 if ts_ns > self.until_ns[-1]:
                     self.until_ns[-1] = ts_ns
-                self.touched[-1] = now
+                if self.touched[-1] != now:  # `_touch`, without a call: this runs per report
+                    self.touched[-1] = now
+                    heappush(self.due, (now, seq))
             else:
-                firsts.append(seq)
-                lasts.append(seq)
-                self.since_ns.append(ts_ns)
-                self.until_ns.append(ts_ns)
-                self.touched.append(now)
+                self.append(seq, seq, ts_ns, ts_ns, now)
             return
         at = bisect_right(firsts, seq) - 1  # the run starting at or before seq
         if at >= 0 and seq <= lasts[at]:
@@ -54,9 +75,9 @@ class _ServerRuns:
             lasts[at] = lasts[at + 1]
             self.since_ns[at] = min(self.since_ns[at], self.since_ns[at + 1], ts_ns)
             self.until_ns[at] = max(self.until_ns[at], self.until_ns[at + 1], ts_ns)
-            self.touched[at] = now
             for column in (firsts, lasts, self.since_ns, self.until_ns, self.touched):
                 del column[at + 1]
+            self._touch(at, seq, now)
             return
         if joins_left or joins_right:
             run = at if joins_left else at + 1
@@ -66,13 +87,14 @@ class _ServerRuns:
                 firsts[at + 1] = seq
             self.since_ns[run] = min(self.since_ns[run], ts_ns)
             self.until_ns[run] = max(self.until_ns[run], ts_ns)
-            self.touched[run] = now
+            self._touch(run, seq, now)
             return
         for column in (firsts, lasts):
             column.insert(at + 1, seq)
         self.since_ns.insert(at + 1, ts_ns)
         self.until_ns.insert(at + 1, ts_ns)
         self.touched.insert(at + 1, now)
+        heappush(self.due, (now, seq))
 
     def run_of(self, seq: int) -> int:
         """Index of the run holding `seq`, or -1."""
@@ -80,9 +102,22 @@ class _ServerRuns:
         return at if at >= 0 and seq <= self.lasts[at] else -1
 
     def expire(self, horizon: float) -> None:
-        keep = [i for i, touched in enumerate(self.touched) if touched >= horizon]
-        if len(keep) != len(self.touched):
-            for name in self.__slots__:
+        """Drop the runs last touched before `horizon`."""
+        due, touched = self.due, self.touched
+        gone = set()
+        while due and due[0][0] < horizon:
+            at = self.run_of(heappop(due)[1])
+            if at >= 0 and touched[at] < horizon:
+                gone.add(at)
+        if not gone:
+            return
+        columns = ("firsts", "lasts", "since_ns", "until_ns", "touched")
+        if max(gone) == len(gone) - 1:  # the usual case: the oldest runs, the first ones
+            for name in columns:
+                del getattr(self, name)[:len(gone)]
+        else:
+            keep = [i for i in range(len(touched)) if i not in gone]
+            for name in columns:
                 column = getattr(self, name)
                 setattr(self, name, [column[i] for i in keep])
 
@@ -158,11 +193,7 @@ class ReportLedger:
         for server_id, server_runs in runs.items():
             into = self._servers[server_id] = _ServerRuns()
             for first, last, since_ns, until_ns in sorted(server_runs):
-                into.firsts.append(first)
-                into.lasts.append(last)
-                into.since_ns.append(since_ns)
-                into.until_ns.append(until_ns)
-                into.touched.append(0.0)
+                into.append(first, last, since_ns, until_ns, 0.0)
 
     def runs(self) -> dict[str, tuple[tuple[int, int, int, int], ...]]:
         """Every server's runs: (first seq, last seq, earliest and latest report times)."""

@@ -197,3 +197,51 @@ def test_runs_are_what_the_numbers_seen_say_whatever_their_order():
         assert ledger.runs() == {"S1": want}, seed
         kept = ledger._servers["S1"]
         assert kept.touched == [max(touched[s] for s in r) for r in expected], seed
+
+
+def test_expiry_drops_exactly_the_runs_last_touched_before_the_horizon():
+    """`_ServerRuns.expire` finds the runs to drop by its heap of due times, not by reading
+    every run (issue 39: ~10^5 runs with gaps every few reports): after any mix of reports
+    (in order, late, repeated, with `now` not always rising) and expiries, the runs left are
+    the runs before it, less exactly those last touched before the horizon."""
+    from nats_otel.core.report_ledger import _ServerRuns
+
+    columns = ("firsts", "lasts", "since_ns", "until_ns", "touched")
+    dropped_middle = 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        runs = _ServerRuns()
+        now, top = 0.0, 0
+        for _ in range(rng.randrange(20, 400)):
+            step = rng.random()
+            if step < 0.6:  # a report past the last, with gaps now and then
+                top += 1 + (rng.randrange(1, 4) if rng.random() < 0.3 else 0)
+                runs.add(top, rng.randrange(10**9), now)
+            elif step < 0.8 and top:  # a late one, or a repeat
+                runs.add(rng.randrange(1, top + 1), rng.randrange(10**9), now)
+            elif step < 0.95:
+                now += rng.choice((0.0, 0.1, 1.0, 3.0)) if rng.random() < 0.9 else -0.5
+            else:
+                horizon = now - rng.choice((0.0, 1.0, 2.5, 5.0))
+                before = [list(getattr(runs, c)) for c in columns]
+                keep = [i for i, t in enumerate(before[4]) if t >= horizon]
+                dropped_middle += bool(keep) and keep[0] != len(before[4]) - len(keep)
+                runs.expire(horizon)
+                assert [getattr(runs, c) for c in columns] == [[col[i] for i in keep] for col in before], seed
+    assert dropped_middle > 0  # runs dropped from the middle too, not only the oldest first
+
+
+def test_expiry_takes_only_the_due_entries():
+    """With many runs held, an expiry pops the entries due and reads the runs they name, not
+    every run (what it did; `bench/ledger_expiry.py` measures both): each of 200k runs has
+    one entry, and each expiry takes one."""
+    from nats_otel.core.report_ledger import _ServerRuns
+
+    runs = _ServerRuns()
+    for seq in range(1, 400_000, 2):  # a gap after every report: 200k runs
+        runs.add(seq, seq, float(seq))
+    assert len(runs.firsts) == len(runs.due) == 200_000
+    for horizon in range(3, 2003, 2):  # 1,000 expiries, one run due at each
+        runs.expire(float(horizon))
+        assert runs.firsts[0] == horizon and len(runs.due) == len(runs.firsts)
+    assert len(runs.firsts) == 200_000 - 1_000

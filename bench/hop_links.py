@@ -188,8 +188,14 @@ class Bridge:
 
 def server_spans(bridges: list[Bridge]) -> int:
     """Server spans written so far (their ids: a span written twice counts once)."""
-    lines = [line for b in bridges if b.output.exists() for line in b.output.read_bytes().splitlines()]
+    lines = [line for b in bridges if b.output.exists() for line in _whole_lines(b.output.read_bytes())]
     return len({span.span_id for span in read_otlp_json_lines(lines)})
+
+
+def _whole_lines(data: bytes) -> list[bytes]:
+    """The lines a bridge has finished writing: its file exporter appends a batch in one
+    write, but a reader can see that write half done (the kernel copies it page by page)."""
+    return data[: data.rfind(b"\n") + 1].splitlines()
 
 
 def _sum(metrics: list[Counter[str]], prefix: str) -> float:

@@ -22,22 +22,24 @@ class _ServerRuns:
     touched, a seq in it then), pushed whenever a run's `touched` takes a new value. Runs
     only grow or merge, so the seq stays in the run that holds it, and every run has an
     entry with its current `touched`; an entry whose run was touched since (or is gone) is
-    passed over when it comes due."""
+    passed over when it comes due. Only a bounded ledger expires its runs (its `_fifo`):
+    the others' runs (a whole input, runs taken as given) keep no heap (`due` None)."""
 
     __slots__ = ("due", "firsts", "lasts", "since_ns", "touched", "until_ns")
 
-    def __init__(self) -> None:
+    def __init__(self, expiring: bool) -> None:
         self.firsts: list[int] = []
         self.lasts: list[int] = []
         self.since_ns: list[int] = []
         self.until_ns: list[int] = []
         self.touched: list[float] = []
-        self.due: list[tuple[float, int]] = []
+        self.due: list[tuple[float, int]] | None = [] if expiring else None
 
     def _touch(self, run: int, seq: int, now: float) -> None:
         if self.touched[run] != now:
             self.touched[run] = now
-            heappush(self.due, (now, seq))
+            if self.due is not None:
+                heappush(self.due, (now, seq))
 
     def append(self, first: int, last: int, since_ns: int, until_ns: int, touched: float) -> None:
         """A run after every run held."""
@@ -46,7 +48,8 @@ class _ServerRuns:
         self.since_ns.append(since_ns)
         self.until_ns.append(until_ns)
         self.touched.append(touched)
-        heappush(self.due, (touched, first))
+        if self.due is not None:
+            heappush(self.due, (touched, first))
 
     def add(self, seq: int, ts_ns: int, now: float) -> None:
         firsts, lasts = self.firsts, self.lasts
@@ -62,7 +65,8 @@ class _ServerRuns:
                     self.until_ns[-1] = ts_ns
                 if self.touched[-1] != now:  # `_touch`, without a call: this runs per report
                     self.touched[-1] = now
-                    heappush(self.due, (now, seq))
+                    if self.due is not None:
+                        heappush(self.due, (now, seq))
             else:
                 self.append(seq, seq, ts_ns, ts_ns, now)
             return
@@ -94,7 +98,8 @@ class _ServerRuns:
         self.since_ns.insert(at + 1, ts_ns)
         self.until_ns.insert(at + 1, ts_ns)
         self.touched.insert(at + 1, now)
-        heappush(self.due, (now, seq))
+        if self.due is not None:
+            heappush(self.due, (now, seq))
 
     def run_of(self, seq: int) -> int:
         """Index of the run holding `seq`, or -1."""
@@ -102,7 +107,7 @@ class _ServerRuns:
         return at if at >= 0 and seq <= self.lasts[at] else -1
 
     def expire(self, horizon: float) -> None:
-        """Drop the runs last touched before `horizon`."""
+        """Drop the runs last touched before `horizon` (a bounded ledger's: the others' never are)."""
         due, touched = self.due, self.touched
         gone = set()
         while due and due[0][0] < horizon:
@@ -191,7 +196,7 @@ class ReportLedger:
         self._fixed = True
         self._servers = {}
         for server_id, server_runs in runs.items():
-            into = self._servers[server_id] = _ServerRuns()
+            into = self._servers[server_id] = _ServerRuns(self._bounded)
             for first, last, since_ns, until_ns in sorted(server_runs):
                 into.append(first, last, since_ns, until_ns, 0.0)
 
@@ -214,7 +219,7 @@ class ReportLedger:
             return
         runs = self._servers.get(server_id)
         if runs is None:
-            runs = self._servers[server_id] = _ServerRuns()
+            runs = self._servers[server_id] = _ServerRuns(self._bounded)
         runs.add(seq, ts_ns, now)
         if self._bounded:
             self._fifo.append((now, ident))
@@ -339,7 +344,7 @@ class ReportLedger:
             return
         runs = self._servers.get(server_id)
         if runs is None:
-            runs = self._servers[server_id] = _ServerRuns()
+            runs = self._servers[server_id] = _ServerRuns(self._bounded)
         runs.add(seq, ts_ns, now)
         if self._bounded:
             self._fifo.append((now, b""))  # no identity: expires the runs like any other

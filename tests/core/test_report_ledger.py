@@ -210,7 +210,7 @@ def test_expiry_drops_exactly_the_runs_last_touched_before_the_horizon():
     dropped_middle = 0
     for seed in range(400):
         rng = random.Random(seed)
-        runs = _ServerRuns()
+        runs = _ServerRuns(expiring=True)
         now, top = 0.0, 0
         for _ in range(rng.randrange(20, 400)):
             step = rng.random()
@@ -237,7 +237,7 @@ def test_expiry_takes_only_the_due_entries():
     one entry, and each expiry takes one."""
     from nats_otel.core.report_ledger import _ServerRuns
 
-    runs = _ServerRuns()
+    runs = _ServerRuns(expiring=True)
     for seq in range(1, 400_000, 2):  # a gap after every report: 200k runs
         runs.add(seq, seq, float(seq))
     assert len(runs.firsts) == len(runs.due) == 200_000
@@ -245,3 +245,18 @@ def test_expiry_takes_only_the_due_entries():
         runs.expire(float(horizon))
         assert runs.firsts[0] == horizon and len(runs.due) == len(runs.firsts)
     assert len(runs.firsts) == 200_000 - 1_000
+
+
+def test_only_a_bounded_ledger_keeps_its_runs_due():
+    """A whole input's ledger (and one whose runs were taken as given) never expires them: it
+    keeps no heap of due times, one entry per run for nothing (the backfill takes every
+    server's runs for each batch it converts)."""
+    whole = ReportLedger(capacity=0, retention_s=0.0, bounded=False)
+    live = ReportLedger(capacity=1000, retention_s=30.0)
+    for seq in (1, 2, 4, 7, 8):
+        whole.observe(b"r%d" % seq, "S1", seq, seq, 1.0)
+        live.observe(b"r%d" % seq, "S1", seq, seq, 1.0)
+    assert whole.runs() == live.runs()
+    assert whole._servers["S1"].due is None and live._servers["S1"].due == [(1.0, 1), (1.0, 4), (1.0, 7)]
+    whole.use_runs(live.runs())
+    assert whole._servers["S1"].due is None

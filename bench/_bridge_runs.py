@@ -228,6 +228,7 @@ class Bench:
         sampler.stop()
         self.stop(proc)
         dur = max(self.rx.last - self.rx.first, 1e-6)
+        wait = link_wait()
         r = {"spans": self.rx.spans, "span_rate": self.rx.spans / dur, "rate": self.rx.spans / dur / self.spans_per_msg,
              "e2e": self.rx.spans / self.spans_per_msg / max(self.rx.last - pub["started"], 1e-6),
              "offered": rate or pub["sent"] / max(pub["ended"] - pub["started"], 1e-6),
@@ -235,9 +236,9 @@ class Bench:
              "decoded": total(m, "nats_otel_messages_decoded"), "dropped": total(m, "nats_otel_messages_dropped"),
              # What a bridge of no CPU could reach end to end: the last message published
              # waits `link.wait` before it is mapped (docs/performance.md, "Targets").
-             "window_bound": pub["sent"] / (max(pub["ended"] - pub["started"], 0.0) + link_wait()),
+             "window_bound": pub["sent"] / (max(pub["ended"] - pub["started"], 0.0) + wait),
              # Paced: how long after the window the last span came (kept up: well under a second).
-             "lag": self.rx.last - pub["ended"] - link_wait(), "whole": self.rx.spans >= expected,
+             "lag": self.rx.last - pub["ended"] - wait, "whole": self.rx.spans >= expected,
              "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss, "workers": workers,
              # CPU seconds per message carried (a burst's cores over its window read low: it waits `link.wait`)
              "us_per_msg": cpu / max(self.rx.spans / self.spans_per_msg, 1) * 1e6}

@@ -63,14 +63,18 @@ class TrafficOptions:
     #: linker uses as exact evidence (`core/shapes.py`). False: the messages of a context
     #: are alike but for their time and order, what a loop publishing one payload sends.
     numbered: bool = True
+    #: > 0: the messages go out in bursts of this many back to back, `batch_gap_ms` between
+    #: bursts, whatever the mode's own pauses (issue 46's traffic: a traceparent per message,
+    #: 600 msgs/s in bursts of 50); the contexts still follow the mode and `batch_size`.
+    burst: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode: one of {', '.join(MODES)}, not {self.mode!r}")
         if self.messages < 1 or self.batch_size < 1 or self.payload_size < 1:
             raise ValueError("messages, batch_size and payload_size must be positive")
-        if self.gap_ms < 0 or self.batch_gap_ms < 0:
-            raise ValueError("gap_ms and batch_gap_ms must not be negative")
+        if self.gap_ms < 0 or self.batch_gap_ms < 0 or self.burst < 0:
+            raise ValueError("gap_ms, batch_gap_ms and burst must not be negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,8 @@ def plan_messages(options: TrafficOptions) -> list[PlannedMessage]:
                 pause = batch_gap_s if first_of_batch else gap_s
             else:
                 pause = batch_gap_s if first_of_batch else 0.0
+        if options.burst > 0:
+            pause = batch_gap_s if number % options.burst == 0 else 0.0
         if options.numbered:
             headers[SEQUENCE_HEADER] = f"{number:08d}"
         plan.append(PlannedMessage(headers, payload, 0.0 if number == 0 else pause))

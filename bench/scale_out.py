@@ -1,0 +1,216 @@
+"""Issue 46's scaling check: what N sidecar bridges in one queue group cost, summed, for the
+same traffic, and whether their hop links stay right.
+
+The topology of the issue: the routed cluster east-1 + east-2, leaf-1 a leafnode of east-1,
+account A traced to `trace.a`, a subscriber on every server; one publisher on east-2 sends
+`--messages` messages of 200 bytes at `--rate` msgs/s in bursts of `--burst` back to back
+(by default each with its own traceparent: three trace messages and two hops a message).
+Bridge i connects to server i mod 3 (east-1, east-2, leaf-1), all in one queue group
+(`--queue nats-otel`, the evidence exchange on by default), and writes OTLP/JSON lines.
+
+Per N it prints: the trace messages archived by an independent subscriber, each bridge's
+CPU seconds (user + system, children included, from /proc) from just before the traffic to
+the last span, summed and per trace message, the efficiency (N = 1's summed CPU per trace
+message over N's, N = 1 measured in the same run), the idle cost (CPU seconds per 20 s of
+the whole group before any traffic), and the hop links scored against the archive's truth
+(`nats_otel.devkit.hop_truth`, never the linker under test).
+
+    python bench/scale_out.py --bridges 1 4 8
+    python bench/scale_out.py --bridges 1 8 --mode back_to_back --context-size 6000 --unnumbered
+    python bench/scale_out.py --bridges 1 8 --mode adhoc_back_to_back
+
+A rate counts only what arrived: a run whose bridges did not write a server span for every
+archived trace message says so in its notes. Everything started is stopped again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hop_links import (  # noqa: E402 - a sibling script
+    TRACE_SUBJECT,
+    USER,
+    Archiver,
+    Bridge,
+    _wait_until,
+    read_raws,
+    server_spans,
+)
+
+from nats_otel.devkit.hop_traffic import MODES, TrafficOptions, run_traffic  # noqa: E402
+from nats_otel.devkit.hop_truth import AMBIGUOUS, MISSING, RIGHT, UNMATCHED, WRONG, compute_truth, \
+    read_otlp_json_lines, score  # noqa: E402
+from nats_otel.devkit.processes import start_topology, wait_for_interest  # noqa: E402
+from nats_otel.devkit.topology import DEFAULT_ACCOUNTS, LEAF_ACCOUNTS, LeafRemote, ServerSpec, Topology, \
+    cluster  # noqa: E402
+
+PUBLISHER, ARCHIVER = "east-2", "east-1"
+BRIDGE_SERVERS = ("east-1", "east-2", "leaf-1")
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def scale_topology() -> Topology:
+    """east-1 + east-2 (routes; east-1 takes leafnodes) and leaf-1, without JetStream."""
+    accounts = tuple(replace(a, jetstream=False) for a in DEFAULT_ACCOUNTS)
+    leaf = ServerSpec(name="leaf-1", accounts=LEAF_ACCOUNTS, leaf_remotes=(LeafRemote("east-1"),))
+    return Topology(servers=(*cluster("east", 2, leaf_listen=(1,)), leaf), accounts=accounts, wait_jetstream=False)
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU seconds, its waited-for children's included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return sum(int(v) for v in fields[11:15]) / _TICKS
+
+
+@dataclass
+class Run:
+    bridges: int
+    trace_messages: int = 0
+    cpu: list[float] = field(default_factory=list)
+    idle_cpu_per_20s: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+    hops: int = 0
+    notes: list[str] = field(default_factory=list)
+    forwarded: float = 0.0
+
+    @property
+    def cpu_sum(self) -> float:
+        return sum(self.cpu)
+
+    @property
+    def per_message_us(self) -> float:
+        return self.cpu_sum / max(1, self.trace_messages) * 1e6
+
+
+async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
+    import nats
+
+    options = TrafficOptions(mode=args.mode, messages=args.messages, batch_size=args.context_size,
+                             batch_gap_ms=1000.0 * args.burst / args.rate, burst=args.burst, payload_size=200,
+                             seed=args.seed, numbered=not args.unnumbered)
+    subjects = [TRACE_SUBJECT] + ([options.adhoc_dest] if args.mode.startswith("adhoc") else [])
+    run = Run(n)
+    topo = start_topology(scale_topology(), workdir / "nats")
+    bridges: list[Bridge] = []
+    archiver = Archiver(workdir / "archive.jsonl", subjects)
+    probes: dict[str, Any] = {}
+    try:
+        await archiver.start(topo.client_url(ARCHIVER, USER))
+        for i in range(n):
+            server = BRIDGE_SERVERS[i % 3]
+            bridges.append(Bridge(workdir, f"{server}-b{i}", topo.client_url(server, USER), subjects,
+                                  "nats-otel", 1))
+        for bridge in bridges:
+            bridge.wait_ready()
+        for name in topo.names:
+            probes[name] = await nats.connect(topo.client_url(name, USER), name=f"probe@{name}",
+                                              allow_reconnect=False)
+        for name in topo.names:
+            for target in {*BRIDGE_SERVERS, ARCHIVER}:
+                if target != name:
+                    await wait_for_interest(probes[name], probes[target])
+        await asyncio.sleep(args.warm_s)
+        idle_before = [cpu_seconds(b.proc.pid) for b in bridges]
+        await asyncio.sleep(args.idle_s)
+        idle_after = [cpu_seconds(b.proc.pid) for b in bridges]
+        run.idle_cpu_per_20s = (sum(idle_after) - sum(idle_before)) * 20.0 / args.idle_s
+        before = [cpu_seconds(b.proc.pid) for b in bridges]
+        urls = {name: topo.client_url(name, USER) for name in topo.names}
+        report = await run_traffic(urls[PUBLISHER], urls, options)
+        if not report.complete:
+            run.notes.append(f"subscribers missed messages: {report.received}")
+        expected = report.published * len(topo.names)
+        if not await _wait_until(lambda: archiver.count >= expected, 60):
+            run.notes.append(f"archive has {archiver.count} of {expected} expected trace messages")
+        await asyncio.sleep(0.2)
+        run.trace_messages = archiver.count
+        # The last span: poll the outputs (the CPU of the polling is this process's, not theirs).
+        if not await _wait_until(lambda: server_spans(bridges) >= run.trace_messages, 60, 0.2):
+            run.notes.append(f"the bridges wrote {server_spans(bridges)} server spans "
+                             f"for {run.trace_messages} trace messages")
+        after = [cpu_seconds(b.proc.pid) for b in bridges]
+        run.cpu = [a - b for a, b in zip(after, before, strict=True)]
+        metrics = [b.metrics() for b in bridges]
+        run.forwarded = sum(v for m in metrics for k, v in m.items()
+                            if k.startswith('nats_otel_routed_total{result="forwarded"'))
+    finally:
+        codes = [b.stop() for b in bridges]
+        for probe in probes.values():
+            with contextlib.suppress(Exception):
+                await probe.close()
+        await archiver.stop()
+        topo.stop()
+    if any(code != 0 for code in codes):
+        run.notes.append(f"bridge exit codes {codes}")
+    truth = compute_truth(read_raws(archiver.path))
+    outputs = [line for b in bridges if b.output.exists() for line in b.output.read_bytes().splitlines()]
+    result = score(truth, read_otlp_json_lines(outputs))
+    run.hops = result.hops
+    run.counts = {k: result.counts[k] for k in (RIGHT, WRONG, UNMATCHED, AMBIGUOUS, MISSING)}
+    if result.conflicting_duplicates:
+        run.notes.append(f"{result.conflicting_duplicates} span ids output twice with different parents")
+    return run
+
+
+def print_table(runs: list[Run]) -> None:
+    base = next((r for r in runs if r.bridges == 1), None)
+    print()
+    print("| bridges | trace messages | CPU summed | per trace message | efficiency | per bridge (s) "
+          "| idle, CPU-s per 20 s | forwarded | hop links right | wrong | unmatched | ambiguous | missing |")
+    print("|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in runs:
+        eff = f"{base.per_message_us / r.per_message_us:.2f}" if base and r.per_message_us else "-"
+        c = r.counts
+        print(f"| {r.bridges} | {r.trace_messages:,} | {r.cpu_sum:.2f} s | {r.per_message_us:.0f} µs | {eff} "
+              f"| {' '.join(f'{x:.2f}' for x in r.cpu)} | {r.idle_cpu_per_20s:.2f} | {r.forwarded:,.0f} "
+              f"| {c.get(RIGHT, 0):,} of {r.hops:,} | {c.get(WRONG, 0)} | {c.get(UNMATCHED, 0)} "
+              f"| {c.get(AMBIGUOUS, 0)} | {c.get(MISSING, 0)} |")
+    for r in runs:
+        for note in r.notes:
+            print(f"  N = {r.bridges}: {note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bridges", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--messages", type=int, default=6000)
+    parser.add_argument("--rate", type=float, default=600.0, help="messages per second, in bursts")
+    parser.add_argument("--burst", type=int, default=50, help="messages per burst, back to back")
+    parser.add_argument("--mode", choices=MODES, default="per_message")
+    parser.add_argument("--context-size", type=int, default=50,
+                        help="messages per traceparent (batch, back_to_back; all of them: --messages)")
+    parser.add_argument("--unnumbered", action="store_true", help="messages of a context alike but for time")
+    parser.add_argument("--warm-s", type=float, default=1.5)
+    parser.add_argument("--idle-s", type=float, default=10.0, help="idle measured this long before the traffic")
+    parser.add_argument("--seed", type=int, default=46)
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args(argv)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="scale-out-") as tmp:
+        root = args.workdir or Path(tmp)
+        for n in args.bridges:
+            workdir = root / f"n{n}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            started = time.monotonic()
+            run = asyncio.run(one_run(n, args, workdir))
+            print(f"N = {n}: {run.trace_messages} trace messages, CPU {run.cpu_sum:.2f} s "
+                  f"({run.per_message_us:.0f} µs each), links {run.counts}, {time.monotonic() - started:.0f} s",
+                  flush=True)
+            runs.append(run)
+    print_table(runs)
+    return 0 if all(not r.notes and r.counts.get(WRONG, 0) == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

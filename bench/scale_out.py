@@ -29,6 +29,8 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hop_links import (  # noqa: E402 - a sibling script
+from hop_links import (
     TRACE_SUBJECT,
     USER,
     Archiver,
@@ -48,12 +50,26 @@ from hop_links import (  # noqa: E402 - a sibling script
     server_spans,
 )
 
-from nats_otel.devkit.hop_traffic import MODES, TrafficOptions, run_traffic  # noqa: E402
-from nats_otel.devkit.hop_truth import AMBIGUOUS, MISSING, RIGHT, UNMATCHED, WRONG, compute_truth, \
-    read_otlp_json_lines, score  # noqa: E402
-from nats_otel.devkit.processes import start_topology, wait_for_interest  # noqa: E402
-from nats_otel.devkit.topology import DEFAULT_ACCOUNTS, LEAF_ACCOUNTS, LeafRemote, ServerSpec, Topology, \
-    cluster  # noqa: E402
+from nats_otel.devkit.hop_traffic import MODES, TrafficOptions, run_traffic
+from nats_otel.devkit.hop_truth import (
+    AMBIGUOUS,
+    MISSING,
+    RIGHT,
+    UNMATCHED,
+    WRONG,
+    compute_truth,
+    read_otlp_json_lines,
+    score,
+)
+from nats_otel.devkit.processes import start_topology, wait_for_interest
+from nats_otel.devkit.topology import (
+    DEFAULT_ACCOUNTS,
+    LEAF_ACCOUNTS,
+    LeafRemote,
+    ServerSpec,
+    Topology,
+    cluster,
+)
 
 PUBLISHER, ARCHIVER = "east-2", "east-1"
 BRIDGE_SERVERS = ("east-1", "east-2", "leaf-1")
@@ -126,6 +142,11 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         idle_after = [cpu_seconds(b.proc.pid) for b in bridges]
         run.idle_cpu_per_20s = (sum(idle_after) - sum(idle_before)) * 20.0 / args.idle_s
         before = [cpu_seconds(b.proc.pid) for b in bridges]
+        spy = None
+        if args.profile:  # py-spy on bridge 0 over the traffic (it slows that bridge: never for figures)
+            spy = subprocess.Popen(["py-spy", "record", "--pid", str(bridges[0].proc.pid), "--format", "raw",
+                                    "--rate", "200", "--output", str(workdir / "bridge0.pyspy.txt")],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         urls = {name: topo.client_url(name, USER) for name in topo.names}
         report = await run_traffic(urls[PUBLISHER], urls, options)
         if not report.complete:
@@ -140,6 +161,9 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
             run.notes.append(f"the bridges wrote {server_spans(bridges)} server spans "
                              f"for {run.trace_messages} trace messages")
         after = [cpu_seconds(b.proc.pid) for b in bridges]
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
         run.cpu = [a - b for a, b in zip(after, before, strict=True)]
         metrics = [b.metrics() for b in bridges]
         run.forwarded = sum(v for m in metrics for k, v in m.items()
@@ -195,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle measured this long before the traffic")
     parser.add_argument("--seed", type=int, default=46)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--profile", action="store_true", help="py-spy (on PATH) records bridge 0 over the traffic")
     args = parser.parse_args(argv)
     runs = []
     with tempfile.TemporaryDirectory(prefix="scale-out-") as tmp:

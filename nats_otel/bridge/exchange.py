@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import nats.errors
 
+from nats_otel.bridge.routing import BYE_HEADER, VIEW_HEADER
 from nats_otel.core.evidence import (
     EvidenceError,
     HopEvidence,
@@ -60,6 +61,7 @@ from nats_otel.core.evidence import (
 )
 
 if TYPE_CHECKING:
+    from nats_otel.bridge.routing import Router
     from nats_otel.bridge.settings import BridgeSettings
 
 __all__ = ["BATCH_HEADER", "SENDER_HEADER", "SIGNATURE_HEADER", "LinkExchange", "Recorder", "exchange_for"]
@@ -87,6 +89,7 @@ _PRUNE_EVERY_S = 1.0
 # conversion thread is behind, and a bounded backlog is worth more than a late one.
 _PENDING_BATCHES = 256
 _LOG_EVERY_S = 10.0
+_TICK_S = 0.5  # how often the router looks for silent peers (`Router.tick`)
 
 
 class Recorder(Protocol):
@@ -137,6 +140,16 @@ class LinkExchange:
         # sender -> report time from which its evidence reached this bridge (first heard of mid-way)
         self._late: dict[str, int] = {}
         self._heartbeat: asyncio.Task[None] | None = None
+        # With trace ownership (`routing`): the router hears every peer's heartbeat, and the
+        # peers' latest states wait here for the next batch (`take_peer_states`), applied by
+        # the conversion (`Processor.peer_states`) instead of a trip to its thread for each.
+        self.router: Router | None = None
+        self._peer_states: dict[str, tuple[PeerBatch, bool]] = {}
+        self._ticked = 0.0
+        # How often it says how long it has been whole after data: every peer hears every
+        # bridge, so with trace ownership (`Bridge`) a quarter of `link.wait` instead: enough
+        # for the peers to know it before they decide, at 2.5x fewer heartbeats per peer.
+        self.soon_s = _HEARTBEAT_SOON_S
 
     async def start(self, nc: Any) -> None:
         self._nc, self._loop = nc, asyncio.get_running_loop()
@@ -165,10 +178,13 @@ class LinkExchange:
 
     async def _beat(self, streams: Callable[[], Streams]) -> None:
         while True:
-            await asyncio.sleep(_HEARTBEAT_SOON_S)
+            await asyncio.sleep(self.soon_s)
             now = time.monotonic()
+            if self.router is not None and now - self._ticked >= _TICK_S:
+                self._ticked = now
+                self.router.tick()
             quiet = now - self._last_published
-            if quiet >= _HEARTBEAT_S or (quiet >= _HEARTBEAT_SOON_S and now - self._last_data <= _AFTER_DATA_S):
+            if quiet >= _HEARTBEAT_S or (quiet >= self.soon_s and now - self._last_data <= _AFTER_DATA_S):
                 states = [StreamState(name, *state) for name, state in streams().items()]
                 await self.publish(encode_batch(self.sender, [], (), states), data_batch=False)
 
@@ -223,6 +239,33 @@ class LinkExchange:
         log.info("link evidence replayed", extra={"fields": {"stream": stream, "batches": replayed}})
         return replayed
 
+    def note_data(self) -> None:
+        """This bridge observed data (with trace ownership it publishes no evidence): say how
+        long it has been whole soon after, as after a data batch."""
+        self._last_data = time.monotonic()
+
+    def take_peer_states(self) -> list[tuple[PeerBatch, bool]]:
+        """The peers' latest heartbeats since the last call, each with whether the peer routes
+        as this bridge does (`Router.sure`)."""
+        taken = list(self._peer_states.values())
+        self._peer_states.clear()
+        return taken
+
+    async def bye(self) -> None:
+        """Say goodbye (trace ownership: the peers take this bridge off the ring at once)."""
+        if self._nc is None or not self._nc.is_connected:
+            return
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+            self._heartbeat = None
+        try:
+            await self._nc.publish(self.subject, encode_batch(self.sender, [], (), ()),
+                                   headers={SENDER_HEADER: self.sender, BYE_HEADER: "1"})
+            await self._nc.flush(timeout=2)
+        except Exception as exc:  # noqa: BLE001 - the peers find out by the silence, or a 503
+            self._count("unpublished", f"goodbye: {type(exc).__name__}: {exc}")
+
     def publish_soon(self, data: bytes) -> None:
         """`publish` from another thread (a worker process's evidence, read by its pipe's
         reader thread); before `start`, counted as unpublished."""
@@ -246,6 +289,8 @@ class LinkExchange:
         if data_batch:
             self._last_data = self._last_published
         headers = {SENDER_HEADER: self.sender, BATCH_HEADER: str(self._published)}
+        if self.router is not None:
+            headers[VIEW_HEADER] = self.router.view
         if self._key is not None:
             headers[SIGNATURE_HEADER] = sign(self._key, data)
         try:
@@ -274,6 +319,18 @@ class LinkExchange:
             self._count("forged", "a batch naming this bridge as its sender")
             return None
         batch = self._numbered(batch, headers.get(BATCH_HEADER))
+        if self.router is not None:
+            bye = BYE_HEADER in headers
+            if self.router.heard(sender, headers.get(VIEW_HEADER), bye):
+                self._last_published = 0.0  # a newcomer: tell it who is here at once
+            if bye:
+                return None
+            if not batch.reports:  # a heartbeat: its state waits for the next batch
+                sure = self.router.sure(sender)
+                missed = batch.missed + self.router.missed(sender)
+                self._peer_states[sender] = (PeerBatch(sender, (), batch.latencies, batch.streams, missed,
+                                                       batch.trusted_from_ns), sure)
+                return None
         if self._pending >= _PENDING_BATCHES:
             self._count("dropped", "the conversion thread is behind")
             if sender in self._numbers:  # a batch lost here, as if on the way

@@ -27,6 +27,7 @@ from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.policy import settle
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
 from nats_otel.bridge.readiness import BackendReadiness
+from nats_otel.bridge.routing import Router
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSource
 from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
@@ -101,6 +102,14 @@ class Bridge:
         if self.exchange is not None and self.workers is not None:
             self.workers.sender, self.workers.on_evidence = self.exchange.sender, self.exchange.publish_soon
         self.wholeness = Wholeness(self.sources, settings.link.max_clock_skew, self.intake)
+        # Trace ownership (routing.py): in core mode, in one process, with the exchange on,
+        # each trace is linked by one bridge and the others forward its trace messages there.
+        self.router: Router | None = None
+        if self.exchange is not None and self._vouching and settings.link.ownership:
+            self.router = Router(self.exchange.subject, self.exchange.sender, self.intake, self.metrics,
+                                 self._ownership_changed)
+            self.exchange.router = self.router
+            self.exchange.soon_s = min(1.0, max(self.exchange.soon_s, settings.link.wait / 4))
 
     # -- health ----------------------------------------------------------------------------
 
@@ -212,7 +221,9 @@ class Bridge:
             return 0  # stopped while connecting
         if self.exchange is not None and not await self.exchange.attach(
                 getattr(self.sources[0], "nc", None), s, self.wholeness.streams if self._vouching else None):
-            self.exchange = None
+            self.exchange = self.router = None
+        if self.router is not None:
+            await self.router.start(getattr(self.sources[0], "nc", None))
         self._started = True
         log.info("bridge running", extra={"fields": {"version": __version__, "core": engine.implementation(),
                                                      "mode": s.mode, "sources": [x.name for x in s.sources],
@@ -236,6 +247,13 @@ class Bridge:
         """Stop intake, flush what was received, settle it; bounded by `drain_timeout`."""
         started = time.monotonic()
         self._drain_deadline = started + self.settings.drain_timeout
+        if self.router is not None and self.exchange is not None:
+            # Leave first: what this bridge still receives goes to the other owners, the
+            # peers stop forwarding here, and forwards already on the way get NATS's 503
+            # once the subscription is gone, which re-routes them (nothing lost).
+            self.router.leave()
+            await self.exchange.bye()
+            await self.router.stop()
         for source in self.sources:
             if isinstance(source, CoreSource):
                 await source.stop_intake()
@@ -273,6 +291,8 @@ class Bridge:
         `holdable`: `JetStreamSource.holdable`; core mode settles nothing: empty)."""
         if self.workers is None:
             if self._vouching:  # how far each stream is known whole; which peers left
+                if self.exchange is not None and self.router is not None:
+                    self.processor.peer_states(self.exchange.take_peer_states())
                 self.processor.whole(self.wholeness.streams(),
                                      None if self.exchange is None else self.wholeness.departures())
             loop = asyncio.get_running_loop()
@@ -317,12 +337,19 @@ class Bridge:
     # -- core mode -------------------------------------------------------------------------
 
     async def _core_intake(self, delayed: asyncio.Queue[_Waiting | None]) -> None:
-        """Collect batches, record their hop evidence at once, hand them on to wait."""
+        """Collect batches, keep the trace messages of the traces this bridge owns (the
+        others go to their owners), record their hop evidence at once, hand them on to wait."""
+        if self.router is not None:
+            await self.router.settled()
         while True:
             if self._past_deadline():
                 self._drop_waiting()
             else:
                 batch = await self._collect()
+                if batch and self.router is not None:
+                    batch = await self._route(batch)
+                    if not batch:
+                        continue
                 if batch:
                     collected_ns = self.wholeness.collected()
                     raws = [d.raw for d in batch]
@@ -337,6 +364,28 @@ class Bridge:
             for _ in range(self._inflight):
                 await delayed.put(None)
             return
+
+    async def _route(self, batch: list[Delivery]) -> list[Delivery]:
+        """The part of `batch` this bridge owns; the rest is forwarded and released here."""
+        assert self.router is not None and self.exchange is not None
+        own, others = self.router.split(batch)
+        if others:
+            names = self._stream_names()
+            for owner, part in others.items():
+                await self.router.forward(owner, part, names)
+                self.intake.release(part)
+        if own:
+            self.exchange.note_data()
+        return own
+
+    def _stream_names(self) -> list[str]:
+        return [source.source.name for source in self.sources if isinstance(source, CoreSource)]
+
+    def _ownership_changed(self) -> None:
+        """The members' view changed: this bridge's streams vouch anew (`CoreSource.note_reroute`)."""
+        for source in self.sources:
+            if isinstance(source, CoreSource):
+                source.note_reroute()
 
     async def _core_worker(self, delayed: asyncio.Queue[_Waiting | None]) -> None:
         while (item := await delayed.get()) is not None:
@@ -366,13 +415,16 @@ class Bridge:
             # (`Delivery.breaks`): its ledger, and its peers' through the exchange, may vouch
             # for the gaps in the servers' numbers (`ReportLedger.vouch`, `wholeness`). Not
             # from a JetStream consumer (redeliveries come out of order).
-            received = streams = None
+            received: list[tuple[str, int] | None] | None = None
+            streams = None
+            # With trace ownership the reports of this bridge's traces are all here: no
+            # evidence to publish. A report forwarded with breaks -1 vouches for nothing.
+            sender = None if self.exchange is None or self.router is not None else self.exchange.sender
             if self._vouching:
-                received = [(d.source, d.breaks) for d in deliveries]
-                streams = self.wholeness.streams(collected_ns) if self.exchange is not None else None
+                received = [(d.source, d.breaks) if d.breaks >= 0 else None for d in deliveries]
+                streams = self.wholeness.streams(collected_ns) if sender is not None else None
             shared = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self.processor.observe, raws, None if self.exchange is None else self.exchange.sender,
-                received, streams)
+                self._pool, self.processor.observe, raws, sender, received, streams)
             if shared and self.exchange is not None:
                 await self.exchange.publish(shared)
         else:

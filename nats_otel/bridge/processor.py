@@ -127,7 +127,7 @@ class Processor:
         self.implementation = log_core()
 
     def observe(self, raws: Sequence[RawTraceMessage], sender: str | None = None,
-                received: Sequence[tuple[str, int]] | None = None, streams: Streams | None = None) -> bytes:
+                received: Sequence[tuple[str, int] | None] | None = None, streams: Streams | None = None) -> bytes:
         """Record the hop evidence of messages that just arrived (mapped `link.wait` later);
         with the exchange's `sender` name, also the batch of it to publish for the other
         bridges (with the link latencies learned here). `received`: each message's stream and
@@ -160,7 +160,8 @@ class Processor:
             reports = [evidence_of(p) for p in observed(self.converter, raws)]
         else:
             index = {state.name: at for at, state in enumerate(states)}
-            reports = [evidence_of(p, index.get(received[at][0], -1), received[at][1])
+            reports = [evidence_of(p) if (got := received[at]) is None
+                       else evidence_of(p, index.get(got[0], -1), got[1])
                        for at, p in observed_at(self.converter, raws)]
         return encode_batch(sender, reports, self.link_latencies(), states) if reports else b""
 
@@ -175,6 +176,22 @@ class Processor:
             for peer in ledger.depart_silent(*departures):
                 log.info("link evidence peer left (silent)", extra={"fields": {"peer": peer}})
             ledger.forget_departed(time.time_ns() - int(ledger.retention_s * 2e9))
+
+    def peer_states(self, states: Sequence[tuple[PeerBatch, bool]]) -> None:
+        """The peers' latest heartbeats (trace ownership: `LinkExchange.take_peer_states`): a
+        peer that routes as this bridge does vouches as it says; one that does not (another
+        view of the members) vouches for nothing until it does."""
+        if not states:
+            return
+        linker = self.converter.linker
+        ledger = linker.index.sequences.ledger
+        now = time.monotonic()
+        for peer, sure in states:
+            if sure:
+                observe_evidence(linker, (), now, peer.latencies, peer)
+            else:
+                for state in peer.streams:
+                    ledger.whole(f"{peer.sender}/{state.name}", None, None, None, now, local=False)
 
     def observe_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate] = (),
                          peer: PeerBatch | None = None) -> None:

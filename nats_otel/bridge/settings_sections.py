@@ -227,6 +227,9 @@ class LinkSettingsModel(_Model):
                           "mode: nats-otel.links.<durable>), 'off', or a subject (bridge/exchange.py)")
     exchange_key_file: Path | None = Field(None, description="file holding a shared key: evidence batches are "
                                            "signed with it, and unsigned or badly signed ones are dropped")
+    ownership: bool = Field(True, description="core mode, one process, with the exchange on: each trace has one "
+                            "owner among the bridges, and the others forward its trace messages there (bridge/"
+                            "routing.py); false: every bridge sends every report's evidence to every other")
 
     @model_validator(mode="after")
     def _check(self) -> LinkSettingsModel:

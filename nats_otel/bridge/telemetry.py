@@ -101,6 +101,11 @@ class Metrics:
             "dropped (this bridge behind), unkept (its stream unusable: JetStream mode), and rejected as "
             "malformed, invalid, format (another version) or forged "
             "(bad or missing signature, or naming this bridge as sender)", ["result"], registry=r)
+        self.routed = Counter(
+            "nats_otel_routed", "Trace messages of traces another bridge owns, by result: forwarded to their owner, "
+            "received from another bridge, rerouted (the owner was gone), unforwarded (publish failed), malformed "
+            "or oversized (a forward dropped whole)", ["result"], registry=r)
+        self.route_views = Counter("nats_otel_route_views", "Changes of the members that own the traces", registry=r)
         self.link_evidence_reports = Counter(
             "nats_otel_link_evidence_reports", "Reports' hop evidence recorded from other bridges", registry=r)
         self.link_held = Counter(

@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "mode), off, or a subject")
     mode.add_argument("--link-exchange-key", metavar="FILE", help="shared key file: sign the evidence, drop "
                       "what is not signed with it")
+    mode.add_argument("--link-ownership", choices=("on", "off"), help="with the exchange on, in core mode: each "
+                      "trace linked by one owner among the bridges, the others forwarding its trace messages there "
+                      "(default on); off: every report's evidence to every bridge")
     mode.add_argument("--workers", type=int, metavar="N", help="convert and export in N worker processes "
                       "(default 1: one thread); use about one per spare core")
     out = parser.add_argument_group("export")
@@ -106,6 +109,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         out["batch"] = {"workers": args.workers}
     link = {k: v for k, v in (("exchange", args.link_exchange), ("exchange_key_file", args.link_exchange_key))
             if v is not None}
+    if args.link_ownership is not None:
+        link["ownership"] = args.link_ownership == "on"
     if link:
         out["link"] = link
     if args.metrics_port is not None:

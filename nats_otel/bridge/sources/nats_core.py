@@ -88,6 +88,12 @@ class CoreSource:
     def breaks(self) -> int:
         return self._dropped + self.link.downs
 
+    def note_reroute(self) -> None:
+        """The bridges' trace ownership changed (`routing`): what this source received before
+        went to other owners than what it receives after, so it vouches anew from here: a
+        break, like a loss (`_dropped` is what the receive path reads inline)."""
+        self._dropped += 1
+
     @property
     def connected(self) -> bool:
         return self.nc is not None and self.nc.is_connected

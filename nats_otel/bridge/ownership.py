@@ -1,0 +1,116 @@
+"""Which bridge of a queue group owns a trace, and the forwarded trace messages' wire format.
+
+Every trace message of one trace context has the same key (`sharding.shard_key`: the
+traceparent's trace id, else the arrival subject of an ad-hoc trace), so every report of a
+trace reaches its owner wherever the queue group delivered it, and the owner links, maps and
+exports the trace alone. The owner of a key is found on a consistent-hash ring of the members
+(`Ring`: each member at `VNODES` points, a key owned by the first point at or after its hash):
+when a member comes or goes, only the keys of its arcs move, about 1/N of them, the same
+answer as the OpenTelemetry Collector's load-balancing exporter gives its trace ids.
+
+Pure: no I/O, no clock. `routing.Router` keeps the members and moves the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from nats_otel.core.decode import RawTraceMessage
+
+__all__ = ["VNODES", "Forward", "ForwardError", "Frame", "Ring", "decode_forward", "encode_forward", "member_token"]
+
+# Points per member: with 64 the largest member's share of the keys stays within ~1.3x of the
+# mean up to 64 members (measured in tests/bridge/test_ownership.py), at one bisect a key.
+VNODES = 64
+# A forwarded batch's frames, at most: a hostile input's bound (a batch is one intake batch's
+# share of one owner: `batch.max_messages` is at most 10,000).
+_MAX_FRAMES = 65_536
+
+
+def _hash64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def member_token(member: str) -> str:
+    """A member's name as one subject token (hex): where its forwarded trace messages go."""
+    return hashlib.blake2b(member.encode(), digest_size=8).hexdigest()
+
+
+class Ring:
+    """The members' points on the ring, and the view: one id for one set of members."""
+
+    __slots__ = ("_owners", "_points", "members", "view")
+
+    def __init__(self, members: Iterable[str]) -> None:
+        self.members: tuple[str, ...] = tuple(sorted(set(members)))
+        points = sorted((_hash64(f"{member}#{vnode}".encode()), member)
+                        for member in self.members for vnode in range(VNODES))
+        self._points = [point for point, _ in points]
+        self._owners = [member for _, member in points]
+        self.view = hashlib.blake2b("\n".join(self.members).encode(), digest_size=8).hexdigest()
+
+    def owner(self, key: bytes) -> str:
+        """The member that owns `key` (a ring of no members has no owner: KeyError)."""
+        if not self._points:
+            raise KeyError("a ring with no members")
+        at = bisect_left(self._points, _hash64(key))
+        return self._owners[at if at < len(self._owners) else 0]
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+class Frame(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One forwarded trace message: as received (subject, headers, payload), the stream it
+    arrived on at the sender (an index into `Forward.streams`) and that stream's losses before
+    it (`Delivery.breaks`), or -1: the sender does not vouch for it."""
+
+    subject: str | None
+    headers: dict[str, list[str]]
+    payload: bytes
+    stream: int
+    breaks: int
+
+
+class Forward(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """The trace messages one bridge received for one owner, in its arrival order."""
+
+    streams: tuple[str, ...]
+    frames: tuple[Frame, ...]
+
+
+class ForwardError(ValueError):
+    """A forwarded batch that cannot be read (dropped whole, counted by `reason`)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Forward)
+
+
+def encode_forward(streams: Sequence[str], frames: Sequence[tuple[RawTraceMessage, int, int]]) -> bytes:
+    """One batch for one owner: each raw message with its stream index and breaks."""
+    return _ENCODER.encode(Forward(tuple(streams), tuple(
+        Frame(raw.subject, raw.headers, raw.payload, stream, breaks) for raw, stream, breaks in frames)))
+
+
+def decode_forward(data: bytes) -> Forward:
+    """A received batch, checked: every frame names one of the batch's streams."""
+    try:
+        forward = _DECODER.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ForwardError("malformed", str(exc)) from None
+    if len(forward.frames) > _MAX_FRAMES:
+        raise ForwardError("oversized", f"{len(forward.frames)} frames")
+    streams = len(forward.streams)
+    for frame in forward.frames:
+        if not 0 <= frame.stream < streams:
+            raise ForwardError("malformed", f"a frame names stream {frame.stream} of {streams}")
+    return forward

@@ -1,0 +1,291 @@
+"""Trace ownership among the bridges of a queue group: each trace is linked, mapped and
+exported by one bridge, its owner; the others forward its trace messages there.
+
+In the sidecar layout the queue group gives every bridge a random share of every server's
+reports, so a hop's two reports are usually at two bridges. Before, every bridge sent the
+evidence of every report it received to every other (`exchange`): each bridge's work grew
+with the whole deployment's traffic, and eight bridges cost six times one. Now a bridge
+splits each batch it collects (`split`): the trace messages of the traces it owns stay, the
+others go, as received, one NATS message per owner and batch, to the owner's subject
+(`<exchange subject>.to.<member token>`), and arrive there in its intake as if received by
+it, with the stream they arrived on at the sender and that stream's losses. What a bridge
+receives, computes and sends grows with its own share: one hash per trace message received,
+one message per owner and batch forwarded, one heartbeat a second per peer.
+
+What it rests on, all NATS's own:
+- Membership: the exchange's heartbeats (every bridge says it is there every second on the
+  exchange subject, and every 0.1 s while it has data). A member is a sender heard within
+  `MEMBER_SILENCE_S`; one that says goodbye (SIGTERM) leaves at once; one whose subject has
+  no subscriber (NATS answers a forward with status 503, no responders: its connection is
+  gone, a SIGKILL) leaves when that answer comes, and the forward goes to the next owner.
+- Ownership: the members' consistent-hash ring (`ownership.Ring`); every bridge computes it
+  from what it heard, no election and no consensus. Two bridges may briefly hold different
+  views (one heard a join or a leave first): the view's id goes with every heartbeat and
+  forward, and a peer whose view differs from this bridge's vouches for nothing here
+  (`sure`): alike messages are then not counted by order until the views agree again.
+  Every change of this bridge's view is a break of its own streams, so what it vouched
+  before the change proves nothing after it.
+
+What is lost: a SIGKILLed owner takes what it held (the traces it owned, for one link
+window); a forward sent in the milliseconds while the servers still route to the dead
+connection goes with it. A SIGTERMed bridge says goodbye, stops taking forwards (new ones
+get a 503 and go to the next owner), forwards what it still receives and drains the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nats_otel.bridge.ownership import ForwardError, Ring, decode_forward, encode_forward, member_token
+from nats_otel.bridge.sharding import shard_key
+from nats_otel.bridge.sources.delivery import Delivery, size_of
+from nats_otel.core.decode import RawTraceMessage
+
+__all__ = ["FORWARD_HEADER", "MEMBER_SILENCE_S", "ROUTED", "VIEW_HEADER", "Router"]
+
+log = logging.getLogger("nats_otel.bridge.routing")
+
+VIEW_HEADER = "Nats-Otel-View"
+FORWARD_HEADER = "Nats-Otel-Forward"  # the sender's count of batches forwarded to this owner, from 1
+BYE_HEADER = "Nats-Otel-Bye"
+# A peer not heard for this long (three heartbeats and a half) has left the ring.
+MEMBER_SILENCE_S = 3.5
+# After joining the exchange, how long a new bridge listens before it routes: every member
+# answers a newcomer's first heartbeat at once, and all say so every second anyway.
+SETTLE_S = 1.2
+# A forward is kept this long for its 503 (no responders) to come back and re-route it.
+_KEEP_FORWARD_S = 5.0
+_LOG_EVERY_S = 10.0
+# `Delivery.msg` of a trace message forwarded to this bridge: it is never forwarded again.
+ROUTED = object()
+
+
+class Router:
+    """The members, the ring, the forwards (see the module docstring). Runs on the event loop."""
+
+    def __init__(self, base_subject: str, me: str, intake: Any, metrics: Any,
+                 on_view_change: Callable[[], None]) -> None:
+        self.me = me
+        self._base = base_subject
+        self._intake, self._metrics = intake, metrics
+        self._on_view_change = on_view_change
+        self._peers: dict[str, float] = {}  # member -> when last heard (monotonic)
+        self._views: dict[str, str] = {}  # member -> the view it last announced
+        self._gone: dict[str, float] = {}  # members that left (bye, 503): their late heartbeats are ignored
+        self.ring = Ring([me])
+        self._leaving = False
+        self._nc: Any = None
+        self._subs: list[Any] = []
+        self._settled_at = 0.0
+        self._sent: dict[str, int] = {}  # owner -> forwards numbered so far
+        self._heard: dict[str, tuple[int, int]] = {}  # sender -> (last forward number, forwards missed)
+        self._kept: dict[str, tuple[float, list[Delivery]]] = {}  # ack subject -> (when, what it carried)
+        self._ack_prefix = f"{base_subject}.ack.{member_token(me)}"
+        self._last_log: dict[str, float] = {}
+
+    @property
+    def view(self) -> str:
+        return self.ring.view
+
+    def subject_of(self, member: str) -> str:
+        return f"{self._base}.to.{member_token(member)}"
+
+    async def start(self, nc: Any) -> None:
+        self._nc = nc
+        self._subs = [await nc.subscribe(self.subject_of(self.me), cb=self._on_forward, pending_msgs_limit=65_536),
+                      await nc.subscribe(f"{self._ack_prefix}.>", cb=self._on_ack)]
+        await nc.flush()
+        self._settled_at = time.monotonic() + SETTLE_S
+        log.info("trace ownership on", extra={"fields": {"subject": self.subject_of(self.me)}})
+
+    async def settled(self) -> None:
+        """Wait until this bridge has heard the members (a newcomer listens first)."""
+        left = self._settled_at - time.monotonic()
+        if left > 0:
+            await asyncio.sleep(left)
+
+    # -- membership --------------------------------------------------------------------
+
+    def heard(self, sender: str, view: str | None, bye: bool) -> bool:
+        """A peer's heartbeat (or goodbye); True when it is new (answer it with ours at once)."""
+        now = time.monotonic()
+        if bye:
+            self._leave(sender, "said goodbye")
+            return False
+        if sender in self._gone:
+            return False
+        new = sender not in self._peers
+        self._peers[sender] = now
+        if view is not None:
+            self._views[sender] = view
+        if new:
+            self._rebuild(f"{sender} joined")
+        return new
+
+    def sure(self, sender: str) -> bool:
+        """Whether `sender` routes as this bridge does (the same view): only then does what it
+        says of its streams hold for the traces this bridge owns."""
+        return self._views.get(sender) == self.ring.view
+
+    def tick(self) -> None:
+        """Peers silent for `MEMBER_SILENCE_S` left; kept forwards past their time go."""
+        now = time.monotonic()
+        for sender in [s for s, heard in self._peers.items() if now - heard > MEMBER_SILENCE_S]:
+            self._leave(sender, "silent")
+        for subject in [s for s, (at, _) in self._kept.items() if now - at > _KEEP_FORWARD_S]:
+            del self._kept[subject]
+        for sender in [s for s, at in self._gone.items() if now - at > 600.0]:
+            del self._gone[sender]
+
+    def _leave(self, sender: str, why: str) -> None:
+        self._gone[sender] = time.monotonic()
+        self._views.pop(sender, None)
+        if self._peers.pop(sender, None) is not None:
+            self._rebuild(f"{sender} left ({why})")
+
+    def leave(self) -> None:
+        """This bridge stops owning: what it still receives goes to the others."""
+        self._leaving = True
+        self._rebuild("this bridge is leaving")
+
+    def _rebuild(self, why: str) -> None:
+        members = list(self._peers) if self._leaving else [self.me, *self._peers]
+        self.ring = Ring(members)
+        self._metrics.route_views.inc()
+        log.info("trace ownership view changed", extra={"fields": {"why": why, "members": len(members),
+                                                                   "view": self.ring.view}})
+        self._on_view_change()
+
+    # -- routing -------------------------------------------------------------------------
+
+    def split(self, deliveries: list[Delivery]) -> tuple[list[Delivery], dict[str, list[Delivery]]]:
+        """The deliveries this bridge owns (and those forwarded to it), and the others by
+        their owner (`forward` them)."""
+        ring = self.ring
+        if len(ring) == 1 and not self._leaving:
+            return deliveries, {}
+        me = self.me
+        own: list[Delivery] = []
+        others: dict[str, list[Delivery]] = {}
+        for delivery in deliveries:
+            if delivery.msg is ROUTED:
+                own.append(delivery)
+                continue
+            owner = ring.owner(shard_key(delivery.raw)) if len(ring) else me
+            if owner == me:
+                own.append(delivery)
+            else:
+                others.setdefault(owner, []).append(delivery)
+        return own, others
+
+    async def forward(self, owner: str, part: list[Delivery], names: list[str]) -> None:
+        """Send `part` to its owner, one message (`names`: this bridge's stream names, the
+        frames' index; a stream not among them is added to this batch's)."""
+        names = list(names)
+        index = {name: at for at, name in enumerate(names)}
+        frames = []
+        for delivery in part:
+            at = index.get(delivery.source)
+            if at is None:
+                index[delivery.source] = at = len(names)
+                names.append(delivery.source)
+            frames.append((delivery.raw, at, delivery.breaks))
+        number = self._sent[owner] = self._sent.get(owner, 0) + 1
+        reply = f"{self._ack_prefix}.{number}.{member_token(owner)}"
+        self._kept[reply] = (time.monotonic(), part)
+        headers = {FORWARD_HEADER: str(number), VIEW_HEADER: self.ring.view, "Nats-Otel-Sender": self.me}
+        try:
+            await self._nc.publish(self.subject_of(owner), encode_forward(names, frames), reply=reply,
+                                   headers=headers)
+        except Exception as exc:  # noqa: BLE001 - counted and logged; the bridge goes on
+            self._kept.pop(reply, None)
+            self._metrics.routed.labels("unforwarded").inc(len(part))
+            self._log("unforwarded", f"{len(part)} trace messages to {owner}: {type(exc).__name__}: {exc}")
+            return
+        self._metrics.routed.labels("forwarded").inc(len(part))
+
+    async def _on_ack(self, msg: Any) -> None:
+        """A forward's answer: only NATS's own, 503 when no one subscribes to the owner's
+        subject (it is gone): re-route what it carried."""
+        kept = self._kept.pop(msg.subject, None)
+        if kept is None or (msg.headers or {}).get("Status") != "503":
+            return
+        part = kept[1]
+        owner = next((m for m in self._peers if msg.subject.endswith(member_token(m))), None)
+        if owner is not None:
+            self._leave(owner, "no responders")
+        self._metrics.routed.labels("rerouted").inc(len(part))
+        own, others = self.split(part)
+        for owner_now, again_part in others.items():
+            await self.forward(owner_now, again_part, [])
+        for delivery in own:  # now this bridge's: back into its intake, vouching for nothing
+            again = Delivery(delivery.raw, delivery.source, delivery.size, ROUTED, -1)
+            if not self._intake.offer(again):
+                self._metrics.dropped.labels("queue_full").inc()
+
+    async def _on_forward(self, msg: Any) -> None:
+        """Trace messages another bridge received for the traces this one owns: into the
+        intake, as that bridge's streams (`<sender>/<stream>`) with their losses, when it
+        routes as this one does; else vouching for nothing (`Delivery.breaks` -1)."""
+        headers = msg.headers or {}
+        sender = headers.get("Nats-Otel-Sender", "")
+        try:
+            forward = decode_forward(msg.data)
+        except ForwardError as exc:
+            self._metrics.routed.labels(exc.reason).inc()
+            self._log(exc.reason, f"a forward from {sender or 'an unnamed sender'}: {exc.detail}")
+            return
+        missed = self._numbered(sender, headers.get(FORWARD_HEADER))
+        vouched = bool(sender) and headers.get(VIEW_HEADER) == self.ring.view
+        intake, refused = self._intake, 0
+        for frame in forward.frames:
+            raw = RawTraceMessage(frame.subject, frame.headers, frame.payload)
+            breaks = frame.breaks + missed if vouched and frame.breaks >= 0 else -1
+            if not intake.offer(Delivery(raw, f"{sender}/{forward.streams[frame.stream]}", size_of(raw), ROUTED,
+                                         breaks)):
+                refused += 1
+        self._metrics.routed.labels("received").inc(len(forward.frames) - refused)
+        if refused:  # lost here: a loss of the sender's streams from now on
+            self._metrics.dropped.labels("queue_full").inc(refused)
+            last, missed = self._heard.get(sender, (0, 0))
+            self._heard[sender] = (last, missed + 1)
+
+    def _numbered(self, sender: str, number: str | None) -> int:
+        """The forwards of `sender` to this bridge that never arrived, so far."""
+        try:
+            current = int(number) if number is not None else 0
+        except ValueError:
+            current = 0
+        last, missed = self._heard.get(sender, (0, 0))
+        if current <= last:
+            missed += 1
+        elif last:
+            missed += current - last - 1
+        elif current > 1:  # its first forwards here went out before this bridge listened
+            missed += 1
+        self._heard[sender] = (max(last, current), missed)
+        return missed
+
+    def missed(self, sender: str) -> int:
+        """Forwards from `sender` lost on the way or refused here: losses of its streams."""
+        return self._heard.get(sender, (0, 0))[1]
+
+    async def stop(self) -> None:
+        """Stop taking forwards (new ones are answered 503 by NATS and re-routed by their
+        senders); what was read already is in the intake."""
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - the connection is going anyway
+                pass
+        self._subs = []
+
+    def _log(self, result: str, detail: str) -> None:
+        now = time.monotonic()
+        if now - self._last_log.get(result, -_LOG_EVERY_S) >= _LOG_EVERY_S:
+            self._last_log[result] = now
+            log.warning("trace forward %s: %s", result, detail)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import signal
 import subprocess
@@ -131,7 +132,11 @@ class Bridge:
         self.output = workdir / f"spans-{server}.otlp.jsonl"
         self.port = free_ports(1)[0]
         self.log_path = workdir / f"bridge-{server}.log"
-        argv = [sys.executable, "-m", "nats_otel.cli", "bridge", "--nats-url", url, "--user", USER,
+        # BRIDGE_CPROFILE=DIR: each bridge runs under cProfile (its event loop's thread),
+        # writing DIR/<server>.prof at exit: where a bridge's own time goes, never for figures.
+        profile = os.environ.get("BRIDGE_CPROFILE")
+        wrap = ["-m", "cProfile", "-o", str(Path(profile) / f"{server}.prof")] if profile else []
+        argv = [sys.executable, *wrap, "-m", "nats_otel.cli", "bridge", "--nats-url", url, "--user", USER,
                 "--password", PASSWORD, "--output", str(self.output), "--metrics-port", str(self.port),
                 "--log-level", "WARNING", "--log-format", "text"]
         for subject in subjects:

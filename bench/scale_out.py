@@ -83,6 +83,18 @@ def scale_topology() -> Topology:
     return Topology(servers=(*cluster("east", 2, leaf_listen=(1,)), leaf), accounts=accounts, wait_jetstream=False)
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds by thread name (threads of one name summed): where a bridge's CPU goes."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            name = "main" if task.name == str(pid) else "other threads"
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            for kind, value in (("user", fields[11]), ("system", fields[12])):
+                out[f"{name} {kind}"] = out.get(f"{name} {kind}", 0.0) + int(value) / _TICKS
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
     """A process's user + system CPU seconds, its waited-for children's included."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -142,6 +154,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         idle_after = [cpu_seconds(b.proc.pid) for b in bridges]
         run.idle_cpu_per_20s = (sum(idle_after) - sum(idle_before)) * 20.0 / args.idle_s
         before = [cpu_seconds(b.proc.pid) for b in bridges]
+        threads_before = thread_cpu(bridges[0].proc.pid)
         spy = None
         if args.profile:  # py-spy on bridge 0 over the traffic (it slows that bridge: never for figures)
             spy = subprocess.Popen(["py-spy", "record", "--pid", str(bridges[0].proc.pid), "--format", "raw",
@@ -161,6 +174,9 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
             run.notes.append(f"the bridges wrote {server_spans(bridges)} server spans "
                              f"for {run.trace_messages} trace messages")
         after = [cpu_seconds(b.proc.pid) for b in bridges]
+        threads_after = thread_cpu(bridges[0].proc.pid)
+        run.notes.append("bridge 0's CPU by thread: " + ", ".join(
+            f"{name} {threads_after[name] - threads_before.get(name, 0.0):.2f} s" for name in sorted(threads_after)))
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(30)

@@ -383,9 +383,10 @@ class Bridge:
 
     def _ownership_changed(self) -> None:
         """The members' view changed: this bridge's streams vouch anew (`CoreSource.note_reroute`)."""
+        margin_ns = int(2 * self.settings.link.max_clock_skew * 1e9)
         for source in self.sources:
             if isinstance(source, CoreSource):
-                source.note_reroute()
+                source.note_reroute(margin_ns)
 
     async def _core_worker(self, delayed: asyncio.Queue[_Waiting | None]) -> None:
         while (item := await delayed.get()) is not None:

@@ -78,6 +78,7 @@ class Router:
         self._gone: dict[str, float] = {}  # members that left (bye, 503): their late heartbeats are ignored
         self.ring = Ring([me])
         self._leaving = False
+        self._routed = False  # a batch was split: a view change breaks this bridge's streams
         self._nc: Any = None
         self._subs: list[Any] = []
         self._settled_at = 0.0
@@ -158,7 +159,8 @@ class Router:
         self._metrics.route_views.inc()
         log.info("trace ownership view changed", extra={"fields": {"why": why, "members": len(members),
                                                                    "view": self.ring.view}})
-        self._on_view_change()
+        if self._routed:  # before its first batch nothing was routed by the old view
+            self._on_view_change()
 
     # -- routing -------------------------------------------------------------------------
 
@@ -166,6 +168,7 @@ class Router:
         """The deliveries this bridge owns (and those forwarded to it), and the others by
         their owner (`forward` them)."""
         ring = self.ring
+        self._routed = True
         if len(ring) == 1 and not self._leaving:
             return deliveries, {}
         me = self.me

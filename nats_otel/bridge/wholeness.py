@@ -75,7 +75,8 @@ class Wholeness:
         for source in self._sources:
             if isinstance(source, CoreSource):
                 breaks = source.breaks
-                streams[source.source.name] = (breaks, source.whole_since_ns if breaks == 0 else None, until)
+                whole = breaks == source.since_breaks  # nothing lost since `whole_since_ns`
+                streams[source.source.name] = (breaks, source.whole_since_ns if whole else None, until)
         return streams
 
     def departures(self) -> tuple[float, int]:

@@ -268,7 +268,8 @@ class ReportLedger:
     def whole(self, stream: str, breaks: int | None, since_ns: int | None, until_ns: int | None,
               now: float = 0.0, local: bool = True, trusted_from_ns: int | None = None) -> None:
         """The receiver of `stream` says it got every report routed to it, in each server's
-        order, from `since_ns` (None: unknown; only with no loss since: `breaks` 0) to
+        order, from `since_ns` (None: unknown; given only while it lost nothing since: with
+        `breaks` above 0 it started anew then, `CoreSource.note_reroute`) to
         `until_ns` (report times: the clock skew taken off), but for the `breaks` losses it
         counted (`vouch`). `breaks` None: a member that does not say (a peer that cannot
         vouch): while it is one, no gap is vouched for. `local`: a source of this bridge
@@ -311,10 +312,14 @@ class ReportLedger:
             return False
         cover = self._covers.get((name, server_id))
         whole_until = member.until_ns if member.breaks is not None else None
+        # Whole since a time (`whole`'s `since_ns`: given only while it lost nothing since) that
+        # is before `first`: every report routed to it from then on arrived, as if it had lost
+        # nothing at all (a bridge whose trace ownership changed starts anew so: `routing`).
+        whole_before = member.since_ns is not None and member.since_ns <= first_ts_ns
         if cover is None:
-            covered = member.breaks == 0 and whole_until is not None and whole_until >= last_ts_ns
+            covered = (member.breaks == 0 or whole_before) and whole_until is not None and whole_until >= last_ts_ns
         else:
-            covered = cover[1] <= first and (cover[2] >= last or (
+            covered = (cover[1] <= first or (whole_before and member.breaks == cover[0])) and (cover[2] >= last or (
                 member.breaks == cover[0] and whole_until is not None and whole_until >= last_ts_ns))
         return covered or (member.gone_after_ns is not None and last_ts_ns > member.gone_after_ns)
 
@@ -329,7 +334,7 @@ class ReportLedger:
         """No report of a server before `seq` (reported at `ts_ns`) from `since_ns` on was
         lost: every member vouches for all its numbers up to `seq`, and one of them received
         since then with no loss (so each report then was routed to a member)."""
-        return any(m.breaks == 0 and m.gone_after_ns is None and m.since_ns is not None and m.since_ns <= since_ns
+        return any(m.gone_after_ns is None and m.since_ns is not None and m.since_ns <= since_ns
                    for m in self._members.values()) and self._accounted(server_id, 0, since_ns, seq, ts_ns)
 
     def _whole_until(self, server_id: str, seq: int, ts_ns: int, until_ns: int) -> bool:

@@ -82,17 +82,22 @@ class CoreSource:
         # Report time from which this source received every report of its subscriptions,
         # while it lost nothing (`ReportLedger.whole`); None until subscribed.
         self.whole_since_ns: int | None = None
+        # The breaks when it became whole (`whole_since_ns`): whole while they are the same.
+        self.since_breaks = 0
         self._on_raw = self.direct_handler()
 
     @property
     def breaks(self) -> int:
         return self._dropped + self.link.downs
 
-    def note_reroute(self) -> None:
+    def note_reroute(self, margin_ns: int) -> None:
         """The bridges' trace ownership changed (`routing`): what this source received before
         went to other owners than what it receives after, so it vouches anew from here: a
-        break, like a loss (`_dropped` is what the receive path reads inline)."""
+        break, like a loss (`_dropped` is what the receive path reads inline), and whole
+        again from now (report time: `margin_ns`, twice the clock skew, after it)."""
         self._dropped += 1
+        self.since_breaks = self.breaks
+        self.whole_since_ns = time.time_ns() + margin_ns
 
     @property
     def connected(self) -> bool:

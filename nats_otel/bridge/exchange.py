@@ -140,11 +140,10 @@ class LinkExchange:
         # sender -> report time from which its evidence reached this bridge (first heard of mid-way)
         self._late: dict[str, int] = {}
         self._heartbeat: asyncio.Task[None] | None = None
-        # With trace ownership (`routing`): the router hears every peer's heartbeat, and the
-        # peers' latest states wait here for the next batch (`take_peer_states`), applied by
-        # the conversion (`Processor.peer_states`) instead of a trip to its thread for each.
+        # With trace ownership (`routing`): the router hears every peer's heartbeat, and keeps
+        # their latest states for the next batch (`Router.take_states`), applied by the
+        # conversion (`Processor.peer_states`) instead of a trip to its thread for each.
         self.router: Router | None = None
-        self._peer_states: dict[str, tuple[PeerBatch, bool]] = {}
         self._ticked = 0.0
         # How often it says how long it has been whole after data: every peer hears every
         # bridge, so with trace ownership (`Bridge`) a quarter of `link.wait` instead: enough
@@ -184,7 +183,10 @@ class LinkExchange:
                 self._ticked = now
                 self.router.tick()
             quiet = now - self._last_published
-            if quiet >= _HEARTBEAT_S or (quiet >= self.soon_s and now - self._last_data <= _AFTER_DATA_S):
+            # Soon after data, unless every peer just got this bridge's state with a forward.
+            soon = (quiet >= self.soon_s and now - self._last_data <= _AFTER_DATA_S
+                    and (self.router is None or not self.router.told_all(now - self.soon_s)))
+            if quiet >= _HEARTBEAT_S or soon:
                 states = [StreamState(name, *state) for name, state in streams().items()]
                 await self.publish(encode_batch(self.sender, [], (), states), data_batch=False)
 
@@ -243,13 +245,6 @@ class LinkExchange:
         """This bridge observed data (with trace ownership it publishes no evidence): say how
         long it has been whole soon after, as after a data batch."""
         self._last_data = time.monotonic()
-
-    def take_peer_states(self) -> list[tuple[PeerBatch, bool]]:
-        """The peers' latest heartbeats since the last call, each with whether the peer routes
-        as this bridge does (`Router.sure`)."""
-        taken = list(self._peer_states.values())
-        self._peer_states.clear()
-        return taken
 
     async def bye(self) -> None:
         """Say goodbye (trace ownership: the peers take this bridge off the ring at once)."""
@@ -326,10 +321,8 @@ class LinkExchange:
             if bye:
                 return None
             if not batch.reports:  # a heartbeat: its state waits for the next batch
-                sure = self.router.sure(sender)
-                missed = batch.missed + self.router.missed(sender)
-                self._peer_states[sender] = (PeerBatch(sender, (), batch.latencies, batch.streams, missed,
-                                                       batch.trusted_from_ns), sure)
+                self.router.note_states(sender, headers.get(VIEW_HEADER), batch.streams, batch.latencies,
+                                        batch.trusted_from_ns)
                 return None
         if self._pending >= _PENDING_BATCHES:
             self._count("dropped", "the conversion thread is behind")

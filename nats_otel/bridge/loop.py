@@ -36,6 +36,7 @@ from nats_otel.bridge.wholeness import Wholeness
 from nats_otel.bridge.workers import WorkerDied, WorkerPool
 from nats_otel.core import engine
 from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.evidence import StreamState
 from nats_otel.core.pipeline import Converted
 
 __all__ = ["Bridge"]
@@ -291,8 +292,8 @@ class Bridge:
         `holdable`: `JetStreamSource.holdable`; core mode settles nothing: empty)."""
         if self.workers is None:
             if self._vouching:  # how far each stream is known whole; which peers left
-                if self.exchange is not None and self.router is not None:
-                    self.processor.peer_states(self.exchange.take_peer_states())
+                if self.router is not None:
+                    self.processor.peer_states(self.router.take_states())
                 self.processor.whole(self.wholeness.streams(),
                                      None if self.exchange is None else self.wholeness.departures())
             loop = asyncio.get_running_loop()
@@ -346,12 +347,13 @@ class Bridge:
                 self._drop_waiting()
             else:
                 batch = await self._collect()
-                if batch and self.router is not None:
-                    batch = await self._route(batch)
-                    if not batch:
-                        continue
                 if batch:
                     collected_ns = self.wholeness.collected()
+                    if self.router is not None:
+                        batch = await self._route(batch, collected_ns)
+                        if not batch:
+                            self.wholeness.observed(collected_ns)
+                            continue
                     raws = [d.raw for d in batch]
                     try:
                         ripe_at = await self._observe(batch, raws, collected_ns)
@@ -365,21 +367,21 @@ class Bridge:
                 await delayed.put(None)
             return
 
-    async def _route(self, batch: list[Delivery]) -> list[Delivery]:
-        """The part of `batch` this bridge owns; the rest is forwarded and released here."""
+    async def _route(self, batch: list[Delivery], collected_ns: int | None) -> list[Delivery]:
+        """The part of `batch` this bridge owns; the rest is forwarded, with what this
+        bridge's streams say of themselves as this batch is taken, and released here."""
         assert self.router is not None and self.exchange is not None
         own, others = self.router.split(batch)
         if others:
-            names = self._stream_names()
+            streams = self.wholeness.streams(collected_ns)
+            names = list(streams)
+            states = [StreamState(name, *state) for name, state in streams.items()]
             for owner, part in others.items():
-                await self.router.forward(owner, part, names)
+                await self.router.forward(owner, part, names, states)
                 self.intake.release(part)
         if own:
             self.exchange.note_data()
         return own
-
-    def _stream_names(self) -> list[str]:
-        return [source.source.name for source in self.sources if isinstance(source, CoreSource)]
 
     def _ownership_changed(self) -> None:
         """The members' view changed: this bridge's streams vouch anew (`CoreSource.note_reroute`)."""

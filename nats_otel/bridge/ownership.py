@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.evidence import StreamState
 
 __all__ = ["VNODES", "Forward", "ForwardError", "Frame", "Ring", "decode_forward", "encode_forward", "member_token"]
 
@@ -77,10 +78,18 @@ class Frame(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 class Forward(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """The trace messages one bridge received for one owner, in its arrival order."""
+    """The trace messages one bridge received for one owner, in its arrival order: who sent
+    them, under which view of the members, its count of forwards to this owner (from 1), and
+    what its streams say of their completeness then (a heartbeat's state, carried along: a
+    bridge that forwards to every peer needs no heartbeat in between). In the payload, not
+    in headers: the owner reads it on the receive path's fast lane, without nats-py's `Msg`."""
 
+    sender: str
+    view: str
+    number: int
     streams: tuple[str, ...]
     frames: tuple[Frame, ...]
+    states: tuple[StreamState, ...] = ()
 
 
 class ForwardError(ValueError):
@@ -95,10 +104,11 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Forward)
 
 
-def encode_forward(streams: Sequence[str], frames: Sequence[tuple[RawTraceMessage, int, int]]) -> bytes:
+def encode_forward(sender: str, view: str, number: int, streams: Sequence[str],
+                   frames: Sequence[tuple[RawTraceMessage, int, int]], states: Sequence[StreamState] = ()) -> bytes:
     """One batch for one owner: each raw message with its stream index and breaks."""
-    return _ENCODER.encode(Forward(tuple(streams), tuple(
-        Frame(raw.subject, raw.headers, raw.payload, stream, breaks) for raw, stream, breaks in frames)))
+    return _ENCODER.encode(Forward(sender, view, number, tuple(streams), tuple(
+        Frame(raw.subject, raw.headers, raw.payload, stream, breaks) for raw, stream, breaks in frames), tuple(states)))
 
 
 def decode_forward(data: bytes) -> Forward:
@@ -107,6 +117,8 @@ def decode_forward(data: bytes) -> Forward:
         forward = _DECODER.decode(data)
     except msgspec.DecodeError as exc:
         raise ForwardError("malformed", str(exc)) from None
+    if not forward.sender:
+        raise ForwardError("malformed", "no sender")
     if len(forward.frames) > _MAX_FRAMES:
         raise ForwardError("oversized", f"{len(forward.frames)} frames")
     streams = len(forward.streams)

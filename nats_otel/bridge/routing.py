@@ -22,7 +22,7 @@ What it rests on, all NATS's own:
   from what it heard, no election and no consensus. Two bridges may briefly hold different
   views (one heard a join or a leave first): the view's id goes with every heartbeat and
   forward, and a peer whose view differs from this bridge's vouches for nothing here
-  (`sure`): alike messages are then not counted by order until the views agree again.
+  (`note_states`): alike messages are then not counted by order until the views agree again.
   Every change of this bridge's view is a break of its own streams, so what it vouched
   before the change proves nothing after it.
 
@@ -37,20 +37,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nats_otel.bridge.ownership import ForwardError, Ring, decode_forward, encode_forward, member_token
 from nats_otel.bridge.sharding import shard_key
 from nats_otel.bridge.sources.delivery import Delivery, size_of
+from nats_otel.bridge.sources.direct import DirectClient
 from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.evidence import LinkLatencyEstimate, PeerBatch, StreamState
 
-__all__ = ["FORWARD_HEADER", "MEMBER_SILENCE_S", "ROUTED", "VIEW_HEADER", "Router"]
+__all__ = ["MEMBER_SILENCE_S", "ROUTED", "VIEW_HEADER", "Router"]
 
 log = logging.getLogger("nats_otel.bridge.routing")
 
 VIEW_HEADER = "Nats-Otel-View"
-FORWARD_HEADER = "Nats-Otel-Forward"  # the sender's count of batches forwarded to this owner, from 1
 BYE_HEADER = "Nats-Otel-Bye"
 # A peer not heard for this long (three heartbeats and a half) has left the ring.
 MEMBER_SILENCE_S = 3.5
@@ -87,6 +88,8 @@ class Router:
         self._kept: dict[str, tuple[float, list[Delivery]]] = {}  # ack subject -> (when, what it carried)
         self._ack_prefix = f"{base_subject}.ack.{member_token(me)}"
         self._last_log: dict[str, float] = {}
+        self._told: dict[str, float] = {}  # owner -> when it was last forwarded to
+        self._states: dict[str, tuple[PeerBatch, bool]] = {}  # peer -> its latest state (`note_states`)
 
     @property
     def view(self) -> str:
@@ -97,8 +100,15 @@ class Router:
 
     async def start(self, nc: Any) -> None:
         self._nc = nc
-        self._subs = [await nc.subscribe(self.subject_of(self.me), cb=self._on_forward, pending_msgs_limit=65_536),
-                      await nc.subscribe(f"{self._ack_prefix}.>", cb=self._on_ack)]
+        own = self.subject_of(self.me)
+        if isinstance(nc, DirectClient):  # the receive path's fast lane: no `Msg`, queue or task
+            forwards = await nc.subscribe_direct(own, self._on_frames)
+        else:
+            async def on_msg(msg: Any) -> None:
+                self._on_frames(b"", None, msg.data)
+
+            forwards = await nc.subscribe(own, cb=on_msg, pending_msgs_limit=65_536)
+        self._subs = [forwards, await nc.subscribe(f"{self._ack_prefix}.>", cb=self._on_ack)]
         await nc.flush()
         self._settled_at = time.monotonic() + SETTLE_S
         log.info("trace ownership on", extra={"fields": {"subject": self.subject_of(self.me)}})
@@ -127,11 +137,6 @@ class Router:
             self._rebuild(f"{sender} joined")
         return new
 
-    def sure(self, sender: str) -> bool:
-        """Whether `sender` routes as this bridge does (the same view): only then does what it
-        says of its streams hold for the traces this bridge owns."""
-        return self._views.get(sender) == self.ring.view
-
     def tick(self) -> None:
         """Peers silent for `MEMBER_SILENCE_S` left; kept forwards past their time go."""
         now = time.monotonic()
@@ -141,6 +146,8 @@ class Router:
             del self._kept[subject]
         for sender in [s for s, at in self._gone.items() if now - at > 600.0]:
             del self._gone[sender]
+        for owner in [o for o in self._told if o not in self._peers]:
+            del self._told[owner]
 
     def _leave(self, sender: str, why: str) -> None:
         self._gone[sender] = time.monotonic()
@@ -185,9 +192,11 @@ class Router:
                 others.setdefault(owner, []).append(delivery)
         return own, others
 
-    async def forward(self, owner: str, part: list[Delivery], names: list[str]) -> None:
+    async def forward(self, owner: str, part: list[Delivery], names: list[str],
+                      states: Sequence[StreamState] = ()) -> None:
         """Send `part` to its owner, one message (`names`: this bridge's stream names, the
-        frames' index; a stream not among them is added to this batch's)."""
+        frames' index; a stream not among them is added to this batch's; `states`: what they
+        say of themselves, as a heartbeat would)."""
         names = list(names)
         index = {name: at for at, name in enumerate(names)}
         frames = []
@@ -199,11 +208,12 @@ class Router:
             frames.append((delivery.raw, at, delivery.breaks))
         number = self._sent[owner] = self._sent.get(owner, 0) + 1
         reply = f"{self._ack_prefix}.{number}.{member_token(owner)}"
-        self._kept[reply] = (time.monotonic(), part)
-        headers = {FORWARD_HEADER: str(number), VIEW_HEADER: self.ring.view, "Nats-Otel-Sender": self.me}
+        now = time.monotonic()
+        self._kept[reply] = (now, part)
+        self._told[owner] = now
         try:
-            await self._nc.publish(self.subject_of(owner), encode_forward(names, frames), reply=reply,
-                                   headers=headers)
+            await self._nc.publish(self.subject_of(owner), encode_forward(self.me, self.ring.view, number, names,
+                                                                          frames, states), reply=reply)
         except Exception as exc:  # noqa: BLE001 - counted and logged; the bridge goes on
             self._kept.pop(reply, None)
             self._metrics.routed.labels("unforwarded").inc(len(part))
@@ -230,39 +240,60 @@ class Router:
             if not self._intake.offer(again):
                 self._metrics.dropped.labels("queue_full").inc()
 
-    async def _on_forward(self, msg: Any) -> None:
+    def _on_frames(self, _subject: bytes, _headers: bytes | None, data: bytes) -> None:
         """Trace messages another bridge received for the traces this one owns: into the
         intake, as that bridge's streams (`<sender>/<stream>`) with their losses, when it
-        routes as this one does; else vouching for nothing (`Delivery.breaks` -1)."""
-        headers = msg.headers or {}
-        sender = headers.get("Nats-Otel-Sender", "")
+        routes as this one does; else vouching for nothing (`Delivery.breaks` -1). What its
+        streams say of themselves waits for the next batch, as a heartbeat's does."""
         try:
-            forward = decode_forward(msg.data)
+            forward = decode_forward(data)
         except ForwardError as exc:
             self._metrics.routed.labels(exc.reason).inc()
-            self._log(exc.reason, f"a forward from {sender or 'an unnamed sender'}: {exc.detail}")
+            self._log(exc.reason, f"a forward: {exc.detail}")
             return
-        missed = self._numbered(sender, headers.get(FORWARD_HEADER))
-        vouched = bool(sender) and headers.get(VIEW_HEADER) == self.ring.view
+        sender = forward.sender
+        missed = self._numbered(sender, forward.number)
+        vouched = forward.view == self.ring.view
         intake, refused = self._intake, 0
+        streams = [f"{sender}/{name}" for name in forward.streams]
         for frame in forward.frames:
             raw = RawTraceMessage(frame.subject, frame.headers, frame.payload)
             breaks = frame.breaks + missed if vouched and frame.breaks >= 0 else -1
-            if not intake.offer(Delivery(raw, f"{sender}/{forward.streams[frame.stream]}", size_of(raw), ROUTED,
-                                         breaks)):
+            if not intake.offer(Delivery(raw, streams[frame.stream], size_of(raw), ROUTED, breaks)):
                 refused += 1
         self._metrics.routed.labels("received").inc(len(forward.frames) - refused)
         if refused:  # lost here: a loss of the sender's streams from now on
             self._metrics.dropped.labels("queue_full").inc(refused)
             last, missed = self._heard.get(sender, (0, 0))
             self._heard[sender] = (last, missed + 1)
+        if forward.states:
+            self.note_states(sender, forward.view, forward.states, ())
 
-    def _numbered(self, sender: str, number: str | None) -> int:
+    def note_states(self, sender: str, view: str | None, states: Sequence[StreamState],
+                    latencies: Sequence[LinkLatencyEstimate], trusted_from_ns: int | None = None) -> None:
+        """What a peer's streams say of themselves (a heartbeat, or a forward): kept, the
+        latest for each peer, until the next batch takes them (`take_states`). Its losses
+        are its forwards to this bridge lost (a lost heartbeat loses no report)."""
+        previous = self._states.get(sender)
+        if previous is not None and not latencies:
+            latencies = previous[0].latencies
+        batch = PeerBatch(sender, (), tuple(latencies), tuple(states), self.missed(sender), trusted_from_ns)
+        self._states[sender] = (batch, view == self.ring.view)
+
+    def take_states(self) -> list[tuple[PeerBatch, bool]]:
+        """The peers' latest states since the last call, each with whether the peer routes as
+        this bridge does (`Processor.peer_states`)."""
+        taken = list(self._states.values())
+        self._states.clear()
+        return taken
+
+    def told_all(self, since: float) -> bool:
+        """Whether every peer got a forward (and with it this bridge's state) since `since`."""
+        told = self._told
+        return all(told.get(member, 0.0) >= since for member in self.ring.members if member != self.me)
+
+    def _numbered(self, sender: str, current: int) -> int:
         """The forwards of `sender` to this bridge that never arrived, so far."""
-        try:
-            current = int(number) if number is not None else 0
-        except ValueError:
-            current = 0
         last, missed = self._heard.get(sender, (0, 0))
         if current <= last:
             missed += 1

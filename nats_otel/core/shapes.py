@@ -13,12 +13,38 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["CONTEXT_HEADERS", "SERVER_HEADERS", "SHAPE_DIGEST", "message_shape", "shape_digest", "shapes_agree"]
+__all__ = [
+    "CONTEXT_HEADERS",
+    "RELEASE_HEADERS",
+    "SERVER_HEADERS",
+    "SHAPE_DIGEST",
+    "message_shape",
+    "shape_digest",
+    "shapes_agree",
+]
 
 _HOP_HEADER = "nats-trace-hop"
-# Headers a server adds or rewrites as it forwards (every hop; a service import adds the
-# last two, and rewrites the ad-hoc destination to the reply subject). Lower case.
-SERVER_HEADERS = frozenset({_HOP_HEADER, "nats-request-info", "nats-trace-dest"})
+# What each supported release line adds to or rewrites on a traced message it forwards, read
+# off the records captured from it (tests/data/corpus-<release>, docs/span-model.md "What a
+# server adds to a message it forwards"; each row is tested on its release's records):
+# `Nats-Trace-Hop` on every route, gateway and leafnode hop; across a service import the
+# requestor's `Nats-Request-Info`, and 2.11 and 2.12 `Nats-Trace-Origin-Account` (the
+# requestor's account) where 2.14 and later add (or, ad hoc, rewrite to the reply subject)
+# `Nats-Trace-Dest`. Stream exports, subject mappings, JetStream, gateways and leafnodes
+# add nothing more on any of them. Lower case.
+RELEASE_HEADERS: dict[str, frozenset[str]] = {
+    "2.11": frozenset({_HOP_HEADER, "nats-request-info", "nats-trace-origin-account"}),
+    "2.12": frozenset({_HOP_HEADER, "nats-request-info", "nats-trace-origin-account"}),
+    "2.14": frozenset({_HOP_HEADER, "nats-request-info", "nats-trace-dest"}),
+    "2.15": frozenset({_HOP_HEADER, "nats-request-info", "nats-trace-dest"}),
+}
+# The shape takes out what any supported release adds: the two reports of a hop may come from
+# servers of different releases (a rolling upgrade), and a report does not say which release
+# forwarded its message. Taking a header out on both sides never makes two sizes differ; a
+# header of the message's own by one of these names only stops being evidence. A header a
+# release outside this table adds is the message's own to the rule: the downstream side gets
+# a digest the upstream's plain size cannot equal, and the link is declined, never made wrong.
+SERVER_HEADERS: frozenset[str] = frozenset().union(*RELEASE_HEADERS.values())
 # The trace context's own headers: the same for every message of a link key already.
 CONTEXT_HEADERS = frozenset({"traceparent", "tracestate"})
 # A shape at or above this is a digest of the message's own headers (`message_shape`); below
@@ -30,7 +56,8 @@ SHAPE_DIGEST = 1 << 62
 def message_shape(msg_size: int, headers: dict[str, list[str]]) -> int:
     """The message's shape: its size without the header lines of `SERVER_HEADERS` (`Name:
     value\\r\\n` each; taken out on both sides, the upstream's and the downstream's sizes of one
-    message are equal, seen on every corpus hop, service imports included); or, when it
+    message are equal, seen on every hop of every release's corpus, service imports
+    included); or, when it
     carries headers beyond those and the trace context's, a 64-bit digest (>= `SHAPE_DIGEST`)
     of that size and those headers, names lower-cased (2.11 and 2.12 lower-case some)."""
     own: list[tuple[str, list[str]]] | None = None

@@ -53,7 +53,13 @@ class NatsServerNotFound(FileNotFoundError):
 
 
 def find_nats_server() -> str:
-    """Path of the ``nats-server`` binary: on PATH, else next to ``sys.executable``."""
+    """Path of the ``nats-server`` binary: ``$NATS_SERVER_BIN`` when set (another release's
+    binary, `devkit.server_releases`), else on PATH, else next to ``sys.executable``."""
+    chosen = os.environ.get("NATS_SERVER_BIN")
+    if chosen:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise NatsServerNotFound(f"NATS_SERVER_BIN={chosen!r} is not an executable file")
+        return chosen
     found = shutil.which("nats-server")
     if found:
         return found

@@ -39,6 +39,11 @@ class Intake:
         # Set exactly while `_items` is not empty (set on the first offer, cleared by the take
         # that empties it): offers into a non-empty line skip the call.
         self._nonempty = asyncio.Event()
+        # Set when `_wanted` deliveries wait (`wait_count`): a batch being collected wakes once
+        # when it can fill or its time is up, not at every message that trickles in (from a
+        # queue group's share, or forwarded by the other bridges a few at a time).
+        self._wanted: int | None = None
+        self._filled = asyncio.Event()
 
     def offer(self, delivery: Delivery) -> bool:
         """Queue `delivery`; False (nothing queued) when it does not fit."""
@@ -52,6 +57,8 @@ class Intake:
         items.append(delivery)
         self.bytes += size
         self.held += 1
+        if self._wanted is not None and len(items) >= self._wanted:
+            self._filled.set()
         return True
 
     def get_nowait(self) -> Delivery | None:
@@ -90,6 +97,19 @@ class Intake:
             except TimeoutError:
                 return None
         return self.get_nowait()
+
+    async def wait_count(self, count: int, timeout: float) -> None:
+        """Wait until `count` deliveries wait, or `timeout` seconds passed (whichever first)."""
+        if len(self._items) >= count:
+            return
+        self._wanted = count
+        self._filled.clear()
+        try:
+            await asyncio.wait_for(self._filled.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._wanted = None
 
     def qsize(self) -> int:
         """Deliveries waiting to be taken (not those taken and not yet released)."""

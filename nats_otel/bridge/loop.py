@@ -483,10 +483,7 @@ class Bridge:
             left = flush_at - time.monotonic()
             if len(batch) >= b.max_messages or left <= 0:
                 return batch
-            more = await self.intake.get(left)
-            if more is None:
-                return batch
-            batch.append(more)
+            await self.intake.wait_count(b.max_messages - len(batch), left)
 
     # -- JetStream mode --------------------------------------------------------------------
 

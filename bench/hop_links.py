@@ -146,7 +146,13 @@ class Bridge:
         if workers > 1:
             argv += ["--workers", str(workers)]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        # BRIDGE_CHECKOUT=DIR: the bridges run that checkout's package (a baseline build, its
+        # kernel built in place), the harness this one's: paired A/B runs of the same scenario.
+        env = dict(os.environ)
+        if os.environ.get("BRIDGE_CHECKOUT"):
+            env["PYTHONPATH"] = os.environ["BRIDGE_CHECKOUT"]
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env, cwd=os.environ.get("BRIDGE_CHECKOUT") or None)
 
     def get(self, path: str) -> tuple[int, str]:
         try:

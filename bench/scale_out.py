@@ -157,7 +157,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         threads_before = thread_cpu(bridges[0].proc.pid)
         spy = None
         if args.profile:  # py-spy on bridge 0 over the traffic (it slows that bridge: never for figures)
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(bridges[0].proc.pid), "--format", "raw",
+            spy = subprocess.Popen(["py-spy", "record", "--gil", "--pid", str(bridges[0].proc.pid), "--format", "raw",
                                     "--rate", "200", "--output", str(workdir / "bridge0.pyspy.txt")],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         urls = {name: topo.client_url(name, USER) for name in topo.names}

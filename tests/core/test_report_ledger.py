@@ -97,6 +97,33 @@ def test_a_member_whole_since_before_a_report_vouches_that_none_came_before_it()
     assert not ledger.complete(b"r10", b"r20", until_ns=10**12 + 1)
 
 
+def test_a_stream_that_starts_anew_after_a_break_is_whole_from_then():
+    """A bridge whose trace ownership changed (`CoreSource.note_reroute`) counts a break and
+    says it is whole again from the change (`since_ns` with breaks above 0): the gaps after
+    that are vouched for as if it had lost nothing, never those before it."""
+    ledger = _ledger(10, 20, 30, 40)
+    for seq in (10, 20):
+        ledger.vouch("a", "S1", seq, breaks=0)
+    for seq in (30, 40):
+        ledger.vouch("a", "S1", seq, breaks=1)  # the change came between 20 and 30
+    ledger.whole("a", 1, None, 10**12)  # a break and no new start: only its own runs vouch
+    assert not ledger.complete(b"r20", b"r30") and not ledger.complete(b"r30", b"r40", since_ns=25_000)
+    assert ledger.complete(b"r30", b"r40")  # 30 and 40 came on the stream with nothing lost between
+    ledger.whole("a", 1, 25_000, 10**12)  # whole again from 25 us (report time): after 20, before 30
+    assert ledger.complete(b"r30", b"r40", since_ns=25_000)  # none of S1's came in 25-30 us unseen
+    assert not ledger.complete(b"r30", b"r40", since_ns=24_000)  # before it started anew: unknown
+    assert not ledger.complete(b"r20", b"r30")  # across the break: never
+    # A peer that never received a report of S2 and started anew before it: S2's gap is vouched.
+    ledger.observe(b"t5", "S2", 5, 30_000, 0.0)
+    ledger.observe(b"t9", "S2", 9, 31_000, 0.0)
+    ledger.vouch("a", "S2", 5, breaks=1)
+    ledger.vouch("a", "S2", 9, breaks=1)
+    ledger.whole("b", 2, 26_000, 10**12, local=False)
+    assert ledger.complete(b"t5", b"t9")
+    ledger.whole("b", 2, 30_500, 10**12, local=False)  # anew between 5 and 9: 6-8 unvouched by it
+    assert not ledger.complete(b"t5", b"t9")
+
+
 def test_a_server_numbering_anew_is_not_vouched_for():
     ledger = _ledger(5, 300_000)
     ledger.vouch("a", "S1", 5, breaks=0)

@@ -249,11 +249,15 @@ class Bridge:
         started = time.monotonic()
         self._drain_deadline = started + self.settings.drain_timeout
         if self.router is not None and self.exchange is not None:
-            # Leave first: what this bridge still receives goes to the other owners, the
-            # peers stop forwarding here, and forwards already on the way get NATS's 503
+            # Leave first: what this bridge still receives goes to the other owners and the
+            # peers stop forwarding here. The forwards already on their way still arrive for a
+            # link window (the batches held here are decided then, as at any other time: what
+            # the peers said of their streams holds only after it); later ones get NATS's 503
             # once the subscription is gone, which re-routes them (nothing lost).
             self.router.leave()
             await self.exchange.bye()
+            window = self.settings.link.wait + self.settings.batch.max_delay
+            await asyncio.sleep(max(0.0, min(window, self._drain_deadline - time.monotonic())))
             await self.router.stop()
         for source in self.sources:
             if isinstance(source, CoreSource):
@@ -441,10 +445,15 @@ class Bridge:
         return self.settings.mode == "core" and self.workers is None
 
     async def _until(self, ripe_at: float) -> None:
-        """Sleep until `ripe_at`; not at all once draining (what arrived is observed)."""
+        """Sleep until `ripe_at`; not at all once draining (what arrived is observed), but
+        with trace ownership: the other bridges' forwards of this bridge's traces are still on
+        their way, and what they said of their streams holds only a link window later."""
         assert self._stopping is not None
         left = ripe_at - time.monotonic()
-        if left > 0 and not self._stopping.is_set():
+        if left > 0 and self.router is not None:
+            deadline = self._deadline()
+            await asyncio.sleep(left if deadline is None else max(0.0, min(left, deadline - time.monotonic())))
+        elif left > 0 and not self._stopping.is_set():
             try:
                 await asyncio.wait_for(self._stopping.wait(), left)
             except TimeoutError:
@@ -476,6 +485,7 @@ class Bridge:
         first = await self.intake.get(_IDLE_POLL_S)
         if first is None:
             return []
+        self.wholeness.collecting()  # the batch is neither waiting nor observed until `observed`
         batch = [first]
         flush_at = time.monotonic() + (0 if self._intake_done else b.max_delay)
         while True:

@@ -278,7 +278,9 @@ class Router:
         if previous is not None and not latencies:
             latencies = previous[0].latencies
         batch = PeerBatch(sender, (), tuple(latencies), tuple(states), self.missed(sender), trusted_from_ns)
-        self._states[sender] = (batch, view == self.ring.view)
+        # A leaving bridge owns nothing in the peers' view: what they say of their streams
+        # from then on is about traces they forward elsewhere.
+        self._states[sender] = (batch, view == self.ring.view and not self._leaving)
 
     def take_states(self) -> list[tuple[PeerBatch, bool]]:
         """The peers' latest states since the last call, each with whether the peer routes as

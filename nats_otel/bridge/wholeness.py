@@ -42,10 +42,14 @@ class Wholeness:
         self._observed_until_ns: int | None = None
         self._observing = 0  # batches collected and not yet observed
 
-    def collected(self) -> int | None:
-        """Right after a batch was taken: its time, if the intake was left empty (everything
-        received before it is in this batch or an earlier one); else None."""
+    def collecting(self) -> None:
+        """A batch's first delivery was taken: until it is observed, what it holds is neither
+        in the intake nor observed (at rest, `idle` must not say it was)."""
         self._observing += 1
+
+    def collected(self) -> int | None:
+        """Right after a batch was taken (`collecting` before it): its time, if the intake was
+        left empty (everything received before it is in this batch or an earlier one); else None."""
         return time.time_ns() if self._intake.empty() else None
 
     def observed(self, collected_ns: int | None) -> None:

@@ -255,8 +255,9 @@ class ChurnRun:
     events: dict[str, int] = field(default_factory=dict)  # sigterm, sigkill, joined -> wall-clock ns
     lost_ids: set[bytes] = field(default_factory=set)
     lost_killed_owned: int = 0  # of the lost: their trace owned by the killed bridge before the kill
-    lost_near_kill: int = 0  # of the lost: reported by a server within [kill - 2 s, kill + 0.5 s]
+    lost_near_kill: int = 0  # of the lost: reported by a server within `lost_window` of the kill
     killed_held: int = 0  # the killed bridge's received + routed received - forwarded - written, at the kill
+    kill_gap_s: float = 0.0  # from the start of its last scrape to its SIGKILL
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -355,9 +356,11 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
         term_task = asyncio.create_task(asyncio.to_thread(termed.bridge.stop, 60.0))
         await at(args.kill_at)
         killed = run.member("sigkill")
+        scraped = time.monotonic()
         killed_metrics = dict(await asyncio.to_thread(killed.bridge.metrics))
         killed.bridge.proc.kill()  # SIGKILL, this pid only
         run.events["sigkill"] = time.time_ns()
+        run.kill_gap_s = time.monotonic() - scraped
         await asyncio.to_thread(killed.bridge.proc.wait)
         killed.metrics = killed_metrics
         await at(args.join_at)
@@ -436,6 +439,7 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
     if not named:
         run.notes.append(f"members not heard on the exchange: {[m.bridge.server for m in run.members if not m.name]}")
     kill_ns = run.events["sigkill"]
+    before_ns, after_ns = (int(s * 1e9) for s in args.lost_window)
     for raw in raws:
         msg = decode(raw)
         span_id = truth.reports.get(identity(msg))
@@ -444,7 +448,7 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
         run.lost_ids.add(span_id)
         if named and before_kill.owner(shard_key(raw)) == killed.name:
             run.lost_killed_owned += 1
-        if kill_ns - 2_000_000_000 <= msg.ingress.ts_ns <= kill_ns + 500_000_000:
+        if kill_ns - before_ns <= msg.ingress.ts_ns <= kill_ns + after_ns:
             run.lost_near_kill += 1
     return run
 
@@ -520,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
                         "counts as near it")
     parser.add_argument("--quiet-s", type=float, default=4.0, help="churn: the outputs are final once they have "
                         "not grown for this long")
+    parser.add_argument("--lost-window", type=float, nargs=2, default=(2.0, 0.5), metavar=("BEFORE", "AFTER"),
+                        help="churn: lost trace messages reported this long before / after the kill count as near it")
     parser.add_argument("--repeat", type=int, default=1, help="churn: runs")
     args = parser.parse_args(argv)
     if args.churn:
@@ -550,7 +556,8 @@ def churn_main(args: argparse.Namespace) -> int:
             started = time.monotonic()
             run = asyncio.run(churn_run(args, workdir))
             print(f"churn run {number + 1}: {run.trace_messages} trace messages, {run.lost} lost "
-                  f"({run.lost_killed_owned} of the killed bridge's traces, it held {run.killed_held}), "
+                  f"({run.lost_killed_owned} of the killed bridge's traces, {run.lost_near_kill} near the kill; "
+                  f"it held {run.killed_held}, scraped {run.kill_gap_s * 1000:.0f} ms before the kill), "
                   f"links {run.counts}, {time.monotonic() - started:.0f} s", flush=True)
             runs.append(run)
     print_churn(runs)

@@ -222,9 +222,45 @@ async def _wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> 
     return True
 
 
+async def probe_interest(topo: RunningTopology, targets: set[str]) -> dict[str, Any]:
+    """Every server knows of the interest of the subscribers on `targets` (the bridges', the
+    archiver's) before the first report: interest travels in order on each connection, so a
+    probe from each server to each target proves it. The probes' connections, to close."""
+    import nats
+
+    probes = {name: await nats.connect(topo.client_url(name, USER), name=f"probe@{name}", allow_reconnect=False)
+              for name in topo.names}
+    for name in topo.names:
+        for target in targets:
+            if target != name:
+                await wait_for_interest(probes[name], probes[target])
+    return probes
+
+
+async def stop_all(bridges: list[Bridge], probes: dict[str, Any], archiver: Archiver,
+                   topo: RunningTopology) -> list[int | None]:
+    """Stop what a run started (bridges by SIGTERM, then the probes, archiver and servers);
+    the bridges' exit codes."""
+    codes = [b.stop() for b in bridges]
+    for probe in probes.values():
+        with contextlib.suppress(Exception):
+            await probe.close()
+    await archiver.stop()
+    topo.stop()
+    return codes
+
+
+async def archived(archiver: Archiver, expected: int, notes: list[str]) -> int:
+    """Wait (up to 60 s) for the archive to hold `expected` trace messages, and a little
+    more for any beyond them (there should be none); what it holds."""
+    if not await _wait_until(lambda: archiver.count >= expected, 60):
+        notes.append(f"archive has {archiver.count} of {expected} expected trace messages")
+    await asyncio.sleep(0.2)
+    return archiver.count
+
+
 async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth, Path]:
     """Servers, archiver, bridges, traffic; the bridges' row, the truth and the archive."""
-    import nats
 
     options = TrafficOptions(mode=args.mode, messages=args.messages, batch_size=args.batch_size, gap_ms=args.gap_ms,
                              batch_gap_ms=getattr(args, "batch_gap_ms", 20.0), seed=args.seed,
@@ -246,16 +282,7 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
                                   getattr(args, "workers", 1)))
         for bridge in bridges:
             bridge.wait_ready()
-        # Every server must know of the bridges' and the archiver's interest in the trace
-        # subjects before the first report: interest travels in order on each connection,
-        # so a probe from each server to each bridge's server proves it.
-        for name in topo.names:
-            probes[name] = await nats.connect(topo.client_url(name, USER), name=f"probe@{name}",
-                                              allow_reconnect=False)
-        for name in topo.names:
-            for target in {*bridge_servers, ARCHIVER}:
-                if target != name:
-                    await wait_for_interest(probes[name], probes[target])
+        probes.update(await probe_interest(topo, {*bridge_servers, ARCHIVER}))
         # Bridges run before the traffic they trace, as deployed: a bridge vouches for its
         # stream from `_INTEREST_MARGIN_NS` after it subscribed, and a stretch of alike
         # messages from its first one needs a hop window (`link.max_hop_latency`) before it
@@ -281,12 +308,7 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
         metrics = [b.metrics() for b in bridges]
         traffic_s = time.monotonic() - traffic_started
     finally:
-        codes = [b.stop() for b in bridges]
-        for probe in probes.values():
-            with contextlib.suppress(Exception):
-                await probe.close()
-        await archiver.stop()
-        topo.stop()
+        codes = await stop_all(bridges, probes, archiver, topo)
     if any(code != 0 for code in codes):
         notes.append(f"bridge exit codes {codes}")
     if archiver.errors:

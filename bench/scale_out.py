@@ -60,8 +60,11 @@ from hop_links import (
     Bridge,
     _wait_until,
     _whole_lines,
+    archived,
+    probe_interest,
     read_raws,
     server_spans,
+    stop_all,
 )
 
 from nats_otel.bridge.ownership import Ring
@@ -79,7 +82,7 @@ from nats_otel.devkit.hop_truth import (
     read_otlp_json_lines,
     score,
 )
-from nats_otel.devkit.processes import start_topology, wait_for_interest
+from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.topology import (
     DEFAULT_ACCOUNTS,
     LEAF_ACCOUNTS,
@@ -140,7 +143,6 @@ class Run:
 
 
 async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
-    import nats
 
     options = TrafficOptions(mode=args.mode, messages=args.messages, batch_size=args.context_size,
                              batch_gap_ms=1000.0 * args.burst / args.rate, burst=args.burst, payload_size=200,
@@ -159,13 +161,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
                                   "nats-otel", 1))
         for bridge in bridges:
             bridge.wait_ready()
-        for name in topo.names:
-            probes[name] = await nats.connect(topo.client_url(name, USER), name=f"probe@{name}",
-                                              allow_reconnect=False)
-        for name in topo.names:
-            for target in {*BRIDGE_SERVERS, ARCHIVER}:
-                if target != name:
-                    await wait_for_interest(probes[name], probes[target])
+        probes.update(await probe_interest(topo, {*BRIDGE_SERVERS, ARCHIVER}))
         await asyncio.sleep(args.warm_s)
         idle_before = [cpu_seconds(b.proc.pid) for b in bridges]
         await asyncio.sleep(args.idle_s)
@@ -182,11 +178,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         report = await run_traffic(urls[PUBLISHER], urls, options)
         if not report.complete:
             run.notes.append(f"subscribers missed messages: {report.received}")
-        expected = report.published * len(topo.names)
-        if not await _wait_until(lambda: archiver.count >= expected, 60):
-            run.notes.append(f"archive has {archiver.count} of {expected} expected trace messages")
-        await asyncio.sleep(0.2)
-        run.trace_messages = archiver.count
+        run.trace_messages = await archived(archiver, report.published * len(topo.names), run.notes)
         # The last span: poll the outputs (the CPU of the polling is this process's, not theirs).
         if not await _wait_until(lambda: server_spans(bridges) >= run.trace_messages, 60, 0.2):
             run.notes.append(f"the bridges wrote {server_spans(bridges)} server spans "
@@ -203,12 +195,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         run.forwarded = sum(v for m in metrics for k, v in m.items()
                             if k.startswith('nats_otel_routed_total{result="forwarded"'))
     finally:
-        codes = [b.stop() for b in bridges]
-        for probe in probes.values():
-            with contextlib.suppress(Exception):
-                await probe.close()
-        await archiver.stop()
-        topo.stop()
+        codes = await stop_all(bridges, probes, archiver, topo)
     if any(code != 0 for code in codes):
         run.notes.append(f"bridge exit codes {codes}")
     truth = compute_truth(read_raws(archiver.path))
@@ -299,7 +286,6 @@ def held_of(metrics: dict[str, float], written: int) -> int:
 async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
     """N bridges, the traffic; at `term_at`, `kill_at` and `join_at` (fractions of the traffic's
     planned time) SIGTERM bridge 1, SIGKILL bridge 2, start bridge N on server N mod 3."""
-    import nats
 
     n = max(args.bridges)
     options = TrafficOptions(mode=args.mode, messages=args.messages, batch_size=args.context_size,
@@ -334,13 +320,7 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
             run.members.append(new_member(i, {1: "sigterm", 2: "sigkill"}.get(i, "survivor")))
         for m in run.members:
             m.bridge.wait_ready()
-        for name in topo.names:
-            probes[name] = await nats.connect(topo.client_url(name, USER), name=f"probe@{name}",
-                                              allow_reconnect=False)
-        for name in topo.names:
-            for target in {*BRIDGE_SERVERS, ARCHIVER}:
-                if target != name:
-                    await wait_for_interest(probes[name], probes[target])
+        probes.update(await probe_interest(topo, {*BRIDGE_SERVERS, ARCHIVER}))
         await asyncio.sleep(args.warm_s)
         urls = {name: topo.client_url(name, USER) for name in topo.names}
         traffic = asyncio.create_task(run_traffic(urls[PUBLISHER], urls, options))
@@ -372,11 +352,7 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
         termed.code = await term_task
         if not report.complete:
             run.notes.append(f"subscribers missed messages: {report.received}")
-        expected = report.published * len(topo.names)
-        if not await _wait_until(lambda: archiver.count >= expected, 60):
-            run.notes.append(f"archive has {archiver.count} of {expected} expected trace messages")
-        await asyncio.sleep(0.2)
-        run.trace_messages = archiver.count
+        run.trace_messages = await archived(archiver, report.published * len(topo.names), run.notes)
         bridges = [m.bridge for m in run.members]
         # Written: everything but what was lost, which never comes. Wait until the outputs
         # stop growing (a link window and an export, twice over) or are complete.

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+import types
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
@@ -257,3 +258,19 @@ def terminate(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def load_bench(name: str) -> types.ModuleType:
+    """A script of bench/ as a module (`bench/<name>.py`), registered under `<name>_bench`
+    (dataclasses look their module up): the tests run the benches' scenarios, made small."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[f"{name}_bench"] = module
+    spec.loader.exec_module(module)
+    return module

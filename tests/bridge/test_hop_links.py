@@ -9,24 +9,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bridge.bridge_helpers import load_bench
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-_BENCH = Path(__file__).resolve().parents[2] / "bench" / "hop_links.py"
 
 
 @pytest.fixture(scope="module")
 def hop_links():
-    spec = importlib.util.spec_from_file_location("hop_links_bench", _BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hop_links_bench"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("hop_links")
 
 
 def _run(hop_links, tmp_path: Path, **options):

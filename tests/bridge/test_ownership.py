@@ -11,26 +11,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+from tests.bridge.bridge_helpers import load_bench
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-_BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale_out.py"
 BURST = 50
 
 
 @pytest.fixture(scope="module")
 def scale_out():
-    spec = importlib.util.spec_from_file_location("scale_out_bench", _BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["scale_out_bench"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("scale_out")
 
 
 def _args(**options) -> argparse.Namespace:

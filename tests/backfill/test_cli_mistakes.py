@@ -5,18 +5,25 @@ SPARK_HOME is a stand-in: its `bin/spark-submit` (what pyspark runs to start the
 records that it was called. So "Spark never started" is seen, not inferred from timing;
 the control case shows the stand-in is called when the command line is right. Each mistake
 is made twice: on this machine, and on one without Graphviz's `dot` or Java (an empty PATH,
-a JAVA_HOME without a JDK), where it must still be the first thing said.
+a JAVA_HOME without a JDK), where it must still be the first thing said. A JetStream source's
+mistakes (no such stream, nothing listening, no creds file, a refused password, no JetStream)
+are made against real nats-server processes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from nats_otel.devkit.processes import start_topology
+from nats_otel.devkit.topology import single_server
 from tests.backfill.conftest import CORPUS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,3 +174,75 @@ def test_a_right_command_line_does_start_spark(tmp_path, fake_spark_home):
     assert len(errors) == 1 and "the job failed:" in errors[0], done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "new").exists()
+
+
+# --- a JetStream source: asked of its real server before Spark starts (issue 47) ----------
+
+@pytest.fixture(scope="module")
+def jetstream_url() -> Iterator[str]:
+    with start_topology(single_server(jetstream=True)) as running:
+        yield running.client_url("n1")
+
+
+@pytest.fixture(scope="module")
+def no_jetstream_url() -> Iterator[str]:
+    with start_topology(single_server(jetstream=False)) as running:
+        yield running.client_url("n1")
+
+
+# (name, --jetstream-url, more flags, what the one line must say); {js} is a server with
+# JetStream, {off} one without, {free} a port nothing listens on; each without its password
+# as `{..._shown}`.
+SOURCE_MISTAKES = [
+    ("missing stream", "{js}", [], "JetStream stream 'NO_SUCH' not found on {js_shown}"),
+    ("nothing listens", "{free}", [], "--jetstream-url {free}: cannot connect (connection refused)"),
+    ("missing creds file", "{js}", ["--jetstream-creds", "{tmp}/nope.creds"],
+     "--jetstream-creds {tmp}/nope.creds does not exist"),
+    ("refused password", "{js_wrong}", [],
+     "--jetstream-url {js_shown}: the server refused the credentials (Authorization Violation)"),
+    ("no JetStream", "{off}", [], "--jetstream-url {off_shown}: JetStream does not answer"),
+]
+
+
+@pytest.mark.parametrize(("url", "extra", "says"), [m[1:] for m in SOURCE_MISTAKES],
+                         ids=[m[0] for m in SOURCE_MISTAKES])
+def test_a_jetstream_source_mistake_is_one_line_before_spark_starts(tmp_path, fake_spark_home, jetstream_url,
+                                                                     no_jetstream_url, url, extra, says):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = f"nats://127.0.0.1:{s.getsockname()[1]}"
+    names = {"js": jetstream_url, "off": no_jetstream_url, "free": free, "tmp": tmp_path,
+             "js_wrong": jetstream_url.replace(":pwd@", ":wrong@"),
+             "js_shown": "nats://" + jetstream_url.rsplit("@", 1)[1],
+             "off_shown": "nats://" + no_jetstream_url.rsplit("@", 1)[1]}
+    done = _backfill(["convert", "--jetstream-url", url.format(**names), "--stream", "NO_SUCH", "--otlp-json-out",
+                      str(tmp_path / "out"), *[a.format(**names) for a in extra]], tmp_path, fake_spark_home)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert 1 <= len(lines) <= 3, done.stderr  # the issue's bound; it is the one line
+    assert lines[-1].startswith("python -m spark_backfill convert: error: "), done.stderr
+    assert says.format(**names) in lines[-1], done.stderr
+    assert ":pwd@" not in done.stderr and ":wrong@" not in done.stderr, "a password was shown"
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert not (tmp_path / "spark-started").exists(), "Spark was started"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_jetstream_source_that_is_there_does_start_spark(tmp_path, fake_spark_home, jetstream_url):
+    """The control: the stream exists, so the checks pass and pyspark calls spark-submit."""
+    stream = "TRACES_THERE"
+    asyncio.run(_add_stream(jetstream_url, stream))
+    done = _backfill(["convert", "--jetstream-url", jetstream_url, "--stream", stream, "--otlp-json-out",
+                      str(tmp_path / "out")], tmp_path, fake_spark_home)
+    assert (tmp_path / "spark-started").exists(), done.stderr
+    assert done.returncode == 1
+
+
+async def _add_stream(url: str, name: str) -> None:
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().add_stream(name=name, subjects=[f"{name.lower()}.>"])
+    finally:
+        await nc.close()

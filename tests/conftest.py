@@ -81,10 +81,15 @@ def primitives() -> ModuleType:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Under pytest-xdist (`-n`, on by default: pyproject.toml), the backfill's tests share one
-    worker, so one SparkSession (a JVM of ~2 GB, seconds to start) serves them all, as in a
-    serial run; every other test goes to whichever worker is free (`--dist loadgroup`)."""
-    if _BACKFILL in item.path.parents:
+    """Under pytest-xdist (`-n`, on by default: pyproject.toml), the backfill's tests that take
+    the session's `spark` fixture share one worker, so one SparkSession (a JVM of ~2 GB,
+    seconds to start) serves them all, as in a serial run. A backfill test that starts its
+    own JVM (spark-submit, a Connect server, the class archive's runs) goes to whichever
+    worker is free beside it, as every other test does (`--dist loadgroup`): on that one
+    worker they were the suite's longest chain (issue 47). A module's own group
+    (`xdist_group` in its `pytestmark`) keeps its module-scoped server on one worker."""
+    if _BACKFILL in item.path.parents and "spark" in getattr(item, "fixturenames", ()) \
+            and item.get_closest_marker("xdist_group") is None:
         item.add_marker(pytest.mark.xdist_group("spark"))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from nats_otel.core import accel, engine
 from nats_otel.core.decode import parse_archive_line
@@ -16,6 +17,13 @@ from nats_otel.core.decode import parse_archive_line
 # The backfill's runs make no JVM class archive in the user's cache (`spark_backfill.jvm_archive`):
 # its own test turns it on, in a folder of its own.
 os.environ.setdefault("NATS_OTEL_SPARK_ARCHIVE", "off")
+
+# No test asserts a time (issue 47), Hypothesis's own checks included: its deadline per
+# example and its health check on slow data generation are wall time, which a loaded or
+# slower machine fails. Loaded here, before any test module makes its `@settings`, so every
+# one of them inherits it.
+settings.register_profile("nats-otel", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("nats-otel")
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 GOLDEN = Path(__file__).parent / "golden"

@@ -199,9 +199,11 @@ def check_convert(args: argparse.Namespace, starting_spark: bool = True, local_p
     if args.stream and (not args.jetstream_creds or Path(args.jetstream_creds).is_file()):
         # The one check that asks the network: the driver plans the stream's ranges from
         # this process, so it must reach the stream from here (`stream_check`).
-        from spark_backfill.stream_check import check_stream
+        from spark_backfill.stream_check import stream_problem
 
-        check_stream(args.jetstream_url, args.stream, args.jetstream_creds)
+        problem = stream_problem(args.jetstream_url, args.stream, args.jetstream_creds)
+        if problem is not None:
+            raise UsageError(problem)
     _check_machine(args, starting_spark)
 
 

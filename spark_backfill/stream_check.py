@@ -4,9 +4,10 @@ credentials, has JetStream, and has the stream (issue 47).
 Without this, `convert --jetstream-url URL --stream NO_SUCH` said so only once the JVM had
 started (seconds, and Spark's own lines first); an unreachable URL waited on nats-py's
 reconnects. Here it is one connection and one `stream_info` request from this process,
-bounded by `timeout`, and each answer is one line (`UsageError`, exit 2). The driver plans
-the stream's ranges from this process anyway (`sources.read_jetstream`), so what this
-process cannot reach, the job could not read either. No pyspark import.
+bounded by `timeout`; each problem is one line, a result (`checks` raises it as a
+`UsageError`: exit 2). The driver plans the stream's ranges from this process anyway
+(`sources.read_jetstream`), so what this process cannot reach, the job could not read
+either. No pyspark import.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from spark_backfill.checks import UsageError
-
-__all__ = ["check_stream"]
+__all__ = ["stream_problem"]
 
 # A connection or a request: what the data source's tasks wait too (`jetstream.JetStreamSource`).
 TIMEOUT_S = 5.0
@@ -38,7 +37,7 @@ def _why(error: BaseException | None) -> str:
     return text or type(error).__name__
 
 
-async def _ask(servers: list[str], stream: str, creds: str | None, timeout: float) -> None:
+async def _ask(servers: list[str], stream: str, creds: str | None, timeout: float) -> str | None:
     import nats
     from nats.errors import NoRespondersError, NoServersError
     from nats.errors import TimeoutError as NatsTimeout
@@ -64,23 +63,23 @@ async def _ask(servers: list[str], stream: str, creds: str | None, timeout: floa
         why = _why(errors[-1] if errors and isinstance(exc, NoServersError | TimeoutError) else exc)
         where = f"--jetstream-creds {creds}" if creds else f"--jetstream-url {shown}"
         if "authorization" in why.lower() or "authentication" in why.lower():
-            raise UsageError(f"{where}: the server refused the credentials ({why})") from None
+            return f"{where}: the server refused the credentials ({why})"
         if isinstance(exc, NoServersError | OSError | TimeoutError):
-            raise UsageError(f"--jetstream-url {shown}: cannot connect ({why})") from None
-        raise UsageError(f"{where}: {why}") from None
+            return f"--jetstream-url {shown}: cannot connect ({why})"
+        return f"{where}: {why}"
     try:
         await nc.jetstream(timeout=timeout).stream_info(stream)
     except NotFoundError:
-        raise UsageError(f"JetStream stream {stream!r} not found on {shown}") from None
+        return f"JetStream stream {stream!r} not found on {shown}"
     except (ServiceUnavailableError, NoRespondersError, NatsTimeout, TimeoutError):
-        raise UsageError(f"--jetstream-url {shown}: JetStream does not answer (not enabled for this account?)") \
-            from None
+        return f"--jetstream-url {shown}: JetStream does not answer (not enabled for this account?)"
     finally:
         await nc.close()
+    return None
 
 
-def check_stream(url: str, stream: str, creds: str | None = None, timeout: float = TIMEOUT_S) -> None:
-    """Raise `UsageError` (one line) unless `stream` can be read at `url` (comma-separated
-    NATS URLs) with `creds`: a server answers, takes the credentials, and has the stream."""
+def stream_problem(url: str, stream: str, creds: str | None = None, timeout: float = TIMEOUT_S) -> str | None:
+    """Why `stream` cannot be read at `url` (comma-separated NATS URLs) with `creds`, in one
+    line; None when a server answers, takes the credentials, and has the stream."""
     servers = [s.strip() for s in url.split(",") if s.strip()]
-    asyncio.run(_ask(servers, stream, creds, timeout))
+    return asyncio.run(_ask(servers, stream, creds, timeout))

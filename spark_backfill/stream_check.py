@@ -37,6 +37,10 @@ def _why(error: BaseException | None) -> str:
     return text or type(error).__name__
 
 
+def _refused(why: str) -> bool:
+    return "authorization" in why.lower() or "authentication" in why.lower()
+
+
 async def _ask(servers: list[str], stream: str, creds: str | None, timeout: float) -> str | None:
     import nats
     from nats.errors import NoRespondersError, NoServersError
@@ -62,8 +66,11 @@ async def _ask(servers: list[str], stream: str, creds: str | None, timeout: floa
     except Exception as exc:  # noqa: BLE001 - refused, unreachable, a bad creds file: each one line
         why = _why(errors[-1] if errors and isinstance(exc, NoServersError | TimeoutError) else exc)
         where = f"--jetstream-creds {creds}" if creds else f"--jetstream-url {shown}"
-        if "authorization" in why.lower() or "authentication" in why.lower():
-            return f"{where}: the server refused the credentials ({why})"
+        # A refusal may reach us as the server's -ERR or only as the reset that follows it
+        # (whichever nats-py read first): any attempt's refusal is the answer.
+        refused = [_why(e) for e in [*errors, exc] if _refused(_why(e))]
+        if refused:
+            return f"{where}: the server refused the credentials ({refused[0]})"
         if isinstance(exc, NoServersError | OSError | TimeoutError):
             return f"--jetstream-url {shown}: cannot connect ({why})"
         return f"{where}: {why}"

@@ -204,6 +204,7 @@ SOURCE_MISTAKES = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("url", "extra", "says"), [m[1:] for m in SOURCE_MISTAKES],
                          ids=[m[0] for m in SOURCE_MISTAKES])
 def test_a_jetstream_source_mistake_is_one_line_before_spark_starts(tmp_path, fake_spark_home, jetstream_url,
@@ -228,6 +229,7 @@ def test_a_jetstream_source_mistake_is_one_line_before_spark_starts(tmp_path, fa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.integration
 def test_a_jetstream_source_that_is_there_does_start_spark(tmp_path, fake_spark_home, jetstream_url):
     """The control: the stream exists, so the checks pass and pyspark calls spark-submit."""
     stream = "TRACES_THERE"

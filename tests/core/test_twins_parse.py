@@ -218,14 +218,19 @@ def _x_is(value: bytes) -> bytes:
     return data.replace(b'"x": null', b'"x": ' + value)
 
 
+def _events(count: int) -> bytes:
+    return json.dumps(f.message(f.ingress(), *[f.egress(t=i % 10**9) for i in range(count)])).encode()
+
+
 # Each hostile shape at a given size (the test builds it at two sizes): deep nesting in a
-# skipped value, a long string, a long nested list, and many more events than `max_events`.
+# skipped value, a long string, a long nested list, events below `max_events` (taken whole)
+# and above it at both sizes (declined at the bound).
 HOSTILE = {
     "deep nesting": lambda n: _x_is(b"[" * n + b"]" * n),
     "long string": lambda n: _x_is(b'"' + b"a" * (10 * n) + b'"'),
     "long nested list": lambda n: _x_is(b"[1," * n + b"1" + b"]" * n),
-    "many events": lambda n: json.dumps(f.message(*([f.ingress()] + [f.egress(t=i % 10**9)
-                                                                      for i in range(n // 4)]))).encode(),
+    "events": lambda n: _events(n // 40),
+    "more events than max_events": lambda n: _events(n // 4),
 }
 
 

@@ -3,7 +3,8 @@
 A user's mistake (a missing input, an output that exists, no output at all, a flag without
 its partner) must answer in a second with one line, not after the JVM's 10-30 s start with a
 Java traceback, and must leave nothing behind. So the checks here touch only this machine's
-file system and PATH: no pyspark import, no SparkSession. What only the cluster can tell
+file system and PATH, and for a JetStream source its server (`stream_check`: one connection,
+one request, bounded): no pyspark import, no SparkSession. What only the cluster can tell
 (remote URIs) is checked by `outputs` once the session exists, still before any job runs.
 
 What the user typed (flags, inputs, outputs) is checked before what the machine lacks
@@ -195,6 +196,14 @@ def check_convert(args: argparse.Namespace, starting_spark: bool = True, local_p
         if args.jetstream_creds and "PYSPARK_GATEWAY_PORT" not in os.environ and not Path(
                 args.jetstream_creds).is_file():
             raise UsageError(f"--jetstream-creds {args.jetstream_creds} does not exist")
+    if args.stream and (not args.jetstream_creds or Path(args.jetstream_creds).is_file()):
+        # The one check that asks the network: the driver plans the stream's ranges from
+        # this process, so it must reach the stream from here (`stream_check`).
+        from spark_backfill.stream_check import stream_problem
+
+        problem = stream_problem(args.jetstream_url, args.stream, args.jetstream_creds)
+        if problem is not None:
+            raise UsageError(problem)
     _check_machine(args, starting_spark)
 
 

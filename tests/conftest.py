@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from nats_otel.core import accel, engine
 from nats_otel.core.decode import parse_archive_line
@@ -16,6 +17,13 @@ from nats_otel.core.decode import parse_archive_line
 # The backfill's runs make no JVM class archive in the user's cache (`spark_backfill.jvm_archive`):
 # its own test turns it on, in a folder of its own.
 os.environ.setdefault("NATS_OTEL_SPARK_ARCHIVE", "off")
+
+# No test asserts a time (issue 47), Hypothesis's own checks included: its deadline per
+# example and its health check on slow data generation are wall time, which a loaded or
+# slower machine fails. Loaded here, before any test module makes its `@settings`, so every
+# one of them inherits it.
+settings.register_profile("nats-otel", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("nats-otel")
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 GOLDEN = Path(__file__).parent / "golden"
@@ -81,10 +89,15 @@ def primitives() -> ModuleType:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Under pytest-xdist (`-n`, on by default: pyproject.toml), the backfill's tests share one
-    worker, so one SparkSession (a JVM of ~2 GB, seconds to start) serves them all, as in a
-    serial run; every other test goes to whichever worker is free (`--dist loadgroup`)."""
-    if _BACKFILL in item.path.parents:
+    """Under pytest-xdist (`-n`, on by default: pyproject.toml), the backfill's tests that take
+    the session's `spark` fixture share one worker, so one SparkSession (a JVM of ~2 GB,
+    seconds to start) serves them all, as in a serial run. A backfill test that starts its
+    own JVM (spark-submit, a Connect server, the class archive's runs) goes to whichever
+    worker is free beside it, as every other test does (`--dist loadgroup`): on that one
+    worker they were the suite's longest chain (issue 47). A module's own group
+    (`xdist_group` in its `pytestmark`) keeps its module-scoped server on one worker."""
+    if _BACKFILL in item.path.parents and "spark" in getattr(item, "fixturenames", ()) \
+            and item.get_closest_marker("xdist_group") is None:
         item.add_marker(pytest.mark.xdist_group("spark"))
 
 

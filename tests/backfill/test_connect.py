@@ -16,7 +16,8 @@ from nats_otel.core.decode import parse_archive_line
 from tests.backfill.conftest import HOP_ARCHIVES, corpus_files, hop_spans, nats_otel_convert, needs_dot, read_parts
 from tests.backfill.spark_servers import REPO, connect_server
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(400)]
+# One worker for the module: its Connect server (a JVM) is started once, beside the session's.
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(400), pytest.mark.xdist_group("connect")]
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from nats_otel.archive import archive_record
+from nats_otel.bridge.settings import load_settings
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.devkit.hop_traffic import TrafficOptions, run_traffic
 from nats_otel.devkit.hop_truth import SpanView, compute_truth, score
@@ -109,6 +110,8 @@ def _server_spans(rx: OTLPGrpcReceiver) -> list[SpanView]:
 
 
 _CONSUMER = 5  # OTLP's SPAN_KIND_CONSUMER: a server span
+# The bridge's link window as this test's bridges run it (their config leaves it default).
+LINK_WAIT = load_settings(env={}, overrides={"sources": [{"subjects": ["trace.a"]}]}).link.wait
 
 
 @pytest.mark.parametrize(("mode", "workers"), [("per_message", 1), ("batch", 1), ("batch", 2)])
@@ -192,7 +195,7 @@ async def test_a_sigkill_before_the_link_wait_ran_out_loses_no_link(tmp_path: Pa
             await asyncio.sleep(8.0)
             rx.unavailable = False
             await burst("east-2", 3)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3 * LINK_WAIT)  # before east-2's reports left the link window
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             proc = _bridge(config, port, log, rx.endpoint)

@@ -15,7 +15,6 @@ import json
 import logging
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,12 +52,12 @@ async def test_bridge_started_before_its_cluster_waits_and_exports(tmp_path: Pat
             await wait_until(lambda: "waiting for JetStream" in bridge.ready()[1] or task.done(), 30,
                              "the bridge connected and waiting for JetStream", detail=lambda: bridge.ready()[1])
             assert not task.done(), task.result()
-            waiting_since = time.monotonic()
             topo.launch("east-2")
-            await wait_until(lambda: bridge.ready()[0] or task.done(), 60, "bridge ready",
-                             detail=lambda: bridge.ready()[1])
+            # Ready within its startup wait, or exited (code 2) past it: waiting longer than
+            # the setting would prove nothing, so the test waits for one or the other.
+            await wait_until(lambda: bridge.ready()[0] or task.done(), settings.jetstream.startup_wait + 30,
+                             "bridge ready", detail=lambda: bridge.ready()[1])
             assert not task.done(), task.result()
-            assert time.monotonic() - waiting_since < settings.jetstream.startup_wait
             ids = await publish_traced(url, 20)
             await wait_until(lambda: {s.trace_id.hex() for _, s in rx.spans()} >= set(ids), 20,
                              "spans of every traced message", detail=lambda: bridge_counts(bridge))
@@ -106,15 +105,20 @@ async def test_no_jetstream_exits_2_after_the_wait(server_without_jetstream: str
     fatal = [x["msg"] for x in lines if x["level"] == "error"]
     assert len(fatal) == 1 and DOES_NOT_ANSWER in fatal[0], fatal
     waited = float(fatal[0].split("; waited ")[1].split("s")[0])
-    assert wait <= waited < wait + 1.0, fatal[0]
+    assert waited >= wait, fatal[0]  # a slower machine only waits longer
     assert f"(jetstream.startup_wait {wait:g}s)" in fatal[0]
     retries = [x for x in lines if x["msg"] == WAITING]
     if wait == 0:
         assert retries == []
         return
     # One line per retry, each with its reason; the pace doubles from 0.25 s (jittered),
-    # so 2 s hold at most 5 retries, not one per 100 ms.
-    assert 2 <= len(retries) <= 5, retries
+    # so 2 s hold at most 5 retries, not one per 100 ms. The last attempt is made at the end
+    # of the wait, not after it: the last retry is due at the wait's end (its own fields,
+    # rounded), and none is logged once the wait is over. Counted in attempts and the
+    # bridge's own figures: a slower machine makes fewer attempts, never a later last one.
+    assert 1 <= len(retries) <= 5, retries
+    assert all(r["waited"] < wait for r in retries), retries
+    assert retries[-1]["waited"] + retries[-1]["retry_in"] <= wait + 0.06, retries[-1]
     assert all(r["reason"].startswith("no responders") and r["error"] for r in retries), retries
     assert [r["attempts"] for r in retries] == list(range(1, len(retries) + 1))
     assert "Traceback" not in text
@@ -124,10 +128,11 @@ async def test_missing_stream_is_fatal_at_once_whatever_the_wait(tmp_path: Path)
     """JetStream answers that the stream does not exist (and the bridge may not create it):
     waiting would not change that, so the bridge exits at once, as before."""
     with start_topology(single_server(jetstream=True), tmp_path / "nats") as topo:
-        started = time.monotonic()
         code, lines, text = await run_bridge_process(tmp_path, topo.client_url("n1"),
-                                                     "--jetstream-startup-wait", "60", timeout=30)
-    assert code == 2 and time.monotonic() - started < 20, text
+                                                     "--jetstream-startup-wait", "60", timeout=90)
+    # At once: not one retry logged, no "waited" in the message (one that waited 60 s for
+    # nothing would have logged its retries); counted, not timed.
+    assert code == 2, text
     fatal = [x["msg"] for x in lines if x["level"] == "error"]
     missing = "fatal: stream 'NATS_TRACES' not found in source 'default''s account; create it or pass --create-stream"
     assert fatal == [missing], fatal

@@ -237,15 +237,16 @@ async def test_hop_histogram_counts_every_crossing_and_the_dashboard_has_data(to
                 await wait_until(lambda: hops_in_prometheus() == first, 30, "round 1 scraped")
                 await traffic(topo)
                 await wait_until(lambda: len(record) >= REPORTS, 30, f"{REPORTS} trace messages recorded")
-                await asyncio.sleep(1.5)  # any late or extra one would show in the counts below
-                expected = crossings_from_record(record)
 
                 def hops_counted() -> float:
                     text = scrape(core.metrics_port)[1]
                     return sum(histogram_series(text, "nats_otel_hop_latency_seconds", EDGE).values())
 
                 await wait_until(lambda: hops_counted() >= sum(CROSSINGS.values()), 30, "every hop counted")
-                await asyncio.sleep(1.5)  # link.wait: nothing more may come
+                # Nothing more may come (a late or extra one would show in the counts below):
+                # what the bridge still held waits link.wait at most, then a batch.
+                await asyncio.sleep(core_settings.link.wait + core_settings.batch.max_delay)
+                expected = crossings_from_record(record)
                 text = scrape(core.metrics_port)[1]
 
                 # Exactly the crossings made, per edge, with the record's times.

@@ -131,8 +131,7 @@ async def test_reused_contexts_through_route_gateway_leaf_and_a_restart(topo, tm
             while seen != archive_lines(archive):
                 seen = archive_lines(archive)
                 await asyncio.sleep(1.0)
-            await asyncio.sleep(2.0)  # link.wait, then the export
-            expected, _ = expected_from_archive(archive)
+            expected, _ = expected_from_archive(archive)  # (the wait below covers link.wait and the export)
             await wait_until(lambda: span_values(rx.requests) >= expected, 30, "every span exported")
             _, text = scrape(bridge.metrics_port)
         finally:

@@ -10,7 +10,6 @@ and the cache of repeated names under more names than it has slots.
 from __future__ import annotations
 
 import json
-import time
 
 import msgspec
 import pytest
@@ -22,6 +21,7 @@ from nats_otel.core.decode import _DOCUMENT, DecodeLimits, RawTraceMessage, deco
 from tests.core import factories as f
 from tests.core.test_fuzz_decode import documents
 from tests.core.test_twins_prepare import outcome
+from tests.work import growth
 
 
 def msgspec_view(data: bytes):
@@ -211,17 +211,45 @@ def test_damaged_real_payloads_parse_as_msgspec_decodes(kernel, corpus_raws, dat
 
 # --- bounds and the cache of names ----------------------------------------------------------
 
-@pytest.mark.parametrize("hostile", [
-    _with(x=None).replace(b'"x":null', b'"x":' + b"[" * 200_000 + b"]" * 200_000),
-    _with(x=None).replace(b'"x":null', b'"x":"' + b"a" * 2_000_000 + b'"'),
-    _with(x=None).replace(b'"x":null', b'"x":' + b"[1," * 300_000 + b"1" + b"]" * 300_000),
-    json.dumps(f.message(*([f.ingress()] + [f.egress(t=i % 10**9) for i in range(60_000)]))).encode(),
-])
-def test_hostile_payloads_cost_what_their_size_says(kernel, hostile):
-    started = time.process_time()  # CPU seconds: other processes' load is not this work
-    kernel.own_parse(hostile, 10_000)
-    per_byte = (time.process_time() - started) / len(hostile)
-    assert per_byte < 1e-7, f"{per_byte * 1e9:.1f} ns per byte"  # ~1-3 ns per byte on a slow machine
+def _x_is(value: bytes) -> bytes:
+    """The base document with `value` as the bytes of its unknown member `x`."""
+    data = _with(x=None)
+    assert data.count(b'"x": null') == 1
+    return data.replace(b'"x": null', b'"x": ' + value)
+
+
+def _events(count: int) -> bytes:
+    return json.dumps(f.message(f.ingress(), *[f.egress(t=i % 10**9) for i in range(count)])).encode()
+
+
+# Each hostile shape at a given size (the test builds it at two sizes): deep nesting in a
+# skipped value, a long string, a long nested list, events below `max_events` (taken whole)
+# and above it at both sizes (declined at the bound).
+HOSTILE = {
+    "deep nesting": lambda n: _x_is(b"[" * n + b"]" * n),
+    "long string": lambda n: _x_is(b'"' + b"a" * (10 * n) + b'"'),
+    "long nested list": lambda n: _x_is(b"[1," * n + b"1" + b"]" * n),
+    "events": lambda n: _events(n // 40),
+    "more events than max_events": lambda n: _events(n // 4),
+}
+
+
+@pytest.mark.parametrize("shape", list(HOSTILE))
+def test_hostile_payloads_cost_what_their_size_says(kernel, shape):
+    """Four times the bytes cost at most about four times the work (quadratic would be 16):
+    the growth of the parse's cost between two sizes, measured in this process, not a time."""
+    small, large = HOSTILE[shape](50_000), HOSTILE[shape](200_000)
+    assert growth(lambda data: kernel.own_parse(data, 10_000), small, large) < 8
+
+
+def test_the_growth_check_sees_a_quadratic_parse():
+    """The control: a parse that re-reads what it has read (quadratic) fails the same check."""
+    small, large = HOSTILE["long string"](2_000), HOSTILE["long string"](8_000)
+
+    def rereads(data: bytes) -> int:
+        return sum(data[:i].count(b"a") for i in range(0, len(data), 64))
+
+    assert growth(rereads, small, large) > 8
 
 
 def test_many_more_names_than_cache_slots_stay_exact(kernel):

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -90,16 +89,13 @@ def _processes_mentioning(text: str) -> list[int]:
 
 def test_demo_writes_complete_traces_and_leaves_nothing_running(tmp_path: Path) -> None:
     output, workdir = tmp_path / "out" / "demo.otlp.jsonl", tmp_path / "servers"
-    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "nats_otel.cli", "demo", "--messages", "3", "--output", str(output),
          "--workdir", str(workdir), "--color", "never"],
         capture_output=True, text=True, timeout=90, cwd=tmp_path,
         env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"},  # must be ignored
     )
-    elapsed = time.monotonic() - started
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    assert elapsed < 60, f"the demo took {elapsed:.1f}s"
     assert "every trace complete" in proc.stdout
 
     # Nothing it started outlives it.

@@ -132,6 +132,7 @@ class Run:
     hops: int = 0
     notes: list[str] = field(default_factory=list)
     forwarded: float = 0.0
+    forged: float = 0.0  # forwards refused for a missing or wrong signature
 
     @property
     def cpu_sum(self) -> float:
@@ -194,6 +195,8 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         metrics = [b.metrics() for b in bridges]
         run.forwarded = sum(v for m in metrics for k, v in m.items()
                             if k.startswith('nats_otel_routed_total{result="forwarded"'))
+        run.forged = sum(v for m in metrics for k, v in m.items()
+                         if k.startswith('nats_otel_routed_total{result="forged"'))
     finally:
         codes = await stop_all(bridges, probes, archiver, topo)
     if any(code != 0 for code in codes):

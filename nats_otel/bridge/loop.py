@@ -108,7 +108,7 @@ class Bridge:
         self.router: Router | None = None
         if self.exchange is not None and self._vouching and settings.link.ownership:
             self.router = Router(self.exchange.subject, self.exchange.sender, self.intake, self.metrics,
-                                 self._ownership_changed)
+                                 self._ownership_changed, settings.exchange_key())
             self.exchange.router = self.router
             self.exchange.soon_s = min(1.0, max(self.exchange.soon_s, settings.link.wait / 4))
 

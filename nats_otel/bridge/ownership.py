@@ -14,6 +14,7 @@ Pure: no I/O, no clock. `routing.Router` keeps the members and moves the bytes.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
@@ -100,19 +101,36 @@ class ForwardError(ValueError):
         self.reason, self.detail = reason, detail
 
 
+_SIGNED = b"S"
+_SIGNATURE_BYTES = 16
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Forward)
 
 
 def encode_forward(sender: str, view: str, number: int, streams: Sequence[str],
-                   frames: Sequence[tuple[RawTraceMessage, int, int]], states: Sequence[StreamState] = ()) -> bytes:
-    """One batch for one owner: each raw message with its stream index and breaks."""
-    return _ENCODER.encode(Forward(sender, view, number, tuple(streams), tuple(
+                   frames: Sequence[tuple[RawTraceMessage, int, int]], states: Sequence[StreamState] = (),
+                   key: bytes | None = None) -> bytes:
+    """One batch for one owner: each raw message with its stream index and breaks; with the
+    exchange's shared `key` (`link.exchange_key_file`), signed: `_SIGNED`, the keyed BLAKE2b
+    of the rest, then the rest (a msgpack array never starts with that byte)."""
+    data = _ENCODER.encode(Forward(sender, view, number, tuple(streams), tuple(
         Frame(raw.subject, raw.headers, raw.payload, stream, breaks) for raw, stream, breaks in frames), tuple(states)))
+    if key is None:
+        return data
+    return _SIGNED + _signature(key, data) + data
 
 
-def decode_forward(data: bytes) -> Forward:
-    """A received batch, checked: every frame names one of the batch's streams."""
+def _signature(key: bytes, data: bytes) -> bytes:
+    return hashlib.blake2b(data, key=key[:64], digest_size=_SIGNATURE_BYTES).digest()
+
+
+def decode_forward(data: bytes, key: bytes | None = None) -> Forward:
+    """A received batch, checked: signed with `key` when there is one, every frame naming
+    one of the batch's streams."""
+    if key is not None:
+        signature, data = data[1:1 + _SIGNATURE_BYTES], data[1 + _SIGNATURE_BYTES:]
+        if not hmac.compare_digest(signature, _signature(key, data)):
+            raise ForwardError("forged", "missing or wrong signature")
     try:
         forward = _DECODER.decode(data)
     except msgspec.DecodeError as exc:

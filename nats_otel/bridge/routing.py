@@ -58,8 +58,9 @@ MEMBER_SILENCE_S = 3.5
 # After joining the exchange, how long a new bridge listens before it routes: every member
 # answers a newcomer's first heartbeat at once, and all say so every second anyway.
 SETTLE_S = 1.2
-# A forward is kept this long for its 503 (no responders) to come back and re-route it.
-_KEEP_FORWARD_S = 5.0
+# A forward is kept this long for its 503 (no responders) to come back and re-route it (NATS
+# answers within a round trip): what a bridge holds for it is its last second of forwards.
+_KEEP_FORWARD_S = 1.0
 _LOG_EVERY_S = 10.0
 # `Delivery.msg` of a trace message forwarded to this bridge: it is never forwarded again.
 ROUTED = object()
@@ -69,8 +70,9 @@ class Router:
     """The members, the ring, the forwards (see the module docstring). Runs on the event loop."""
 
     def __init__(self, base_subject: str, me: str, intake: Any, metrics: Any,
-                 on_view_change: Callable[[], None]) -> None:
+                 on_view_change: Callable[[], None], key: bytes | None = None) -> None:
         self.me = me
+        self._key = key  # the exchange's shared key: forwards are signed and checked with it
         self._base = base_subject
         self._intake, self._metrics = intake, metrics
         self._on_view_change = on_view_change
@@ -148,6 +150,8 @@ class Router:
             del self._gone[sender]
         for owner in [o for o in self._told if o not in self._peers]:
             del self._told[owner]
+        for sender in [s for s in self._heard if s not in self._peers and s not in self._gone]:
+            del self._heard[sender]  # forgotten with it (a sender heard again counts anew)
 
     def _leave(self, sender: str, why: str) -> None:
         self._gone[sender] = time.monotonic()
@@ -213,7 +217,7 @@ class Router:
         self._told[owner] = now
         try:
             await self._nc.publish(self.subject_of(owner), encode_forward(self.me, self.ring.view, number, names,
-                                                                          frames, states), reply=reply)
+                                                                          frames, states, self._key), reply=reply)
         except Exception as exc:  # noqa: BLE001 - counted and logged; the bridge goes on
             self._kept.pop(reply, None)
             self._metrics.routed.labels("unforwarded").inc(len(part))
@@ -246,7 +250,7 @@ class Router:
         routes as this one does; else vouching for nothing (`Delivery.breaks` -1). What its
         streams say of themselves waits for the next batch, as a heartbeat's does."""
         try:
-            forward = decode_forward(data)
+            forward = decode_forward(data, self._key)
         except ForwardError as exc:
             self._metrics.routed.labels(exc.reason).inc()
             self._log(exc.reason, f"a forward: {exc.detail}")

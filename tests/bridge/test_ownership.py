@@ -72,6 +72,19 @@ def test_a_traceparent_per_message_is_linked_and_exported_by_its_owner_alone(sca
     assert sum(1 for spans in outputs.values() if spans) == 4, {name: len(s) for name, s in outputs.items()}
 
 
+def test_signed_forwards_with_the_exchange_key(scale_out, tmp_path, monkeypatch):
+    """Every bridge with the same `link.exchange_key_file`: the forwards are signed and
+    taken (all linked, none refused); a bridge with another key would refuse them."""
+    key = tmp_path / "exchange.key"
+    key.write_bytes(b"k" * 32)
+    monkeypatch.setenv("NATS_OTEL_LINK__EXCHANGE_KEY_FILE", str(key))
+    run, notes, outputs = _sidecars(scale_out, tmp_path, messages=300)
+    assert not notes, notes
+    assert run.counts["right"] == run.hops == 600, run.counts
+    _exported_once_by_one_owner(outputs, run.trace_messages)
+    assert run.forwarded > 0 and run.forged == 0, (run.forwarded, run.forged)
+
+
 def test_one_traceparent_for_a_stream_of_alike_bursts(scale_out, tmp_path):
     """600 alike messages (no header of their own) under one traceparent: one owner links
     them all by order, as one bridge would; never a wrong link."""

@@ -162,3 +162,21 @@ def test_a_forward_of_too_many_frames_is_oversized():
     # At the bound itself: accepted.
     assert len(decode_forward(msgspec.msgpack.encode(Forward("me", "v", 1, ("s",), (frame,) * _MAX_FRAMES))).frames) \
         == _MAX_FRAMES
+
+
+def test_a_keyed_forward_is_signed_and_a_forged_or_unsigned_one_refused():
+    """With the exchange's shared key (`link.exchange_key_file`) a forward is signed: the
+    owner takes it with the key, and refuses one signed with another key, one tampered
+    with, or one not signed at all; a bridge without the key cannot read a signed one."""
+    key, other = b"k" * 32, b"o" * 32
+    raw = RawTraceMessage("trace.a", {"Content-Encoding": ["gzip"]}, b"payload")
+    signed = encode_forward("a", "v", 1, ["s"], [(raw, 0, 0)], (), key)
+    assert decode_forward(signed, key).frames[0].payload == b"payload"
+    tampered = signed[:-1] + bytes([signed[-1] ^ 1])
+    for data, with_key in ((signed, other), (tampered, key), (encode_forward("a", "v", 1, ["s"], [(raw, 0, 0)]), key)):
+        with pytest.raises(ForwardError) as refused:
+            decode_forward(data, with_key)
+        assert refused.value.reason == "forged"
+    with pytest.raises(ForwardError) as unreadable:
+        decode_forward(signed)
+    assert unreadable.value.reason == "malformed"

@@ -133,6 +133,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     forwarded: float = 0.0
     forged: float = 0.0  # forwards refused for a missing or wrong signature
+    heartbeats: float = 0.0  # exchange messages the bridges published (heartbeats, with ownership)
 
     @property
     def cpu_sum(self) -> float:
@@ -197,6 +198,8 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
                             if k.startswith('nats_otel_routed_total{result="forwarded"'))
         run.forged = sum(v for m in metrics for k, v in m.items()
                          if k.startswith('nats_otel_routed_total{result="forged"'))
+        run.heartbeats = sum(v for m in metrics for k, v in m.items()
+                             if k.startswith('nats_otel_link_evidence_total{result="published"'))
     finally:
         codes = await stop_all(bridges, probes, archiver, topo)
     if any(code != 0 for code in codes):
@@ -517,7 +520,8 @@ def main(argv: list[str] | None = None) -> int:
             workdir.mkdir(parents=True, exist_ok=True)
             started = time.monotonic()
             run = asyncio.run(one_run(n, args, workdir))
-            print(f"N = {n}: {run.trace_messages} trace messages, CPU {run.cpu_sum:.2f} s "
+            print(f"N = {n}: {run.heartbeats:.0f} exchange messages published; "
+                  f"{run.trace_messages} trace messages, CPU {run.cpu_sum:.2f} s "
                   f"({run.per_message_us:.0f} µs each), links {run.counts}, {time.monotonic() - started:.0f} s",
                   flush=True)
             runs.append(run)

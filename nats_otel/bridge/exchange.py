@@ -142,12 +142,10 @@ class LinkExchange:
         self._heartbeat: asyncio.Task[None] | None = None
         # With trace ownership (`routing`): the router hears every peer's heartbeat, and keeps
         # their latest states for the next batch (`Router.take_states`), applied by the
-        # conversion (`Processor.peer_states`) instead of a trip to its thread for each.
+        # conversion (`Processor.whole`) instead of a trip to its thread for each.
         self.router: Router | None = None
         self._ticked = 0.0
-        # How often it says how long it has been whole after data: every peer hears every
-        # bridge, so with trace ownership (`Bridge`) a quarter of `link.wait` instead: enough
-        # for the peers to know it before they decide, at 2.5x fewer heartbeats per peer.
+        # How often it says how long it has been whole after data (`route_with`: less often).
         self.soon_s = _HEARTBEAT_SOON_S
 
     async def start(self, nc: Any) -> None:
@@ -168,7 +166,15 @@ class LinkExchange:
             await self.keep(nc, f"NATS_OTEL_LINKS_{settings.jetstream.durable}", settings.link.retention)
         if streams is not None:
             self._heartbeat = asyncio.create_task(self._beat(streams))
+        if self.router is not None:  # trace ownership rides on this connection and its heartbeats
+            await self.router.start(nc)
         return True
+
+    def route_with(self, router: Router, link_wait_s: float) -> None:
+        """Trace ownership: `router` hears the heartbeats, which go out soon after data every
+        quarter of `link.wait` (`soon_s`) rather than every 0.1 s: every peer hears every bridge."""
+        self.router = router
+        self.soon_s = min(1.0, max(self.soon_s, link_wait_s / 4))
 
     async def stop(self) -> None:
         if self._heartbeat is not None:
@@ -316,7 +322,7 @@ class LinkExchange:
         batch = self._numbered(batch, headers.get(BATCH_HEADER))
         if self.router is not None:
             bye = BYE_HEADER in headers
-            if self.router.heard(sender, headers.get(VIEW_HEADER), bye):
+            if self.router.heard(sender, bye):
                 self._last_published = 0.0  # a newcomer: tell it who is here at once
             if bye:
                 return None

@@ -17,8 +17,9 @@ run on the event loop only (NATS callbacks offer, the batcher takes and releases
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery, charge
 
@@ -97,6 +98,24 @@ class Intake:
             except TimeoutError:
                 return None
         return self.get_nowait()
+
+    async def collect(self, max_messages: int, delay_s: Callable[[], float], idle_s: float,
+                      on_first: Callable[[], None]) -> list[Delivery]:
+        """A batch: up to `max_messages` deliveries, taken at most `delay_s()` (read when the
+        first is taken) after the first one; none when nothing came within `idle_s`.
+        `on_first` runs as the first is taken (`Wholeness.collecting`)."""
+        first = await self.get(idle_s)
+        if first is None:
+            return []
+        on_first()
+        batch = [first]
+        flush_at = time.monotonic() + delay_s()
+        while True:
+            batch += self.take(max_messages - len(batch))
+            left = flush_at - time.monotonic()
+            if len(batch) >= max_messages or left <= 0:
+                return batch
+            await self.wait_count(max_messages - len(batch), left)
 
     async def wait_count(self, count: int, timeout: float) -> None:
         """Wait until `count` deliveries wait, or `timeout` seconds passed (whichever first)."""

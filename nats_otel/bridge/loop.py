@@ -14,6 +14,7 @@ Exit codes: 0 clean drain, 1 the drain timed out, 2 fatal, 3 gave up on NATS
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from nats_otel.bridge.accounting import BatchAccounting
 from nats_otel.bridge.exchange import exchange_for
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.intake import Intake
-from nats_otel.bridge.policy import settle
+from nats_otel.bridge.policy import NakBackoff, settle
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
 from nats_otel.bridge.readiness import BackendReadiness
 from nats_otel.bridge.routing import Router
@@ -36,7 +37,6 @@ from nats_otel.bridge.wholeness import Wholeness
 from nats_otel.bridge.workers import WorkerDied, WorkerPool
 from nats_otel.core import engine
 from nats_otel.core.decode import RawTraceMessage
-from nats_otel.core.evidence import StreamState
 from nats_otel.core.pipeline import Converted
 
 __all__ = ["Bridge"]
@@ -94,8 +94,7 @@ class Bridge:
         self._started = False
         self._gave_up: str | None = None
         self._drain_overran = False
-        self._js_failures = 0
-        self._js_pause_until = 0.0
+        self._backoff = NakBackoff(settings.jetstream.nak_delay_initial, settings.jetstream.nak_delay_max)
         self._fatal: str | None = None
         # Hop evidence shared with the other bridges of a queue group or durable.
         self.exchange = exchange_for(settings, self.metrics, self.processor.observe_evidence
@@ -108,9 +107,8 @@ class Bridge:
         self.router: Router | None = None
         if self.exchange is not None and self._vouching and settings.link.ownership:
             self.router = Router(self.exchange.subject, self.exchange.sender, self.intake, self.metrics,
-                                 self._ownership_changed, settings.exchange_key())
-            self.exchange.router = self.router
-            self.exchange.soon_s = min(1.0, max(self.exchange.soon_s, settings.link.wait / 4))
+                                 self.wholeness.start_anew, settings.exchange_key())
+            self.exchange.route_with(self.router, settings.link.wait)
 
     # -- health ----------------------------------------------------------------------------
 
@@ -223,8 +221,6 @@ class Bridge:
         if self.exchange is not None and not await self.exchange.attach(
                 getattr(self.sources[0], "nc", None), s, self.wholeness.streams if self._vouching else None):
             self.exchange = self.router = None
-        if self.router is not None:
-            await self.router.start(getattr(self.sources[0], "nc", None))
         self._started = True
         log.info("bridge running", extra={"fields": {"version": __version__, "core": engine.implementation(),
                                                      "mode": s.mode, "sources": [x.name for x in s.sources],
@@ -249,16 +245,8 @@ class Bridge:
         started = time.monotonic()
         self._drain_deadline = started + self.settings.drain_timeout
         if self.router is not None and self.exchange is not None:
-            # Leave first: what this bridge still receives goes to the other owners and the
-            # peers stop forwarding here. The forwards already on their way still arrive for a
-            # link window (the batches held here are decided then, as at any other time: what
-            # the peers said of their streams holds only after it); later ones get NATS's 503
-            # once the subscription is gone, which re-routes them (nothing lost).
-            self.router.leave()
-            await self.exchange.bye()
-            window = self.settings.link.wait + self.settings.batch.max_delay
-            await asyncio.sleep(max(0.0, min(window, self._drain_deadline - time.monotonic())))
-            await self.router.stop()
+            window = self.settings.link.wait + self.settings.batch.max_delay  # forwards still on their way
+            await self.router.depart(self.exchange.bye, min(window, self._drain_deadline - time.monotonic()))
         for source in self.sources:
             if isinstance(source, CoreSource):
                 await source.stop_intake()
@@ -295,11 +283,10 @@ class Bridge:
         `_observe` took them); returns what to (ack, nak, term, hold) (JetStream mode,
         `holdable`: `JetStreamSource.holdable`; core mode settles nothing: empty)."""
         if self.workers is None:
-            if self._vouching:  # how far each stream is known whole; which peers left
-                if self.router is not None:
-                    self.processor.peer_states(self.router.take_states())
+            if self._vouching:  # how far each stream is known whole; which peers left; the peers' word
                 self.processor.whole(self.wholeness.streams(),
-                                     None if self.exchange is None else self.wholeness.departures())
+                                     None if self.exchange is None else self.wholeness.departures(),
+                                     () if self.router is None else self.router.take_states())
             loop = asyncio.get_running_loop()
             converted = await loop.run_in_executor(self._pool, self.processor.convert, raws, holdable)
             outcome = await loop.run_in_executor(self._export_pool, self.processor.export, converted,
@@ -354,10 +341,12 @@ class Bridge:
                 if batch:
                     collected_ns = self.wholeness.collected()
                     if self.router is not None:
-                        batch = await self._route(batch, collected_ns)
+                        batch = await self.router.route(batch, functools.partial(self.wholeness.streams, collected_ns))
                         if not batch:
                             self.wholeness.observed(collected_ns)
                             continue
+                        if self.exchange is not None:  # soon after data, say how long it has been whole
+                            self.exchange.note_data()
                     raws = [d.raw for d in batch]
                     try:
                         ripe_at = await self._observe(batch, raws, collected_ns)
@@ -370,29 +359,6 @@ class Bridge:
             for _ in range(self._inflight):
                 await delayed.put(None)
             return
-
-    async def _route(self, batch: list[Delivery], collected_ns: int | None) -> list[Delivery]:
-        """The part of `batch` this bridge owns; the rest is forwarded, with what this
-        bridge's streams say of themselves as this batch is taken, and released here."""
-        assert self.router is not None and self.exchange is not None
-        own, others = self.router.split(batch)
-        if others:
-            streams = self.wholeness.streams(collected_ns)
-            names = list(streams)
-            states = [StreamState(name, *state) for name, state in streams.items()]
-            for owner, part in others.items():
-                await self.router.forward(owner, part, names, states)
-                self.intake.release(part)
-        if own:
-            self.exchange.note_data()
-        return own
-
-    def _ownership_changed(self) -> None:
-        """The members' view changed: this bridge's streams vouch anew (`CoreSource.note_reroute`)."""
-        margin_ns = int(2 * self.settings.link.max_clock_skew * 1e9)
-        for source in self.sources:
-            if isinstance(source, CoreSource):
-                source.note_reroute(margin_ns)
 
     async def _core_worker(self, delayed: asyncio.Queue[_Waiting | None]) -> None:
         while (item := await delayed.get()) is not None:
@@ -424,8 +390,7 @@ class Bridge:
             # from a JetStream consumer (redeliveries come out of order).
             received: list[tuple[str, int] | None] | None = None
             streams = None
-            # With trace ownership the reports of this bridge's traces are all here: no
-            # evidence to publish. A report forwarded with breaks -1 vouches for nothing.
+            # Trace ownership: no evidence to publish; a report forwarded with breaks -1 vouches for nothing.
             sender = None if self.exchange is None or self.router is not None else self.exchange.sender
             if self._vouching:
                 received = [(d.source, d.breaks) if d.breaks >= 0 else None for d in deliveries]
@@ -445,9 +410,8 @@ class Bridge:
         return self.settings.mode == "core" and self.workers is None
 
     async def _until(self, ripe_at: float) -> None:
-        """Sleep until `ripe_at`; not at all once draining (what arrived is observed), but
-        with trace ownership: the other bridges' forwards of this bridge's traces are still on
-        their way, and what they said of their streams holds only a link window later."""
+        """Sleep until `ripe_at`; not at all once draining (what arrived is observed), but with
+        trace ownership (the peers' forwards, and their word, hold only a link window later)."""
         assert self._stopping is not None
         left = ripe_at - time.monotonic()
         if left > 0 and self.router is not None:
@@ -465,9 +429,7 @@ class Bridge:
 
     def _drop_waiting(self) -> None:
         """The drain ran out of time: what still waits in the intake is lost; count it."""
-        lost = []
-        while (delivery := self.intake.get_nowait()) is not None:
-            lost.append(delivery)
+        lost = self.intake.take(self.intake.qsize())
         self.intake.release(lost)
         self._count_drain_lost(len(lost))
 
@@ -480,20 +442,10 @@ class Bridge:
                       extra={"fields": {"dropped": lost, "reason": "drain_timeout"}})
 
     async def _collect(self) -> list[Delivery]:
-        """Up to `max_messages` deliveries; waits at most `max_delay` after the first one."""
+        """Up to `max_messages` deliveries; waits at most `max_delay` after the first (draining: none)."""
         b = self.settings.batch
-        first = await self.intake.get(_IDLE_POLL_S)
-        if first is None:
-            return []
-        self.wholeness.collecting()  # the batch is neither waiting nor observed until `observed`
-        batch = [first]
-        flush_at = time.monotonic() + (0 if self._intake_done else b.max_delay)
-        while True:
-            batch += self.intake.take(b.max_messages - len(batch))
-            left = flush_at - time.monotonic()
-            if len(batch) >= b.max_messages or left <= 0:
-                return batch
-            await self.intake.wait_count(b.max_messages - len(batch), left)
+        return await self.intake.collect(b.max_messages, lambda: 0 if self._intake_done else b.max_delay,
+                                         _IDLE_POLL_S, self.wholeness.collecting)
 
     # -- JetStream mode --------------------------------------------------------------------
 
@@ -506,7 +458,7 @@ class Bridge:
         settlers = [asyncio.create_task(self._jetstream_settler(source, batches)) for _ in range(self._inflight)]
         try:
             while not self._intake_done:
-                pause = self._js_pause_until - time.monotonic()
+                pause = self._backoff.pause_left()
                 if pause > 0:
                     # Backpressure: the backend is failing; fetching more would only nak more.
                     try:
@@ -525,19 +477,11 @@ class Bridge:
 
     async def _jetstream_settler(self, source: JetStreamSource,
                                  batches: asyncio.Queue[_Waiting | None]) -> None:
-        js = self.settings.jetstream
         while (item := await batches.get()) is not None:
             ripe_at, deliveries, raws = item
             await self._until(ripe_at)
             ack, nak, term, hold = await self._process(deliveries, raws, source.holdable(deliveries))
-            delay = 0.0
-            if nak:
-                self._js_failures += 1
-                delay = min(js.nak_delay_initial * 2 ** (self._js_failures - 1), js.nak_delay_max)
-                self._js_pause_until = time.monotonic() + delay
-            else:
-                self._js_failures = 0
-            await source.settle(ack, nak, term, delay)
+            await source.settle(ack, nak, term, self._backoff.after(bool(nak)))
             if hold:
                 await source.hold(hold)
 

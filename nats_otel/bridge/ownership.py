@@ -13,6 +13,7 @@ Pure: no I/O, no clock. `routing.Router` keeps the members and moves the bytes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from bisect import bisect_left
@@ -37,6 +38,7 @@ def _hash64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
+@functools.lru_cache(maxsize=1024)  # every forward names its owner's: hashed once per member
 def member_token(member: str) -> str:
     """A member's name as one subject token (hex): where its forwarded trace messages go."""
     return hashlib.blake2b(member.encode(), digest_size=8).hexdigest()

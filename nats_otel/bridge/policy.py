@@ -16,6 +16,7 @@ what was lost (core mode), and stops on what is fatal."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -24,7 +25,7 @@ from nats_otel.core.pipeline import Rejected
 if TYPE_CHECKING:
     from nats_otel.bridge.processor import BatchOutcome
 
-__all__ = ["Fates", "settle"]
+__all__ = ["Fates", "NakBackoff", "settle"]
 
 D = TypeVar("D")
 Fates = tuple[list[D], list[D], list[D], list[D]]
@@ -52,3 +53,28 @@ def settle(deliveries: Sequence[D], outcome: BatchOutcome) -> Fates[D]:
         else:
             nak.append(delivery)
     return ack, nak, term, hold
+
+
+class NakBackoff:
+    """JetStream mode's retry: after a batch with naks, they are delayed and intake pauses
+    for `initial` seconds, doubling with each failing batch in a row up to `maximum`; a
+    batch without naks resets it."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum = initial, maximum
+        self._failures = 0
+        self._pause_until = 0.0
+
+    def after(self, naked: bool) -> float:
+        """The nak delay for a batch just settled (0 when it had no naks)."""
+        if not naked:
+            self._failures = 0
+            return 0.0
+        self._failures += 1
+        delay = min(self.initial * 2 ** (self._failures - 1), self.maximum)
+        self._pause_until = time.monotonic() + delay
+        return delay
+
+    def pause_left(self) -> float:
+        """Seconds intake still pauses (the backend is failing; fetching more would only nak more)."""
+        return self._pause_until - time.monotonic()

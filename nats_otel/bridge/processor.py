@@ -165,33 +165,28 @@ class Processor:
                        for at, p in observed_at(self.converter, raws)]
         return encode_batch(sender, reports, self.link_latencies(), states) if reports else b""
 
-    def whole(self, streams: Streams, departures: tuple[float, int] | None = None) -> None:
+    def whole(self, streams: Streams, departures: tuple[float, int] | None = None,
+              peers: Sequence[tuple[PeerBatch, bool]] = ()) -> None:
         """What each receiving stream says of its completeness (`ReportLedger.whole`); with
-        `departures` (`Wholeness.departures`), the peers fallen silent have left."""
-        ledger = self.converter.linker.index.sequences.ledger
-        now = time.monotonic()
-        for stream, (breaks, since_ns, until_ns) in streams.items():
-            ledger.whole(stream, breaks, since_ns, until_ns, now)
-        if departures is not None:
-            for peer in ledger.depart_silent(*departures):
-                log.info("link evidence peer left (silent)", extra={"fields": {"peer": peer}})
-            ledger.forget_departed(time.time_ns() - int(ledger.retention_s * 2e9))
-
-    def peer_states(self, states: Sequence[tuple[PeerBatch, bool]]) -> None:
-        """The peers' latest heartbeats (trace ownership: `LinkExchange.take_peer_states`): a
-        peer that routes as this bridge does vouches as it says; one that does not (another
-        view of the members) vouches for nothing until it does."""
-        if not states:
-            return
+        `departures` (`Wholeness.departures`), the peers fallen silent have left. `peers`: the
+        peers' latest heartbeats (trace ownership: `Router.take_states`), each with whether
+        the peer routes as this bridge does: then it vouches as it says; else (another view of
+        the members) it vouches for nothing until it does."""
         linker = self.converter.linker
         ledger = linker.index.sequences.ledger
         now = time.monotonic()
-        for peer, sure in states:
+        for peer, sure in peers:
             if sure:
                 observe_evidence(linker, (), now, peer.latencies, peer)
             else:
                 for state in peer.streams:
                     ledger.whole(f"{peer.sender}/{state.name}", None, None, None, now, local=False)
+        for stream, (breaks, since_ns, until_ns) in streams.items():
+            ledger.whole(stream, breaks, since_ns, until_ns, now)
+        if departures is not None:
+            for peer_name in ledger.depart_silent(*departures):
+                log.info("link evidence peer left (silent)", extra={"fields": {"peer": peer_name}})
+            ledger.forget_departed(time.time_ns() - int(ledger.retention_s * 2e9))
 
     def observe_evidence(self, reports: Sequence[HopEvidence], latencies: Sequence[LinkLatencyEstimate] = (),
                          peer: PeerBatch | None = None) -> None:

@@ -14,7 +14,8 @@ one message per owner and batch forwarded, one heartbeat a second per peer.
 
 What it rests on, all NATS's own:
 - Membership: the exchange's heartbeats (every bridge says it is there every second on the
-  exchange subject, and every 0.1 s while it has data). A member is a sender heard within
+  exchange subject, and every quarter of `link.wait` after data unless it just forwarded to
+  every peer, whose forwards carry the same state). A member is a sender heard within
   `MEMBER_SILENCE_S`; one that says goodbye (SIGTERM) leaves at once; one whose subject has
   no subscriber (NATS answers a forward with status 503, no responders: its connection is
   gone, a SIGKILL) leaves when that answer comes, and the forward goes to the next owner.
@@ -37,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from nats_otel.bridge.ownership import ForwardError, Ring, decode_forward, encode_forward, member_token
@@ -45,7 +46,7 @@ from nats_otel.bridge.sharding import shard_key
 from nats_otel.bridge.sources.delivery import Delivery, size_of
 from nats_otel.bridge.sources.direct import DirectClient
 from nats_otel.core.decode import RawTraceMessage
-from nats_otel.core.evidence import LinkLatencyEstimate, PeerBatch, StreamState
+from nats_otel.core.evidence import LinkLatencyEstimate, PeerBatch, Streams, StreamState
 
 __all__ = ["MEMBER_SILENCE_S", "ROUTED", "VIEW_HEADER", "Router"]
 
@@ -77,7 +78,6 @@ class Router:
         self._intake, self._metrics = intake, metrics
         self._on_view_change = on_view_change
         self._peers: dict[str, float] = {}  # member -> when last heard (monotonic)
-        self._views: dict[str, str] = {}  # member -> the view it last announced
         self._gone: dict[str, float] = {}  # members that left (bye, 503): their late heartbeats are ignored
         self.ring = Ring([me])
         self._leaving = False
@@ -123,7 +123,7 @@ class Router:
 
     # -- membership --------------------------------------------------------------------
 
-    def heard(self, sender: str, view: str | None, bye: bool) -> bool:
+    def heard(self, sender: str, bye: bool) -> bool:
         """A peer's heartbeat (or goodbye); True when it is new (answer it with ours at once)."""
         now = time.monotonic()
         if bye:
@@ -133,8 +133,6 @@ class Router:
             return False
         new = sender not in self._peers
         self._peers[sender] = now
-        if view is not None:
-            self._views[sender] = view
         if new:
             self._rebuild(f"{sender} joined")
         return new
@@ -155,7 +153,6 @@ class Router:
 
     def _leave(self, sender: str, why: str) -> None:
         self._gone[sender] = time.monotonic()
-        self._views.pop(sender, None)
         if self._peers.pop(sender, None) is not None:
             self._rebuild(f"{sender} left ({why})")
 
@@ -195,6 +192,19 @@ class Router:
             else:
                 others.setdefault(owner, []).append(delivery)
         return own, others
+
+    async def route(self, batch: list[Delivery], streams: Callable[[], Streams]) -> list[Delivery]:
+        """The part of `batch` this bridge owns; the rest is forwarded, with what this bridge's
+        streams say of themselves as the batch is taken (`streams`), and released from the intake."""
+        own, others = self.split(batch)
+        if others:
+            said = streams()
+            names = list(said)
+            states = [StreamState(name, *state) for name, state in said.items()]
+            for owner, part in others.items():
+                await self.forward(owner, part, names, states)
+                self._intake.release(part)
+        return own
 
     async def forward(self, owner: str, part: list[Delivery], names: list[str],
                       states: Sequence[StreamState] = ()) -> None:
@@ -288,7 +298,7 @@ class Router:
 
     def take_states(self) -> list[tuple[PeerBatch, bool]]:
         """The peers' latest states since the last call, each with whether the peer routes as
-        this bridge does (`Processor.peer_states`)."""
+        this bridge does (`Processor.whole`)."""
         taken = list(self._states.values())
         self._states.clear()
         return taken
@@ -313,6 +323,17 @@ class Router:
     def missed(self, sender: str) -> int:
         """Forwards from `sender` lost on the way or refused here: losses of its streams."""
         return self._heard.get(sender, (0, 0))[1]
+
+    async def depart(self, bye: Callable[[], Awaitable[None]], window_s: float) -> None:
+        """Leave (a drain): what this bridge still receives goes to the other owners, and
+        `bye` tells the peers to stop forwarding here. The forwards already on their way still
+        arrive for `window_s` (a link window: the batches held here are decided then, as at
+        any other time, for what the peers said of their streams holds only after it); later
+        ones get NATS's 503 once the subscription is gone, which re-routes them."""
+        self.leave()
+        await bye()
+        await asyncio.sleep(max(0.0, window_s))
+        await self.stop()
 
     async def stop(self) -> None:
         """Stop taking forwards (new ones are answered 503 by NATS and re-routed by their

@@ -83,6 +83,13 @@ class Wholeness:
                 streams[source.source.name] = (breaks, source.whole_since_ns if whole else None, until)
         return streams
 
+    def start_anew(self) -> None:
+        """The bridges' trace ownership changed (`routing`): each core source vouches anew,
+        whole from now (`CoreSource.note_reroute`, report time: the clock skew margin after)."""
+        for source in self._sources:
+            if isinstance(source, CoreSource):
+                source.note_reroute(self._margin_ns)
+
     def departures(self) -> tuple[float, int]:
         """(heard before, gone after): peers last heard before the first (monotonic) left;
         nothing reported after the second (report time) was routed to them."""

@@ -173,8 +173,9 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         threads_before = thread_cpu(bridges[0].proc.pid)
         spy = None
         if args.profile:  # py-spy on bridge 0 over the traffic (it slows that bridge: never for figures)
+            rate = os.environ.get("PYSPY_RATE", "1000")  # samples a second (GIL-held only)
             spy = subprocess.Popen(["py-spy", "record", "--gil", "--pid", str(bridges[0].proc.pid), "--format", "raw",
-                                    "--rate", "200", "--output", str(workdir / "bridge0.pyspy.txt")],
+                                    "--rate", rate, "--output", str(workdir / "bridge0.pyspy.txt")],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         urls = {name: topo.client_url(name, USER) for name in topo.names}
         report = await run_traffic(urls[PUBLISHER], urls, options)

@@ -137,6 +137,13 @@ class Router:
             self._rebuild(f"{sender} joined")
         return new
 
+    def heard_from(self, sender: str) -> None:
+        """A member's forward: it is alive as surely as by its heartbeat, which it skips while
+        it forwards to every peer (`LinkExchange._beat`). A sender not a member joins by its
+        heartbeat, never by a forward."""
+        if sender in self._peers:
+            self._peers[sender] = time.monotonic()
+
     def tick(self) -> None:
         """Peers silent for `MEMBER_SILENCE_S` left; kept forwards past their time go."""
         now = time.monotonic()
@@ -266,6 +273,7 @@ class Router:
             self._log(exc.reason, f"a forward: {exc.detail}")
             return
         sender = forward.sender
+        self.heard_from(sender)
         missed = self._numbered(sender, forward.number)
         vouched = forward.view == self.ring.view
         intake, refused = self._intake, 0
@@ -307,6 +315,11 @@ class Router:
         """Whether every peer got a forward (and with it this bridge's state) since `since`."""
         told = self._told
         return all(told.get(member, 0.0) >= since for member in self.ring.members if member != self.me)
+
+    def told_peers(self, since: float) -> bool:
+        """Whether this bridge has peers and forwarded to each since `since` (a bridge alone
+        must still say it is there: that is how the others find it)."""
+        return bool(self._peers) and self.told_all(since)
 
     def _numbered(self, sender: str, current: int) -> int:
         """The forwards of `sender` to this bridge that never arrived, so far."""

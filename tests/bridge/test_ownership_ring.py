@@ -180,3 +180,41 @@ def test_a_keyed_forward_is_signed_and_a_forged_or_unsigned_one_refused():
     with pytest.raises(ForwardError) as unreadable:
         decode_forward(signed)
     assert unreadable.value.reason == "malformed"
+
+
+def _router(me: str):
+    from nats_otel.bridge.intake import Intake
+    from nats_otel.bridge.routing import Router
+    from nats_otel.bridge.telemetry import Metrics
+
+    return Router("nats-otel.links.g", me, Intake(max_bytes=1 << 20), Metrics(), lambda: None)
+
+
+def test_a_bridge_skips_its_heartbeat_only_while_it_forwards_to_every_peer():
+    """`Router.told_peers`: what lets `LinkExchange._beat` skip the every-second heartbeat. A
+    bridge alone must still beat (that is how the others find it), and one peer not
+    forwarded to since is enough to beat."""
+    me, a, b = MEMBERS[:3]
+    router = _router(me)
+    assert not router.told_peers(1.0)  # alone: says it is there
+    router.heard(a, bye=False)
+    router.heard(b, bye=False)
+    assert not router.told_peers(1.0)  # neither was forwarded to
+    router._told[a] = 10.0
+    assert not router.told_peers(5.0)  # b was never forwarded to
+    router._told[b] = 4.0
+    assert not router.told_peers(5.0)  # b's forward is older than the heartbeat's period
+    router._told[b] = 6.0
+    assert router.told_peers(5.0)
+
+
+def test_a_members_forward_keeps_it_a_member_and_a_strangers_joins_nothing():
+    """A peer that forwards instead of beating stays on the ring; a forward never adds one."""
+    me, a, stranger = MEMBERS[:3]
+    router = _router(me)
+    router.heard(a, bye=False)
+    router._peers[a] = -1_000.0  # heard long ago: `tick` would drop it as silent
+    router.heard_from(a)
+    router.heard_from(stranger)
+    router.tick()
+    assert sorted(router.ring.members) == sorted([me, a])

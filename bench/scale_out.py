@@ -97,10 +97,18 @@ BRIDGE_SERVERS = ("east-1", "east-2", "leaf-1")
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def scale_topology() -> Topology:
-    """east-1 + east-2 (routes; east-1 takes leafnodes) and leaf-1, without JetStream."""
+def scale_topology(deny_exchange: bool = False) -> Topology:
+    """east-1 + east-2 (routes; east-1 takes leafnodes) and leaf-1, without JetStream.
+    `deny_exchange`: account A's users may not publish on the link exchange (`nats-otel.links.>`),
+    as docs/security.md's least-privilege user of a bridge alone, given a queue group."""
     accounts = tuple(replace(a, jetstream=False) for a in DEFAULT_ACCOUNTS)
-    leaf = ServerSpec(name="leaf-1", accounts=LEAF_ACCOUNTS, leaf_remotes=(LeafRemote("east-1"),))
+    leaf_accounts = LEAF_ACCOUNTS
+    if deny_exchange:
+        def denied(account):
+            users = tuple(replace(u, deny_publish=("nats-otel.links.>",)) for u in account.users)
+            return replace(account, users=users) if account.name == "A" else account
+        accounts, leaf_accounts = tuple(map(denied, accounts)), tuple(map(denied, LEAF_ACCOUNTS))
+    leaf = ServerSpec(name="leaf-1", accounts=leaf_accounts, leaf_remotes=(LeafRemote("east-1"),))
     return Topology(servers=(*cluster("east", 2, leaf_listen=(1,)), leaf), accounts=accounts, wait_jetstream=False)
 
 
@@ -151,7 +159,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
                              seed=args.seed, numbered=not args.unnumbered)
     subjects = [TRACE_SUBJECT] + ([options.adhoc_dest] if args.mode.startswith("adhoc") else [])
     run = Run(n)
-    topo = start_topology(scale_topology(), workdir / "nats")
+    topo = start_topology(scale_topology(args.deny_exchange), workdir / "nats")
     bridges: list[Bridge] = []
     archiver = Archiver(workdir / "archive.jsonl", subjects)
     probes: dict[str, Any] = {}
@@ -303,7 +311,7 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
     label = f"{args.mode}{context}, {'unnumbered' if args.unnumbered else 'numbered'}"
     run = ChurnRun(n, label)
     planned_s = args.messages / args.rate
-    topo = start_topology(scale_topology(), workdir / "nats")
+    topo = start_topology(scale_topology(args.deny_exchange), workdir / "nats")
     archiver = Archiver(workdir / "archive.jsonl", subjects)
     probes: dict[str, Any] = {}
     senders: set[str] = set()
@@ -496,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle measured this long before the traffic")
     parser.add_argument("--seed", type=int, default=46)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--deny-exchange", action="store_true", help="the bridges' user may not publish on the "
+                        "link exchange: they cannot hear each other (a misconfiguration: links must never be wrong)")
     parser.add_argument("--profile", action="store_true", help="py-spy (on PATH) records bridge 0 over the traffic")
     parser.add_argument("--churn", action="store_true", help="the membership-change scenario (`churn_run`) "
                         "with the largest --bridges")

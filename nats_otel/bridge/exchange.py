@@ -90,6 +90,9 @@ _PRUNE_EVERY_S = 1.0
 _PENDING_BATCHES = 256
 _LOG_EVERY_S = 10.0
 _TICK_S = 0.5  # how often the router looks for silent peers (`Router.tick`)
+# Heartbeats published without hearing one's own back before it says so (`heard_itself`):
+# NATS echoes a message within a round trip; three allow for a reconnect under way.
+_UNHEARD_BEATS = 3
 
 
 class Recorder(Protocol):
@@ -147,6 +150,9 @@ class LinkExchange:
         self._ticked = 0.0
         # How often it says how long it has been whole after data (`route_with`: less often).
         self.soon_s = _HEARTBEAT_SOON_S
+        # Its own batches came back (NATS echoes them): it hears the exchange (`members_known`).
+        self.heard_itself = False
+        self._unheard_beats = 0
 
     async def start(self, nc: Any) -> None:
         self._nc, self._loop = nc, asyncio.get_running_loop()
@@ -198,6 +204,11 @@ class LinkExchange:
             if due or soon:
                 states = [StreamState(name, *state) for name, state in streams().items()]
                 await self.publish(encode_batch(self.sender, [], (), states), data_batch=False)
+                self._unheard_beats = 0 if self.heard_itself else self._unheard_beats + 1
+                if self._unheard_beats >= _UNHEARD_BEATS:
+                    self._count("unheard", "this bridge does not hear its own heartbeats, so not its peers' either "
+                                "(may its user publish and subscribe there? docs/security.md): until it does, its "
+                                "streams vouch for nothing and alike messages link by their numbers alone")
 
     async def keep(self, nc: Any, stream: str, retention_s: float) -> int:
         """JetStream mode: the stream that keeps the evidence (created if missing), and its
@@ -312,6 +323,7 @@ class LinkExchange:
         recording, or None when it was skipped or dropped (counted)."""
         headers = msg.headers or {}
         if headers.get(SENDER_HEADER) == self.sender:
+            self.heard_itself = True  # it hears the exchange: its peers' batches reach it too
             return None
         try:
             batch = decode_peer_batch(msg.data, self._key, headers.get(SIGNATURE_HEADER))

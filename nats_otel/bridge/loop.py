@@ -33,7 +33,7 @@ from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSource
 from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
 from nats_otel.bridge.telemetry import HealthServer, Metrics
-from nats_otel.bridge.wholeness import Wholeness
+from nats_otel.bridge.wholeness import Wholeness, members_known
 from nats_otel.bridge.workers import WorkerDied, WorkerPool
 from nats_otel.core import engine
 from nats_otel.core.decode import RawTraceMessage
@@ -49,12 +49,10 @@ _FETCH_TIMEOUT_S = 1.0
 # this only bounds the pathological case (then intake backs up, and drops are counted).
 _DELAYED_BATCHES = 4096
 _GIVE_UP_CHECK_S = 0.25
-# After the drain deadline, time for the batch in flight to come back (exports stop retrying
-# at the deadline), so that it is counted exported or failed, not lost uncounted.
+# After the drain deadline, for the batch in flight to be counted exported or failed, not lost.
 _DRAIN_GRACE_S = 2.0
 EXIT_GAVE_UP = 3
-# A batch waiting out `link.wait`: when it may be mapped, its deliveries, their raw
-# messages (listed once, when its evidence is observed, and kept for the conversion).
+# A batch waiting out `link.wait`: when it may be mapped, its deliveries, their raw messages.
 _Waiting = tuple[float, list[Delivery], list[RawTraceMessage]]
 
 
@@ -283,7 +281,7 @@ class Bridge:
         `_observe` took them); returns what to (ack, nak, term, hold) (JetStream mode,
         `holdable`: `JetStreamSource.holdable`; core mode settles nothing: empty)."""
         if self.workers is None:
-            if self._vouching:  # how far each stream is known whole; which peers left; the peers' word
+            if self.vouching:  # how far each stream is known whole; which peers left; the peers' word
                 self.processor.whole(self.wholeness.streams(),
                                      None if self.exchange is None else self.wholeness.departures(),
                                      () if self.router is None else self.router.take_states())
@@ -383,16 +381,14 @@ class Bridge:
         often before its upstream's): mapping waits `link.wait`, so that both sides of a
         hop are known when the downstream span's parent is decided (core/linking.py)."""
         if self.workers is None:
-            # One bridge receiving in core mode, in one process, sees every report routed to
-            # its subscriptions in order, but for the losses its sources count
-            # (`Delivery.breaks`): its ledger, and its peers' through the exchange, may vouch
-            # for the gaps in the servers' numbers (`ReportLedger.vouch`, `wholeness`). Not
-            # from a JetStream consumer (redeliveries come out of order).
+            # Vouching (`vouching`): its ledger, and its peers', may vouch for the gaps in the
+            # servers' numbers (`ReportLedger.vouch`, `wholeness`); not a JetStream consumer
+            # (redeliveries come out of order).
             received: list[tuple[str, int] | None] | None = None
             streams = None
             # Trace ownership: no evidence to publish; a report forwarded with breaks -1 vouches for nothing.
             sender = None if self.exchange is None or self.router is not None else self.exchange.sender
-            if self._vouching:
+            if self.vouching:
                 received = [(d.source, d.breaks) if d.breaks >= 0 else None for d in deliveries]
                 streams = self.wholeness.streams(collected_ns) if sender is not None else None
             shared = await asyncio.get_running_loop().run_in_executor(
@@ -405,9 +401,13 @@ class Bridge:
 
     @property
     def _vouching(self) -> bool:
-        """One bridge receiving in core mode, in one process: it sees every report routed to
-        its subscriptions, in each server's order, but for the losses its sources count."""
+        """Core mode, one process: it sees the reports routed to it in order, but for its losses."""
         return self.settings.mode == "core" and self.workers is None
+
+    @property
+    def vouching(self) -> bool:
+        """`_vouching`, and now: while it knows its queue group's members (`members_known`)."""
+        return self._vouching and members_known(self.exchange, self.settings.sources)
 
     async def _until(self, ripe_at: float) -> None:
         """Sleep until `ripe_at`; not at all once draining (what arrived is observed), but with

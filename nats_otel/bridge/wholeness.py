@@ -24,7 +24,7 @@ from typing import Any
 from nats_otel.bridge.sources.nats_core import CoreSource
 from nats_otel.core.evidence import Streams
 
-__all__ = ["PEER_SILENCE_S", "Wholeness"]
+__all__ = ["PEER_SILENCE_S", "Wholeness", "members_known"]
 
 # A peer heard from neither evidence nor heartbeat (`exchange`, every second) for this long
 # has stopped receiving: its bridge stopped or died, and its subscription went with its
@@ -94,3 +94,16 @@ class Wholeness:
         """(heard before, gone after): peers last heard before the first (monotonic) left;
         nothing reported after the second (report time) was routed to them."""
         return time.monotonic() - PEER_SILENCE_S, time.time_ns() + self._margin_ns
+
+
+def members_known(exchange: Any, sources: Sequence[Any]) -> bool:
+    """Whether this bridge knows every stream its servers route its reports to, as vouching
+    needs: alone (no queue group), or hearing the link exchange its queue group's members
+    speak on (its own heartbeat came back: `LinkExchange.heard_itself`). A member never heard
+    of covers nothing here, so a gap in a server's numbers routed to it would count as
+    accounted for, and alike messages could link wrong: a bridge that cannot hear the
+    exchange (its user may not publish there) or runs a queue group with it off vouches for
+    nothing, and alike messages link by their numbers alone."""
+    if exchange is not None:
+        return bool(exchange.heard_itself)
+    return not any(getattr(source, "queue", None) for source in sources)

@@ -32,7 +32,7 @@ def _args(**options) -> argparse.Namespace:
     args = argparse.Namespace(bridges=[4], mode="per_message", messages=600, rate=600.0, burst=BURST,
                               context_size=50, unnumbered=False, seed=46, warm_s=1.5, idle_s=0.2, profile=False,
                               term_at=0.33, kill_at=0.5, join_at=0.65, near_s=3.0, quiet_s=4.0,
-                              lost_window=(3.0, 1.0))
+                              lost_window=(3.0, 1.0), deny_exchange=False)
     vars(args).update(options)
     return args
 
@@ -110,6 +110,20 @@ def test_ad_hoc_bursts_to_one_destination(scale_out, tmp_path):
     assert len(written) == len(set(written)) == run.trace_messages
     # Every report arrives on the one ad-hoc subject: one owner writes them all.
     assert sum(1 for spans in outputs.values() if spans) == 1, {name: len(s) for name, s in outputs.items()}
+
+
+@pytest.mark.parametrize("exchange", ["denied", "off"])
+def test_bridges_that_cannot_hear_each_other_never_link_wrong(scale_out, tmp_path, monkeypatch, exchange):
+    """A queue group whose bridges cannot hear each other on the link exchange (their user
+    may not publish there, or `--link-exchange off`) does not know its members: none vouches
+    (`wholeness.members_known`), so alike messages link by their numbers alone. Before that
+    guard this scenario read 548 of 1,200 hops wrong (denied) and 392 (off)."""
+    if exchange == "off":
+        monkeypatch.setenv("NATS_OTEL_LINK__EXCHANGE", '"off"')
+    run, notes, _ = _sidecars(scale_out, tmp_path, mode="adhoc_back_to_back", context_size=BURST,
+                              unnumbered=True, deny_exchange=exchange == "denied")
+    assert run.trace_messages == 600 * 3, notes
+    assert run.counts["wrong"] == 0 and run.counts["missing"] == 0, (run.counts, notes)
 
 
 def test_membership_changes_mid_traffic_lose_only_what_the_killed_bridge_held(scale_out, tmp_path):

@@ -20,9 +20,11 @@ from tests.bridge.test_security_bridge import nats_server
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 PASSWORD = "bridge-Pa55word-QX7"
-SUBSCRIBE = 'subscribe: { allow: ["trace.a", "nats-otel.links.>", "_INBOX.>"] }'
+# docs/security.md's "Core mode in a queue group" user (queue `g`), and the same denied publishing.
+EXCHANGE = '"nats-otel.links.g", "nats-otel.links.g.>"'
+SUBSCRIBE = f'subscribe: {{ allow: ["trace.a", {EXCHANGE}] }}'
 DENIED = f'{{ publish: {{ deny: [">"] }}, {SUBSCRIBE} }}'
-ALLOWED = f'{{ publish: {{ allow: ["nats-otel.links.>"] }}, {SUBSCRIBE} }}'
+ALLOWED = f'{{ publish: {{ allow: [{EXCHANGE}] }}, {SUBSCRIBE} }}'
 
 
 def _unheard(bridge) -> float:

@@ -159,6 +159,54 @@ def report_rounds(by_round: dict[str, list[dict]], workers: list[int]) -> None:
                 print("; ".join(parts))
 
 
+def report_cpu(by_round: dict[str, list[dict]], results: dict[str, dict], workers: list[int]) -> None:
+    """Issue 48's figure: each consumer's CPU per message in the burst (its CPU seconds from
+    just before the burst to its last span, or the bare subscriber's to its last message,
+    over the messages), paired within each round, then the medians and the spread over the
+    rounds; the sustained rate (`--find-sustained`) beside it."""
+    from statistics import median
+
+    raws, naives = by_round.get("raw", []), by_round.get("naive", [])
+    for w in workers:
+        ours, base = by_round.get(f"burst-core-w{w}", []), by_round.get(f"base-burst-core-w{w}", [])
+        if not ours:
+            continue
+        print(f"\n== CPU per trace message, burst, core/w{w} (us; bare/x: the bare subscriber's over x's, "
+              "higher is better; naive/x: how many times less than the naive pipeline) ==")
+        print(f"{'round':>5}{'bare':>8}{'naive':>8}{'ours':>8}{'base':>8}{'bare/ours':>10}{'naive/ours':>11}"
+              f"{'bare/base':>10}{'naive/base':>11}{'base/ours':>10}{'whole':>7}{'RSS ours':>9}{'base':>6}")
+        rows: list[dict[str, float]] = []
+        nan = float("nan")
+        for i, r in enumerate(ours):
+            row = {"bare": raws[i]["us_per_msg"] if i < len(raws) else nan,
+                   "naive": naives[i]["us_per_msg"] if i < len(naives) else nan,
+                   "ours": r["us_per_msg"], "base": base[i]["us_per_msg"] if i < len(base) else nan,
+                   "rss": r["rss"] / 2**20, "base_rss": base[i]["rss"] / 2**20 if i < len(base) else nan}
+            row |= {"bare/ours": row["bare"] / row["ours"], "naive/ours": row["naive"] / row["ours"],
+                    "bare/base": row["bare"] / row["base"], "naive/base": row["naive"] / row["base"],
+                    "base/ours": row["base"] / row["ours"]}
+            whole = r["whole"] and (i >= len(base) or base[i]["whole"])
+            rows.append(row)
+            print(f"{i + 1:>5}{row['bare']:>8.1f}{row['naive']:>8.1f}{row['ours']:>8.1f}{row['base']:>8.1f}"
+                  f"{row['bare/ours']:>10.3f}{row['naive/ours']:>10.2f}x{row['bare/base']:>10.3f}"
+                  f"{row['naive/base']:>10.2f}x{row['base/ours']:>9.2f}x{whole!s:>7}{row['rss']:>9.0f}"
+                  f"{row['base_rss']:>6.0f}")
+
+        def spread(key: str, rows: list[dict[str, float]] = rows) -> str:
+            values = [row[key] for row in rows if row[key] == row[key]]
+            if not values:
+                return "-"
+            return f"{median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
+
+        print(f"medians over {len(rows)} rounds (min-max): " + "; ".join(
+            f"{key} {spread(key)}" for key in ("bare", "naive", "ours", "base", "bare/ours", "naive/ours",
+                                               "bare/base", "naive/base", "base/ours", "rss", "base_rss")))
+        sustained = results.get(f"sustained-w{w}")
+        if sustained:
+            print(f"sustained (--find-sustained): {sustained['offered']:,.0f} msgs/s kept up with, "
+                  f"{sustained['us_per_msg']:.1f} us/msg")
+
+
 def report_exchange(exchange: dict[str, list[dict[str, dict]]]) -> None:
     """Per stage: each variant's median over the rounds, and its ratio to x-one within each
     round (median of the rounds' ratios); then the exchange's extra CPU and the three bridges."""
@@ -231,6 +279,8 @@ def main() -> None:
                         help="step the offered pace up from RATE msgs/s (by --sustained-step) until one bridge "
                              "(the first --workers) no longer keeps up: the sustained rate, nothing lost")
     parser.add_argument("--sustained-step", type=float, default=4000, help="msgs/s added per step (default 4000)")
+    parser.add_argument("--burst-only", action="store_true",
+                        help="core phases: only the burst (issue 48's CPU per message), no paced run after it")
     parser.add_argument("--naive-messages", type=int, help="burst for the naive pipeline (default 60k, quick 8k)")
     parser.add_argument("--workers", type=int, action="append",
                         help="bridge --workers values (repeatable; default 1 and 2)")
@@ -297,6 +347,8 @@ def main() -> None:
                             sources.reverse()
                         for src in sources:
                             bench.phase_core(w, round_number, src=src)
+                        if args.burst_only:
+                            continue
                         burst = max(bench.by_round[("base-" if src else "") + f"burst-core-w{w}"][-1]["rate"]
                                     for src in sources)
                         for src in sources:
@@ -332,6 +384,7 @@ def main() -> None:
             bench.close()
         report(bench.results, args.workers)
         report_rounds(bench.by_round, args.workers)
+        report_cpu(bench.by_round, bench.results, args.workers)
         if bench.exchange:
             report_exchange(bench.exchange)
         print("\n" + json.dumps({**bench.results, "exchange": bench.exchange}, default=str))

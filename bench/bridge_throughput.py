@@ -33,6 +33,10 @@ never the slowest part. Phases, one nats-server for all (own subject per phase):
 * base-core/wN - with `--baseline DIR`: the same, with the bridge of another checkout (e.g.
             `git worktree add /tmp/base HEAD~1`), alternated with ours in every round.
 * core-2x - two bridge processes in one queue group, the same burst.
+* forward - two bridges in one queue group with trace ownership (bridge/routing.py), the
+            burst: their summed CPU beyond the round's single bridge, per trace message
+            forwarded to its owner, beside the bare subscriber's per message
+            (`_bridge_forward.py`).
 * exchange - the link-evidence exchange (bridge/exchange.py), variants alternated in every
             round (reversed in odd ones): x-one (one bridge, no queue group: the exchange is
             off), x-q-on (one bridge, `--queue g --link-exchange auto`: it publishes its
@@ -71,6 +75,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bridge_forward import phase_forward, report_forward
 from _bridge_runs import EXCHANGE_VARIANTS, Bench
 
 
@@ -301,7 +306,7 @@ def main() -> None:
                              "the first paced stage, or 0.6x its first burst)")
     parser.add_argument("--exchange-stages", action="append", choices=["burst", "paced", "fixed"],
                         help="exchange phase stages (repeatable; default all three)")
-    phases = ["raw", "naive", "naive-defaults", "core", "pair", "exchange", "latency", "js"]
+    phases = ["raw", "naive", "naive-defaults", "core", "forward", "pair", "exchange", "latency", "js"]
     parser.add_argument("--skip", action="append", default=[], choices=phases)
     parser.add_argument("--only", action="append", choices=phases, help="run only these phases (repeatable)")
     args = parser.parse_args()
@@ -353,6 +358,8 @@ def main() -> None:
                                     for src in sources)
                         for src in sources:
                             bench.phase_core(w, round_number, rate=args.paced_rate or 1.3 * burst, src=src)
+                if "forward" not in args.skip:  # after the round's core-w1: the pair's CPU beyond it
+                    phase_forward(bench, round_number)
                 if "pair" not in args.skip:
                     bench.phase_pair(1, round_number)
                     bench.phase_pair(1, round_number, rate=1.3 * bench.results["burst-core-2x-w1"]["rate"])
@@ -385,6 +392,7 @@ def main() -> None:
         report(bench.results, args.workers)
         report_rounds(bench.by_round, args.workers)
         report_cpu(bench.by_round, bench.results, args.workers)
+        report_forward(bench.by_round)
         if bench.exchange:
             report_exchange(bench.exchange)
         print("\n" + json.dumps({**bench.results, "exchange": bench.exchange}, default=str))

@@ -62,6 +62,7 @@ def phase_forward(bench: Any, round_number: int, settle_s: float = 3.0) -> dict:
         single = one[round_number]
         single_cpu_s = single["us_per_msg"] * single["spans"] / bench.spans_per_msg / 1e6
         r["us_per_forward"] = (cpu_s - single_cpu_s) / r["forwarded"] * 1e6
+        r["pair_over_single"] = r["us_per_msg"] / single["us_per_msg"]
     raws = bench.by_round.get("raw", [])
     if len(raws) > round_number and "us_per_forward" in r:
         r["bare_over_forward"] = raws[round_number]["us_per_msg"] / r["us_per_forward"]
@@ -85,16 +86,30 @@ def report_forward(by_round: dict[str, list[dict]]) -> None:
     raws = by_round.get("raw", [])
     print("\n== the forwarding path: two bridges, one queue group (trace ownership), the burst; CPU beyond one "
           "bridge per forwarded report ==")
-    print(f"{'round':>5}{'bare':>8}{'pair':>8}{'forwarded':>11}{'us/fwd':>8}{'bare/fwd':>10}{'whole':>7}")
+    singles = by_round.get("burst-core-w1", [])
+    print(f"{'round':>5}{'bare':>8}{'single':>8}{'pair':>8}{'pair/single':>12}{'forwarded':>11}{'us/fwd':>8}"
+          f"{'bare/fwd':>10}{'whole':>7}")
+    nan = float("nan")
     for i, r in enumerate(rounds):
-        bare = raws[i]["us_per_msg"] if i < len(raws) else float("nan")
-        print(f"{i + 1:>5}{bare:>8.1f}{r['us_per_msg']:>8.1f}{r['forwarded']:>11,.0f}"
-              f"{r.get('us_per_forward', float('nan')):>8.1f}{r.get('bare_over_forward', float('nan')):>10.3f}"
+        bare = raws[i]["us_per_msg"] if i < len(raws) else nan
+        single = singles[i]["us_per_msg"] if i < len(singles) else nan
+        print(f"{i + 1:>5}{bare:>8.1f}{single:>8.1f}{r['us_per_msg']:>8.1f}{r.get('pair_over_single', nan):>11.2f}x"
+              f"{r['forwarded']:>11,.0f}{r.get('us_per_forward', nan):>8.1f}{r.get('bare_over_forward', nan):>10.3f}"
               f"{r['whole']!s:>7}")
+
+    def spread(values: list[float], digits: int) -> str:
+        return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})" if values else "-"
+
     per = [r["us_per_forward"] for r in rounds if "us_per_forward" in r]
     ratio = [r["bare_over_forward"] for r in rounds if "bare_over_forward" in r]
-    if per:
-        print(f"medians over {len(per)} rounds (min-max): us per forwarded report {median(per):.1f} "
-              f"({min(per):.1f}-{max(per):.1f})" + (f"; bare/forward {median(ratio):.3f} "
-                                                     f"({min(ratio):.3f}-{max(ratio):.3f})" if ratio else ""))
+    pair = [r["pair_over_single"] for r in rounds if "pair_over_single" in r]
+    print(f"medians over {len(rounds)} rounds (min-max): us per forwarded report {spread(per, 1)}; bare/forward "
+          f"{spread(ratio, 3)}; the pair's CPU per message over one bridge's {spread(pair, 2)}")
+    if per and len(singles) >= len(rounds):
+        # The difference of two noisy figures is noisier than either: from the medians too.
+        forwarded = median(r["forwarded"] for r in rounds)
+        sent = median(r["sent"] for r in rounds)
+        from_medians = ((median(r["us_per_msg"] for r in rounds) - median(s["us_per_msg"] for s in singles))
+                        * sent / forwarded)
+        print(f"from the medians (pair - single, per forwarded report): {from_medians:.1f} us")
 

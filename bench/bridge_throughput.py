@@ -9,6 +9,14 @@ OTLP/gRPC receiver, with the ceiling and the naive pipeline measured in the same
         --sustain-seconds 5 --find-sustained 36000                   # the sustained rate
     python bench/bridge_throughput.py --only exchange --messages 100000 --rounds 3 \
         --sustain-seconds 10 --exchange-rate 15000                    # ~10 min
+    python bench/bridge_throughput.py --only raw --only naive --only core --only forward \
+        --workers 1 --messages 400000 --burst 60000 --naive-messages 60000 --rounds 6 \
+        --burst-only --baseline /tmp/base                             # issue 48's CPU per message
+
+Per round and then as medians with their spread, it prints each consumer's CPU per message
+of the burst (its CPU seconds from just before the burst to its last span, the bare
+subscriber's to its last message, over the messages: issue 48's measure) for the bare
+subscriber, the naive pipeline, ours and the baseline, with bare/ours and naive/ours.
 
 Every phase uses the same pool of recorded trace messages (the corpus replicated with fresh
 trace ids, `corpus_replay.replicate`), published raw (their own headers and payloads) by a

@@ -125,9 +125,15 @@ class Bench:
         out = self.workdir / f"raw-{round_number}.json"
         subject = f"bench.raw.{round_number}"
         proc = self.spawn([PY, str(ROLES), "_raw", "--url", self.url, "--subject", subject, "--out", str(out)])
+        sampler = Sampler(proc.pid)
         self.wait_file(Path(str(out) + ".ready"))
+        cpu0 = sampler.cpu()
         pub = self.publish(subject, limit=self.args.burst or 0)
+        # Its CPU from just before the burst to its last message: read once the count stops
+        # (it then waits on its socket, spending nothing), like the bridge's to its last span.
         time.sleep(1.0)
+        cpu = sampler.cpu() - cpu0
+        sampler.stop()
         self.stop(proc)
         st = json.loads(out.read_text())
         dur = max(st["last"] - st["first"], 1e-6)
@@ -135,10 +141,11 @@ class Bench:
         # a user timing the run would (the bridge's includes its link window, `link.wait`).
         r = {"msgs": st["n"], "rate": st["n"] / dur, "sent": pub["sent"],
              "e2e": st["n"] / max(st["last"] - pub["started"], 1e-6),
-             "pub_rate": pub["sent"] / (pub["ended"] - pub["started"])}
+             "pub_rate": pub["sent"] / (pub["ended"] - pub["started"]),
+             "us_per_msg": cpu / max(st["n"], 1) * 1e6, "rss": sampler.peak_rss}
         self.keep("raw", r)
         print(f"raw receive : {r['rate']:10,.0f} msgs/s  ({r['msgs']:,} of {r['sent']:,}; "
-              f"publisher {r['pub_rate']:,.0f}/s)", flush=True)
+              f"publisher {r['pub_rate']:,.0f}/s; {r['us_per_msg']:.1f} us/msg)", flush=True)
 
     def phase_naive(self, sdk_defaults: bool = False, round_number: int = 0) -> None:
         """The naive SDK pipeline fed a burst. By default configured not to drop (its queue
@@ -159,7 +166,7 @@ class Bench:
         self.wait_file(Path(str(out) + ".ready"))
         cpu0, t0 = sampler.cpu(), time.time()
         pub = self.publish(f"bench.{name}.{round_number}", limit=self.args.naive_messages)
-        expected = int(pub["sent"] * self.spans_per_msg)
+        expected = self.expected_spans(pub["sent"])  # exact: its CPU is read when the last arrives
         self.rx.wait_quiet(expected, quiet=6.0, timeout=600)
         cpu = sampler.cpu() - cpu0
         sampler.stop()
@@ -170,11 +177,14 @@ class Bench:
              "e2e": self.rx.spans / self.spans_per_msg / max(self.rx.last - pub["started"], 1e-6),
              "sent": pub["sent"], "received": st["n"], "spans_made": st["spans"],
              "dropped": st["spans"] - self.rx.spans, "max_queue": queue or 2048,
-             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss}
+             "cpu": cpu / max(self.rx.last - t0, 1e-6), "rss": sampler.peak_rss,
+             # CPU seconds (to its last span) per message that arrived as spans, as the bridge's
+             "us_per_msg": cpu / max(self.rx.spans / self.spans_per_msg, 1) * 1e6}
         self.keep(name, r)
         print(f"{name:<19}: {r['rate']:10,.0f} msgs/s  {r['span_rate']:10,.0f} spans/s  "
               f"(received {r['received']:,} of {r['sent']:,}; spans made {r['spans_made']:,}, arrived {r['spans']:,}, "
-              f"queue {r['max_queue']:,}; CPU {r['cpu']:.0%}, RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
+              f"queue {r['max_queue']:,}; CPU {r['cpu']:.0%}, {r['us_per_msg']:.1f} us/msg, "
+              f"RSS {r['rss'] / 2**20:.0f} MB)", flush=True)
 
     def start_bridge(self, name: str, workers: int, mode: str = "core", subject: str = "bench.core",
                      extra: list[str] | None = None, src: Path | None = None) -> tuple[subprocess.Popen, int]:
@@ -221,7 +231,7 @@ class Bench:
         # A burst: the first --burst messages of the pool (default all); paced: the pool cycled.
         pub = self.publish(subject, rate=rate, duration=self.args.sustain_seconds if rate else 0,
                            limit=0 if rate else self.args.burst or 0)
-        expected = int(pub["sent"] * self.spans_per_msg)
+        expected = self.expected_spans(pub["sent"])  # exact: its CPU is read when the last arrives
         self.rx.wait_quiet(expected, quiet=2.5, timeout=300)
         cpu = sampler.cpu() - cpu0
         m = scrape(mport)

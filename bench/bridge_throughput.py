@@ -9,6 +9,14 @@ OTLP/gRPC receiver, with the ceiling and the naive pipeline measured in the same
         --sustain-seconds 5 --find-sustained 36000                   # the sustained rate
     python bench/bridge_throughput.py --only exchange --messages 100000 --rounds 3 \
         --sustain-seconds 10 --exchange-rate 15000                    # ~10 min
+    python bench/bridge_throughput.py --only raw --only naive --only core --only forward \
+        --workers 1 --messages 400000 --burst 60000 --naive-messages 60000 --rounds 6 \
+        --burst-only --baseline /tmp/base                             # issue 48's CPU per message
+
+Per round and then as medians with their spread, it prints each consumer's CPU per message
+of the burst (its CPU seconds from just before the burst to its last span, the bare
+subscriber's to its last message, over the messages: issue 48's measure) for the bare
+subscriber, the naive pipeline, ours and the baseline, with bare/ours and naive/ours.
 
 Every phase uses the same pool of recorded trace messages (the corpus replicated with fresh
 trace ids, `corpus_replay.replicate`), published raw (their own headers and payloads) by a
@@ -33,6 +41,10 @@ never the slowest part. Phases, one nats-server for all (own subject per phase):
 * base-core/wN - with `--baseline DIR`: the same, with the bridge of another checkout (e.g.
             `git worktree add /tmp/base HEAD~1`), alternated with ours in every round.
 * core-2x - two bridge processes in one queue group, the same burst.
+* forward - two bridges in one queue group with trace ownership (bridge/routing.py), the
+            burst: their summed CPU beyond the round's single bridge, per trace message
+            forwarded to its owner, beside the bare subscriber's per message
+            (`_bridge_forward.py`).
 * exchange - the link-evidence exchange (bridge/exchange.py), variants alternated in every
             round (reversed in odd ones): x-one (one bridge, no queue group: the exchange is
             off), x-q-on (one bridge, `--queue g --link-exchange auto`: it publishes its
@@ -71,6 +83,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bridge_forward import phase_forward, report_forward
 from _bridge_runs import EXCHANGE_VARIANTS, Bench
 
 
@@ -159,6 +172,54 @@ def report_rounds(by_round: dict[str, list[dict]], workers: list[int]) -> None:
                 print("; ".join(parts))
 
 
+def report_cpu(by_round: dict[str, list[dict]], results: dict[str, dict], workers: list[int]) -> None:
+    """Issue 48's figure: each consumer's CPU per message in the burst (its CPU seconds from
+    just before the burst to its last span, or the bare subscriber's to its last message,
+    over the messages), paired within each round, then the medians and the spread over the
+    rounds; the sustained rate (`--find-sustained`) beside it."""
+    from statistics import median
+
+    raws, naives = by_round.get("raw", []), by_round.get("naive", [])
+    for w in workers:
+        ours, base = by_round.get(f"burst-core-w{w}", []), by_round.get(f"base-burst-core-w{w}", [])
+        if not ours:
+            continue
+        print(f"\n== CPU per trace message, burst, core/w{w} (us; bare/x: the bare subscriber's over x's, "
+              "higher is better; naive/x: how many times less than the naive pipeline) ==")
+        print(f"{'round':>5}{'bare':>8}{'naive':>8}{'ours':>8}{'base':>8}{'bare/ours':>10}{'naive/ours':>11}"
+              f"{'bare/base':>10}{'naive/base':>11}{'base/ours':>10}{'whole':>7}{'RSS ours':>9}{'base':>6}")
+        rows: list[dict[str, float]] = []
+        nan = float("nan")
+        for i, r in enumerate(ours):
+            row = {"bare": raws[i]["us_per_msg"] if i < len(raws) else nan,
+                   "naive": naives[i]["us_per_msg"] if i < len(naives) else nan,
+                   "ours": r["us_per_msg"], "base": base[i]["us_per_msg"] if i < len(base) else nan,
+                   "rss": r["rss"] / 2**20, "base_rss": base[i]["rss"] / 2**20 if i < len(base) else nan}
+            row |= {"bare/ours": row["bare"] / row["ours"], "naive/ours": row["naive"] / row["ours"],
+                    "bare/base": row["bare"] / row["base"], "naive/base": row["naive"] / row["base"],
+                    "base/ours": row["base"] / row["ours"]}
+            whole = r["whole"] and (i >= len(base) or base[i]["whole"])
+            rows.append(row)
+            print(f"{i + 1:>5}{row['bare']:>8.1f}{row['naive']:>8.1f}{row['ours']:>8.1f}{row['base']:>8.1f}"
+                  f"{row['bare/ours']:>10.3f}{row['naive/ours']:>10.2f}x{row['bare/base']:>10.3f}"
+                  f"{row['naive/base']:>10.2f}x{row['base/ours']:>9.2f}x{whole!s:>7}{row['rss']:>9.0f}"
+                  f"{row['base_rss']:>6.0f}")
+
+        def spread(key: str, rows: list[dict[str, float]] = rows) -> str:
+            values = [row[key] for row in rows if row[key] == row[key]]
+            if not values:
+                return "-"
+            return f"{median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
+
+        print(f"medians over {len(rows)} rounds (min-max): " + "; ".join(
+            f"{key} {spread(key)}" for key in ("bare", "naive", "ours", "base", "bare/ours", "naive/ours",
+                                               "bare/base", "naive/base", "base/ours", "rss", "base_rss")))
+        sustained = results.get(f"sustained-w{w}")
+        if sustained:
+            print(f"sustained (--find-sustained): {sustained['offered']:,.0f} msgs/s kept up with, "
+                  f"{sustained['us_per_msg']:.1f} us/msg")
+
+
 def report_exchange(exchange: dict[str, list[dict[str, dict]]]) -> None:
     """Per stage: each variant's median over the rounds, and its ratio to x-one within each
     round (median of the rounds' ratios); then the exchange's extra CPU and the three bridges."""
@@ -231,6 +292,8 @@ def main() -> None:
                         help="step the offered pace up from RATE msgs/s (by --sustained-step) until one bridge "
                              "(the first --workers) no longer keeps up: the sustained rate, nothing lost")
     parser.add_argument("--sustained-step", type=float, default=4000, help="msgs/s added per step (default 4000)")
+    parser.add_argument("--burst-only", action="store_true",
+                        help="core phases: only the burst (issue 48's CPU per message), no paced run after it")
     parser.add_argument("--naive-messages", type=int, help="burst for the naive pipeline (default 60k, quick 8k)")
     parser.add_argument("--workers", type=int, action="append",
                         help="bridge --workers values (repeatable; default 1 and 2)")
@@ -251,7 +314,7 @@ def main() -> None:
                              "the first paced stage, or 0.6x its first burst)")
     parser.add_argument("--exchange-stages", action="append", choices=["burst", "paced", "fixed"],
                         help="exchange phase stages (repeatable; default all three)")
-    phases = ["raw", "naive", "naive-defaults", "core", "pair", "exchange", "latency", "js"]
+    phases = ["raw", "naive", "naive-defaults", "core", "forward", "pair", "exchange", "latency", "js"]
     parser.add_argument("--skip", action="append", default=[], choices=phases)
     parser.add_argument("--only", action="append", choices=phases, help="run only these phases (repeatable)")
     args = parser.parse_args()
@@ -297,10 +360,14 @@ def main() -> None:
                             sources.reverse()
                         for src in sources:
                             bench.phase_core(w, round_number, src=src)
+                        if args.burst_only:
+                            continue
                         burst = max(bench.by_round[("base-" if src else "") + f"burst-core-w{w}"][-1]["rate"]
                                     for src in sources)
                         for src in sources:
                             bench.phase_core(w, round_number, rate=args.paced_rate or 1.3 * burst, src=src)
+                if "forward" not in args.skip:  # after the round's core-w1: the pair's CPU beyond it
+                    phase_forward(bench, round_number)
                 if "pair" not in args.skip:
                     bench.phase_pair(1, round_number)
                     bench.phase_pair(1, round_number, rate=1.3 * bench.results["burst-core-2x-w1"]["rate"])
@@ -332,6 +399,8 @@ def main() -> None:
             bench.close()
         report(bench.results, args.workers)
         report_rounds(bench.by_round, args.workers)
+        report_cpu(bench.by_round, bench.results, args.workers)
+        report_forward(bench.by_round)
         if bench.exchange:
             report_exchange(bench.exchange)
         print("\n" + json.dumps({**bench.results, "exchange": bench.exchange}, default=str))

@@ -11,7 +11,10 @@ time, then one request per 512 spans); `bridge`, the bridge's calls (`observe_ma
 ledger's vouching of one bridge without peers where the checkout has it, then `convert_many`
 encoded, per batch of 512; no request); `view`, the same and the batch's
 network samples counted into the live network view (`NetworkMetrics.record`, as
-`accounting` does; exemplars included). The machine is shared and noisy:
+`accounting` does; exemplars included); `window`, the conversion thread's work in the live
+bridge: each batch converted a link window (60 batches) after it was observed, one request
+per batch, GC on with the bridge's settings (what the records held through the window cost;
+issue 48). The machine is shared and noisy:
 alternation spreads the noise over both, and the summary gives the best round of each and
 their ratio. For CPU per message, not throughput: nothing else runs.
 """
@@ -60,6 +63,33 @@ def bridge_calls(raws, view: bool = False) -> None:
             record([r.network for r in results if getattr(r, "network", None) is not None])
 
 
+# Batches the link window holds in `window_calls`: `link.wait` (1 s) at ~30k msgs/s in 512s.
+WINDOW_BATCHES = 60
+
+
+def window_calls(raws) -> None:
+    """The conversion thread's work in the live bridge: each batch of 512 observed on
+    arrival and converted `WINDOW_BATCHES` batches later (the link window), into one export
+    request, with the bridge's collector settings (`gc_tuning`, set by `measure`): what the
+    records a message holds through the window cost the allocator, the collector and the
+    caches shows here (issue 48), where `bridge` converts each batch at once, GC off."""
+    from _core_api import hot_path
+
+    from nats_otel import gc_tuning
+
+    core = hot_path()
+    converter = core.Converter()
+    batches = [raws[start : start + 512] for start in range(0, len(raws), 512)]
+    for k in range(len(batches) + WINDOW_BATCHES):
+        if k < len(batches):
+            converter.observe_many(batches[k], 0.0)
+        if k >= WINDOW_BATCHES:
+            results = converter.convert_many(batches[k - WINDOW_BATCHES], 0.0, True)
+            core.encode_request([r.encoded for r in results if getattr(r, "encoded", None) is not None])
+            del results
+            gc_tuning.after_batch()
+
+
 def measure(messages: int, path: str) -> None:
     """In the child: print microseconds of CPU per message, best of 3 passes."""
     sys.path.insert(1, str(HERE.parent))
@@ -67,9 +97,15 @@ def measure(messages: int, path: str) -> None:
     from convert_throughput import ours
     from corpus_replay import replicate
 
-    run_path = {"bridge": bridge_calls, "view": lambda raws: bridge_calls(raws, view=True)}.get(path, ours)
+    run_path = {"bridge": bridge_calls, "view": lambda raws: bridge_calls(raws, view=True),
+                "window": window_calls}.get(path, ours)
     raws = replicate(messages)
-    gc.disable()
+    if path == "window":  # the collector as the bridge runs it: the window's cost includes it
+        from nats_otel import gc_tuning
+
+        gc_tuning.tune_gc_for_throughput()
+    else:
+        gc.disable()
     best = float("inf")
     for _ in range(3):
         started = time.process_time()
@@ -91,9 +127,10 @@ def main() -> None:
     parser.add_argument("baseline", type=Path, nargs="?", help="the other checkout")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--path", choices=("convert", "bridge", "view"), default="convert",
+    parser.add_argument("--path", choices=("convert", "bridge", "view", "window"), default="convert",
                         help="convert: Converter.convert per message + requests; bridge: the bridge's batch calls; "
-                             "view: those and the network view's counting")
+                             "view: those and the network view's counting; window: the bridge's calls with a link "
+                             "window held, one request per batch, the bridge's GC settings")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -10,12 +10,13 @@ others go, as received, one NATS message per owner and batch, to the owner's sub
 (`<exchange subject>.to.<member token>`), and arrive there in its intake as if received by
 it, with the stream they arrived on at the sender and that stream's losses. What a bridge
 receives, computes and sends grows with its own share: one hash per trace message received,
-one message per owner and batch forwarded, one heartbeat a second per peer.
+one message per owner and batch forwarded, one heartbeat a second per peer not forwarding to it.
 
 What it rests on, all NATS's own:
 - Membership: the exchange's heartbeats (every bridge says it is there every second on the
-  exchange subject, and every quarter of `link.wait` after data unless it just forwarded to
-  every peer, whose forwards carry the same state). A member is a sender heard within
+  exchange subject, and every quarter of `link.wait` after data, either unless it just
+  forwarded to every peer: a forward carries the same state and keeps its sender a member,
+  `heard_from`). A member is a sender heard within
   `MEMBER_SILENCE_S`; one that says goodbye (SIGTERM) leaves at once; one whose subject has
   no subscriber (NATS answers a forward with status 503, no responders: its connection is
   gone, a SIGKILL) leaves when that answer comes, and the forward goes to the next owner.

@@ -103,7 +103,7 @@ class Bridge:
         # Trace ownership (routing.py): in core mode, in one process, with the exchange on,
         # each trace is linked by one bridge and the others forward its trace messages there.
         self.router: Router | None = None
-        if self.exchange is not None and self._vouching and settings.link.ownership:
+        if self.exchange is not None and self._may_vouch and settings.link.ownership:
             self.router = Router(self.exchange.subject, self.exchange.sender, self.intake, self.metrics,
                                  self.wholeness.start_anew, settings.exchange_key())
             self.exchange.route_with(self.router, settings.link.wait)
@@ -217,7 +217,7 @@ class Bridge:
         if not all(started):
             return 0  # stopped while connecting
         if self.exchange is not None and not await self.exchange.attach(
-                getattr(self.sources[0], "nc", None), s, self.wholeness.streams if self._vouching else None):
+                getattr(self.sources[0], "nc", None), s, self.wholeness.streams if self._may_vouch else None):
             self.exchange = self.router = None
         self._started = True
         log.info("bridge running", extra={"fields": {"version": __version__, "core": engine.implementation(),
@@ -400,14 +400,14 @@ class Bridge:
         return time.monotonic() + self.settings.link.wait
 
     @property
-    def _vouching(self) -> bool:
+    def _may_vouch(self) -> bool:
         """Core mode, one process: it sees the reports routed to it in order, but for its losses."""
         return self.settings.mode == "core" and self.workers is None
 
     @property
     def vouching(self) -> bool:
-        """`_vouching`, and now: while it knows its queue group's members (`members_known`)."""
-        return self._vouching and members_known(self.exchange, self.settings.sources)
+        """`_may_vouch`, and now: while it knows its queue group's members (`members_known`)."""
+        return self._may_vouch and members_known(self.exchange, self.settings.queue_group)
 
     async def _until(self, ripe_at: float) -> None:
         """Sleep until `ripe_at`; not at all once draining (what arrived is observed), but with

@@ -78,6 +78,11 @@ class BridgeSettings(_Model):
         return value
 
     @property
+    def queue_group(self) -> str | None:
+        """The queue group the sources subscribe in (the first named), or None: a bridge alone."""
+        return next((source.queue for source in self.sources if source.queue), None)
+
+    @property
     def exchange_subject(self) -> str | None:
         """Where this bridge exchanges hop evidence (`link.exchange`), or None: off. 'auto' is on
         where bridges may share the traces: a queue group, or JetStream mode (a shared durable)."""
@@ -86,7 +91,7 @@ class BridgeSettings(_Model):
             return None if chosen == "off" else chosen
         if self.mode == "jetstream":
             return f"nats-otel.links.{self.jetstream.durable}"
-        queue = next((source.queue for source in self.sources if source.queue), None)
+        queue = self.queue_group
         return f"nats-otel.links.{queue}" if queue else None
 
     def exchange_key(self) -> bytes | None:

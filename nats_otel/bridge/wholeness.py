@@ -96,7 +96,7 @@ class Wholeness:
         return time.monotonic() - PEER_SILENCE_S, time.time_ns() + self._margin_ns
 
 
-def members_known(exchange: Any, sources: Sequence[Any]) -> bool:
+def members_known(exchange: Any, queue_group: str | None) -> bool:
     """Whether this bridge knows every stream its servers route its reports to, as vouching
     needs: alone (no queue group), or hearing the link exchange its queue group's members
     speak on (its own heartbeat came back: `LinkExchange.heard_itself`). A member never heard
@@ -106,4 +106,4 @@ def members_known(exchange: Any, sources: Sequence[Any]) -> bool:
     nothing, and alike messages link by their numbers alone."""
     if exchange is not None:
         return bool(exchange.heard_itself)
-    return not any(getattr(source, "queue", None) for source in sources)
+    return queue_group is None

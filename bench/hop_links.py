@@ -136,7 +136,9 @@ class Bridge:
         # writing DIR/<server>.prof at exit: where a bridge's own time goes, never for figures.
         profile = os.environ.get("BRIDGE_CPROFILE")
         wrap = ["-m", "cProfile", "-o", str(Path(profile) / f"{server}.prof")] if profile else []
-        if os.environ.get("BRIDGE_WRAP"):  # a script that runs `-m nats_otel.cli ...` itself (instrumented)
+        # BRIDGE_WRAP=SCRIPT: each bridge runs as `SCRIPT -m nats_otel.cli bridge ...`, e.g.
+        # bench/loop_callbacks.py (its event loop's CPU by callback).
+        if os.environ.get("BRIDGE_WRAP"):
             wrap = [os.environ["BRIDGE_WRAP"]]
         argv = [sys.executable, *wrap, "-m", "nats_otel.cli", "bridge", "--nats-url", url, "--user", USER,
                 "--password", PASSWORD, "--output", str(self.output), "--metrics-port", str(self.port),

@@ -198,10 +198,7 @@ class LinkExchange:
             # Soon after data, unless every peer just got this bridge's state with a forward.
             soon = (quiet >= self.soon_s and now - self._last_data <= _AFTER_DATA_S
                     and (self.router is None or not self.router.told_all(now - self.soon_s)))
-            # Nor every second while forwards go to every peer: a forward says what a
-            # heartbeat says (the state, the view) and keeps its sender a member (`Router.heard_from`).
-            due = quiet >= _HEARTBEAT_S and (self.router is None or not self.router.told_peers(now - _HEARTBEAT_S))
-            if due or soon:
+            if quiet >= _HEARTBEAT_S or soon:
                 states = [StreamState(name, *state) for name, state in streams().items()]
                 await self.publish(encode_batch(self.sender, [], (), states), data_batch=False)
                 self._unheard_beats = 0 if self.heard_itself else self._unheard_beats + 1

@@ -23,15 +23,7 @@ from collections.abc import Callable, Sequence
 
 from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery, charge
 
-__all__ = ["MESSAGE_OVERHEAD", "Intake", "batch_end", "charge"]
-
-
-def batch_end(now: float, wall_now: float, delay: float, aligned: bool) -> float:
-    """When (on the `now` clock) a batch begun now ends: `delay` later, or, `aligned`, at the
-    next multiple of `delay` on the wall clock (`wall_now`), which bridges share."""
-    if not aligned or delay <= 0:
-        return now + delay
-    return now + (delay - wall_now % delay)
+__all__ = ["MESSAGE_OVERHEAD", "Intake", "charge"]
 
 
 class Intake:
@@ -108,22 +100,16 @@ class Intake:
         return self.get_nowait()
 
     async def collect(self, max_messages: int, delay_s: Callable[[], float], idle_s: float,
-                      on_first: Callable[[], None], *, aligned: bool = False) -> list[Delivery]:
+                      on_first: Callable[[], None]) -> list[Delivery]:
         """A batch: up to `max_messages` deliveries, taken at most `delay_s()` (read when the
         first is taken) after the first one; none when nothing came within `idle_s`.
-        `on_first` runs as the first is taken (`Wholeness.collecting`).
-
-        `aligned` (trace ownership): the batch ends at the next multiple of the delay on the
-        wall clock instead, so that bridges whose clocks agree close their batches together
-        and their forwards reach each owner together, in one read rather than one wake-up
-        per peer (a wake-up costs more than the few trace messages a forward carries at a
-        moderate rate). A batch never waits longer than unaligned."""
+        `on_first` runs as the first is taken (`Wholeness.collecting`)."""
         first = await self.get(idle_s)
         if first is None:
             return []
         on_first()
         batch = [first]
-        flush_at = batch_end(time.monotonic(), time.time(), delay_s(), aligned)
+        flush_at = time.monotonic() + delay_s()
         while True:
             batch += self.take(max_messages - len(batch))
             left = flush_at - time.monotonic()

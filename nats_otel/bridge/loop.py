@@ -445,7 +445,7 @@ class Bridge:
         """Up to `max_messages` deliveries; waits at most `max_delay` after the first (draining: none)."""
         b = self.settings.batch
         return await self.intake.collect(b.max_messages, lambda: 0 if self._intake_done else b.max_delay,
-                                         _IDLE_POLL_S, self.wholeness.collecting, aligned=self.router is not None)
+                                         _IDLE_POLL_S, self.wholeness.collecting)
 
     # -- JetStream mode --------------------------------------------------------------------
 

@@ -10,13 +10,12 @@ others go, as received, one NATS message per owner and batch, to the owner's sub
 (`<exchange subject>.to.<member token>`), and arrive there in its intake as if received by
 it, with the stream they arrived on at the sender and that stream's losses. What a bridge
 receives, computes and sends grows with its own share: one hash per trace message received,
-one message per owner and batch forwarded, one heartbeat a second per peer not forwarding to it.
+one message per owner and batch forwarded, one heartbeat a second per peer.
 
 What it rests on, all NATS's own:
 - Membership: the exchange's heartbeats (every bridge says it is there every second on the
-  exchange subject, and every quarter of `link.wait` after data, either unless it just
-  forwarded to every peer: a forward carries the same state and keeps its sender a member,
-  `heard_from`). A member is a sender heard within
+  exchange subject, and every quarter of `link.wait` after data unless it just forwarded to
+  every peer, whose forwards carry the same state). A member is a sender heard within
   `MEMBER_SILENCE_S`; one that says goodbye (SIGTERM) leaves at once; one whose subject has
   no subscriber (NATS answers a forward with status 503, no responders: its connection is
   gone, a SIGKILL) leaves when that answer comes, and the forward goes to the next owner.
@@ -137,13 +136,6 @@ class Router:
         if new:
             self._rebuild(f"{sender} joined")
         return new
-
-    def heard_from(self, sender: str) -> None:
-        """A member's forward: it is alive as surely as by its heartbeat, which it skips while
-        it forwards to every peer (`LinkExchange._beat`). A sender not a member joins by its
-        heartbeat, never by a forward."""
-        if sender in self._peers:
-            self._peers[sender] = time.monotonic()
 
     def tick(self) -> None:
         """Peers silent for `MEMBER_SILENCE_S` left; kept forwards past their time go."""
@@ -274,7 +266,6 @@ class Router:
             self._log(exc.reason, f"a forward: {exc.detail}")
             return
         sender = forward.sender
-        self.heard_from(sender)
         missed = self._numbered(sender, forward.number)
         vouched = forward.view == self.ring.view
         intake, refused = self._intake, 0
@@ -316,11 +307,6 @@ class Router:
         """Whether every peer got a forward (and with it this bridge's state) since `since`."""
         told = self._told
         return all(told.get(member, 0.0) >= since for member in self.ring.members if member != self.me)
-
-    def told_peers(self, since: float) -> bool:
-        """Whether this bridge has peers and forwarded to each since `since` (a bridge alone
-        must still say it is there: that is how the others find it)."""
-        return bool(self._peers) and self.told_all(since)
 
     def _numbered(self, sender: str, current: int) -> int:
         """The forwards of `sender` to this bridge that never arrived, so far."""

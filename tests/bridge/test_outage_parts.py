@@ -13,7 +13,7 @@ import ssl
 import nats.errors
 import pytest
 
-from nats_otel.bridge.intake import MESSAGE_OVERHEAD, Intake, batch_end
+from nats_otel.bridge.intake import MESSAGE_OVERHEAD, Intake
 from nats_otel.bridge.settings import NatsSettings
 from nats_otel.bridge.sources.delivery import Delivery, delivery
 from nats_otel.bridge.sources.link import Link, backoff, classify, next_wait, redact_url
@@ -147,15 +147,3 @@ async def test_intake_take_gives_the_oldest_at_once_and_keeps_them_charged() -> 
     assert intake.held == 5
     intake.release(first + rest)
     assert intake.bytes == 0 and intake.held == 0
-
-
-@pytest.mark.parametrize(("wall_now", "ends_at_wall"), [(10.03, 10.2), (10.17, 10.2), (10.21, 10.4), (10.39, 10.4)])
-def test_aligned_batches_end_on_the_wall_clocks_grid_of_the_delay(wall_now: float, ends_at_wall: float) -> None:
-    """Trace ownership: bridges that began batches at different times end them together (so
-    their forwards reach each owner together), never later than an unaligned batch would."""
-    now = 500.0  # the monotonic clock, unrelated to the wall clock
-    end = batch_end(now, wall_now, 0.2, aligned=True)
-    assert end - now == pytest.approx(ends_at_wall - wall_now, abs=1e-9)
-    assert 0 < end - now <= 0.2 + 1e-9
-    assert batch_end(now, wall_now, 0.2, aligned=False) == pytest.approx(now + 0.2)
-    assert batch_end(now, wall_now, 0.0, aligned=True) == now  # draining: no wait at all

@@ -45,8 +45,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-import nats.errors
-
 from nats_otel.bridge.routing import BYE_HEADER, VIEW_HEADER
 from nats_otel.core.evidence import (
     EvidenceError,
@@ -150,6 +148,13 @@ class LinkExchange:
         self._ticked = 0.0
         # How often it says how long it has been whole after data (`route_with`: less often).
         self.soon_s = _HEARTBEAT_SOON_S
+        # JetStream mode with trace ownership (`js_routing`): each trace's evidence stays with
+        # its owner, so data batches go to this subject, kept by the stream for a restart, and
+        # heard live by no bridge; the exchange subject carries the heartbeats alone.
+        self.kept_subject: str | None = None
+        self._kept_in: tuple[str, float] | None = None  # (stream, retention) once kept (`keep`)
+        self._replaying: asyncio.Future[None] | None = None
+        self._replay_again = False
         # Its own batches came back (NATS echoes them): it hears the exchange (`members_known`).
         self.heard_itself = False
         self._unheard_beats = 0
@@ -183,6 +188,9 @@ class LinkExchange:
         self.soon_s = min(1.0, max(self.soon_s, link_wait_s / 4))
 
     async def stop(self) -> None:
+        if self._replaying is not None:
+            self._replaying.cancel()
+            await asyncio.gather(self._replaying, return_exceptions=True)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
@@ -208,43 +216,85 @@ class LinkExchange:
                                 "streams vouch for nothing and alike messages link by their numbers alone")
 
     async def keep(self, nc: Any, stream: str, retention_s: float) -> int:
-        """JetStream mode: the stream that keeps the evidence (created if missing), and its
-        last `retention_s` replayed into the link window. Returns the batches replayed; a
-        stream that cannot be used is logged (links then rest on the live exchange alone)."""
-        import datetime
-
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+        """JetStream mode: the stream that keeps the evidence (created if missing, given the
+        kept subject if an earlier release made it), and its last `retention_s` replayed into
+        the link window (`replay`). Returns the batches replayed; a stream that cannot be used
+        is logged (links then rest on the live exchange alone)."""
+        from nats.js.api import StorageType, StreamConfig
         from nats.js.errors import NotFoundError
 
         js = nc.jetstream()
         try:
+            subjects = [self.subject] + ([self.kept_subject] if self.kept_subject else [])
             try:
-                await js.stream_info(stream)
+                info = await js.stream_info(stream)
+                if not set(subjects) <= set(info.config.subjects or ()):  # kept by an earlier release
+                    config = info.config
+                    config.subjects = sorted({*(config.subjects or ()), *subjects})
+                    await js.update_stream(config)
+                    log.info("link evidence stream updated", extra={"fields": {"stream": stream,
+                                                                               "subjects": config.subjects}})
             except NotFoundError:
-                await js.add_stream(StreamConfig(name=stream, subjects=[self.subject], storage=StorageType.FILE,
+                await js.add_stream(StreamConfig(name=stream, subjects=subjects, storage=StorageType.FILE,
                                                  max_age=retention_s))
                 log.info("link evidence stream created", extra={"fields": {"stream": stream}})
-            since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=retention_s)
-            consumer = await js.pull_subscribe(
-                self.subject, stream=stream,
-                config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since,
-                                      ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True))
         except Exception as exc:  # noqa: BLE001 - the bridge runs on without what was kept
             self._count("unkept", f"stream {stream}: {type(exc).__name__}: {exc}; a restarted bridge starts "
                         "without it")
+            return 0
+        self._kept_in = (stream, retention_s)
+        return await self.replay()
+
+    def replay_soon(self) -> None:
+        """JetStream mode with trace ownership: the members changed, so this bridge may now own
+        traces whose upstream reports another bridge mapped; replay what was kept (one replay
+        at a time; a change during one asks for one more after it)."""
+        if self._kept_in is None:
+            return
+        if self._replaying is not None and not self._replaying.done():
+            self._replay_again = True
+            return
+
+        async def replays() -> None:
+            self._replay_again = True
+            while self._replay_again:
+                self._replay_again = False
+                await self.replay()
+
+        self._replaying = asyncio.ensure_future(replays())
+
+    async def replay(self) -> int:
+        """The kept stream's last `link.retention` of evidence into the link window, each
+        batch recorded before the next (never dropped); the batches replayed. What is replayed
+        says nothing of who is a member now: the router does not hear it."""
+        import datetime
+
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        if self._kept_in is None or self._nc is None:
+            return 0
+        stream, retention_s = self._kept_in
+        since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=retention_s)
+        try:
+            consumer = await self._nc.jetstream().pull_subscribe(
+                self.kept_subject or self.subject, stream=stream,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since,
+                                      ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True))
+        except Exception as exc:  # noqa: BLE001 - the bridge runs on without what was kept
+            self._count("unkept", f"replaying stream {stream}: {type(exc).__name__}: {exc}")
             return 0
         replayed = 0
         try:
             while True:
                 try:
                     msgs = await consumer.fetch(256, timeout=1.0)
-                except nats.errors.TimeoutError:
+                except TimeoutError:  # nats-py's, or asyncio's from inside its fetch
                     break  # nothing (more) to replay
                 except Exception as exc:  # noqa: BLE001 - the bridge runs on with what it has
                     self._count("unkept", f"replaying stream {stream}: {type(exc).__name__}: {exc}")
                     break
                 for msg in msgs:
-                    recording = self._accept(msg)
+                    recording = self._accept(msg, live=False)
                     if recording is not None:
                         await recording  # replayed before the first fetch, and never dropped
                     replayed += 1
@@ -297,16 +347,20 @@ class LinkExchange:
                 self._count("unpublished", "not connected")
             return
         self._published += 1  # numbered even if it fails: the peers see the gap
-        self._last_published = time.monotonic()
-        if data_batch:
-            self._last_data = self._last_published
+        subject = self.subject
+        if data_batch and self.kept_subject is not None:
+            subject = self.kept_subject  # for a restart's replay only: no peer's heartbeat is due
+        else:
+            self._last_published = time.monotonic()
+            if data_batch:
+                self._last_data = self._last_published
         headers = {SENDER_HEADER: self.sender, BATCH_HEADER: str(self._published)}
         if self.router is not None:
             headers[VIEW_HEADER] = self.router.view
         if self._key is not None:
             headers[SIGNATURE_HEADER] = sign(self._key, data)
         try:
-            await self._nc.publish(self.subject, data, headers=headers)
+            await self._nc.publish(subject, data, headers=headers)
         except Exception as exc:  # noqa: BLE001 - a lost batch costs links, never the bridge
             self._count("unpublished", f"{type(exc).__name__}: {exc}")
             return
@@ -315,9 +369,10 @@ class LinkExchange:
     async def _on_msg(self, msg: Any) -> None:
         self._accept(msg)
 
-    def _accept(self, msg: Any) -> asyncio.Future[None] | None:
+    def _accept(self, msg: Any, live: bool = True) -> asyncio.Future[None] | None:
         """Check a received batch and hand it to the conversion thread; the future of its
-        recording, or None when it was skipped or dropped (counted)."""
+        recording, or None when it was skipped or dropped (counted). Not `live` (replayed),
+        it is evidence alone: heard by no router."""
         headers = msg.headers or {}
         if headers.get(SENDER_HEADER) == self.sender:
             self.heard_itself = True  # it hears the exchange: its peers' batches reach it too
@@ -332,7 +387,7 @@ class LinkExchange:
             self._count("forged", "a batch naming this bridge as its sender")
             return None
         batch = self._numbered(batch, headers.get(BATCH_HEADER))
-        if self.router is not None:
+        if self.router is not None and live:
             bye = BYE_HEADER in headers
             if self.router.heard(sender, bye):
                 self._last_published = 0.0  # a newcomer: tell it who is here at once

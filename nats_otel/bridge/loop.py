@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from nats_otel import __version__, gc_tuning
+from nats_otel.bridge import jetstream_loop
 from nats_otel.bridge.accounting import BatchAccounting
 from nats_otel.bridge.exchange import exchange_for
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.intake import Intake
+from nats_otel.bridge.js_routing import JetStreamRouter
 from nats_otel.bridge.policy import NakBackoff, settle
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
 from nats_otel.bridge.readiness import BackendReadiness
@@ -44,7 +46,6 @@ __all__ = ["Bridge"]
 log = logging.getLogger("nats_otel.bridge")
 
 _IDLE_POLL_S = 0.25  # how often an idle loop looks at the stop flag
-_FETCH_TIMEOUT_S = 1.0
 # Batches waiting out `link.wait`: a rate times the wait, a few dozen at most in practice;
 # this only bounds the pathological case (then intake backs up, and drops are counted).
 _DELAYED_BATCHES = 4096
@@ -102,10 +103,19 @@ class Bridge:
         self.wholeness = Wholeness(self.sources, settings.link.max_clock_skew, self.intake)
         # Trace ownership (routing.py): in core mode, in one process, with the exchange on,
         # each trace is linked by one bridge and the others forward its trace messages there.
+        # In JetStream mode (`js_routing`), a forward is settled by its owner's answer.
         self.router: Router | None = None
-        if self.exchange is not None and self._may_vouch and settings.link.ownership:
-            self.router = Router(self.exchange.subject, self.exchange.sender, self.intake, self.metrics,
-                                 self.wholeness.start_anew, settings.exchange_key())
+        if self.exchange is not None and self.workers is None and settings.link.ownership:
+            if settings.mode == "core":
+                self.router = Router(self.exchange.subject, self.exchange.sender, self.intake, self.metrics,
+                                     self.wholeness.start_anew, settings.exchange_key())
+            else:
+                self.router = JetStreamRouter(self.exchange.subject, self.exchange.sender, self.intake, self.metrics,
+                                              functools.partial(jetstream_loop.owners_changed, self),
+                                              settings.exchange_key(),
+                                              functools.partial(jetstream_loop.settle_fetched, self),
+                                              settings.jetstream.ack_wait / 2)
+                self.exchange.kept_subject = f"{self.exchange.subject}.kept"
             self.exchange.route_with(self.router, settings.link.wait)
 
     # -- health ----------------------------------------------------------------------------
@@ -217,7 +227,8 @@ class Bridge:
         if not all(started):
             return 0  # stopped while connecting
         if self.exchange is not None and not await self.exchange.attach(
-                getattr(self.sources[0], "nc", None), s, self.wholeness.streams if self._may_vouch else None):
+                getattr(self.sources[0], "nc", None), s,
+                self.wholeness.streams if self._may_vouch or self.router is not None else None):
             self.exchange = self.router = None
         self._started = True
         log.info("bridge running", extra={"fields": {"version": __version__, "core": engine.implementation(),
@@ -228,8 +239,10 @@ class Bridge:
             workers = [asyncio.create_task(self._core_intake(delayed))]
             workers += [asyncio.create_task(self._core_worker(delayed)) for _ in range(self._inflight)]
         else:
-            workers = [asyncio.create_task(self._jetstream_loop(src)) for src in self.sources
-                       if isinstance(src, JetStreamSource)]
+            js_sources = [src for src in self.sources if isinstance(src, JetStreamSource)]
+            workers = [asyncio.create_task(jetstream_loop.run(self, src)) for src in js_sources]
+            if isinstance(self.router, JetStreamRouter):  # what the other bridges forward here
+                workers.append(asyncio.create_task(jetstream_loop.run(self, js_sources[0], forwarded=True)))
         try:
             await asyncio.wait_for(self._stopping.wait(), s.max_runtime)
         except TimeoutError:
@@ -256,6 +269,8 @@ class Bridge:
         for task in done:
             if task.exception() is not None:
                 log.error("worker failed", exc_info=task.exception())
+        if isinstance(self.router, JetStreamRouter):  # the answers to its forwards, and its own answers
+            await self.router.finish(self._drain_deadline + _DRAIN_GRACE_S)
         self._drop_waiting()
         if pending or self._drain_overran:
             log.error("drain timed out; unexported messages were dropped (JetStream redelivers them)",
@@ -386,8 +401,10 @@ class Bridge:
             # (redeliveries come out of order).
             received: list[tuple[str, int] | None] | None = None
             streams = None
-            # Trace ownership: no evidence to publish; a report forwarded with breaks -1 vouches for nothing.
-            sender = None if self.exchange is None or self.router is not None else self.exchange.sender
+            # Trace ownership: no evidence to publish (JetStream mode: to the kept stream only);
+            # a report forwarded with breaks -1 vouches for nothing.
+            sender = (None if self.exchange is None or (self.router is not None and self.exchange.kept_subject is None)
+                      else self.exchange.sender)
             if self.vouching:
                 received = [(d.source, d.breaks) if d.breaks >= 0 else None for d in deliveries]
                 streams = self.wholeness.streams(collected_ns) if sender is not None else None
@@ -446,44 +463,6 @@ class Bridge:
         b = self.settings.batch
         return await self.intake.collect(b.max_messages, lambda: 0 if self._intake_done else b.max_delay,
                                          _IDLE_POLL_S, self.wholeness.collecting)
-
-    # -- JetStream mode --------------------------------------------------------------------
-
-    async def _jetstream_loop(self, source: JetStreamSource) -> None:
-        """One fetcher and `_inflight` settlers; each batch waits `link.wait` after its hop
-        evidence was recorded, then is converted, exported and settled on its own
-        (max_ack_pending bounds what is in flight)."""
-        assert self._stopping is not None
-        batches: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
-        settlers = [asyncio.create_task(self._jetstream_settler(source, batches)) for _ in range(self._inflight)]
-        try:
-            while not self._intake_done:
-                pause = self._backoff.pause_left()
-                if pause > 0:
-                    # Backpressure: the backend is failing; fetching more would only nak more.
-                    try:
-                        await asyncio.wait_for(self._stopping.wait(), pause)
-                    except TimeoutError:
-                        pass
-                    continue
-                deliveries = await source.fetch(_FETCH_TIMEOUT_S)
-                if deliveries:
-                    raws = [d.raw for d in deliveries]
-                    await batches.put((await self._observe(deliveries, raws), deliveries, raws))
-        finally:
-            for _ in settlers:
-                await batches.put(None)
-            await asyncio.gather(*settlers)
-
-    async def _jetstream_settler(self, source: JetStreamSource,
-                                 batches: asyncio.Queue[_Waiting | None]) -> None:
-        while (item := await batches.get()) is not None:
-            ripe_at, deliveries, raws = item
-            await self._until(ripe_at)
-            ack, nak, term, hold = await self._process(deliveries, raws, source.holdable(deliveries))
-            await source.settle(ack, nak, term, self._backoff.after(bool(nak)))
-            if hold:
-                await source.hold(hold)
 
     # -- the error policy, in one place ------------------------------------------------------
 

@@ -87,7 +87,7 @@ class Router:
         self._settled_at = 0.0
         self._sent: dict[str, int] = {}  # owner -> forwards numbered so far
         self._heard: dict[str, tuple[int, int]] = {}  # sender -> (last forward number, forwards missed)
-        self._kept: dict[str, tuple[float, list[Delivery]]] = {}  # ack subject -> (when, what it carried)
+        self._kept: dict[str, tuple[float, str, list[Delivery]]] = {}  # ack subject -> (when, owner, what it carried)
         self._ack_prefix = f"{base_subject}.ack.{member_token(me)}"
         self._last_log: dict[str, float] = {}
         self._told: dict[str, float] = {}  # owner -> when it was last forwarded to
@@ -142,14 +142,18 @@ class Router:
         now = time.monotonic()
         for sender in [s for s, heard in self._peers.items() if now - heard > MEMBER_SILENCE_S]:
             self._leave(sender, "silent")
-        for subject in [s for s, (at, _) in self._kept.items() if now - at > _KEEP_FORWARD_S]:
-            del self._kept[subject]
+        self._expire(now)
         for sender in [s for s, at in self._gone.items() if now - at > 600.0]:
             del self._gone[sender]
         for owner in [o for o in self._told if o not in self._peers]:
             del self._told[owner]
         for sender in [s for s in self._heard if s not in self._peers and s not in self._gone]:
             del self._heard[sender]  # forgotten with it (a sender heard again counts anew)
+
+    def _expire(self, now: float) -> None:
+        """Forwards kept past their time for a 503 go (core mode: none comes later)."""
+        for subject in [s for s, (at, _, _) in self._kept.items() if now - at > _KEEP_FORWARD_S]:
+            del self._kept[subject]
 
     def _leave(self, sender: str, why: str) -> None:
         self._gone[sender] = time.monotonic()
@@ -207,10 +211,10 @@ class Router:
         return own
 
     async def forward(self, owner: str, part: list[Delivery], names: list[str],
-                      states: Sequence[StreamState] = ()) -> None:
+                      states: Sequence[StreamState] = ()) -> bool:
         """Send `part` to its owner, one message (`names`: this bridge's stream names, the
         frames' index; a stream not among them is added to this batch's; `states`: what they
-        say of themselves, as a heartbeat would)."""
+        say of themselves, as a heartbeat would). False when it could not be sent (counted)."""
         names = list(names)
         index = {name: at for at, name in enumerate(names)}
         frames = []
@@ -221,9 +225,9 @@ class Router:
                 names.append(delivery.source)
             frames.append((delivery.raw, at, delivery.breaks))
         number = self._sent[owner] = self._sent.get(owner, 0) + 1
-        reply = f"{self._ack_prefix}.{number}.{member_token(owner)}"
+        reply = self.reply_subject(self.me, number, owner)
         now = time.monotonic()
-        self._kept[reply] = (now, part)
+        self._kept[reply] = (now, owner, part)
         self._told[owner] = now
         try:
             await self._nc.publish(self.subject_of(owner), encode_forward(self.me, self.ring.view, number, names,
@@ -232,27 +236,42 @@ class Router:
             self._kept.pop(reply, None)
             self._metrics.routed.labels("unforwarded").inc(len(part))
             self._log("unforwarded", f"{len(part)} trace messages to {owner}: {type(exc).__name__}: {exc}")
-            return
+            return False
         self._metrics.routed.labels("forwarded").inc(len(part))
+        return True
+
+    def reply_subject(self, sender: str, number: int, owner: str) -> str:
+        """Where the answers to `sender`'s forward `number` to `owner` go: NATS's 503, and in
+        JetStream mode the owner's (`js_routing`), which derives it from the forward alone."""
+        return f"{self._base}.ack.{member_token(sender)}.{number}.{member_token(owner)}"
 
     async def _on_ack(self, msg: Any) -> None:
         """A forward's answer: only NATS's own, 503 when no one subscribes to the owner's
         subject (it is gone): re-route what it carried."""
-        kept = self._kept.pop(msg.subject, None)
-        if kept is None or (msg.headers or {}).get("Status") != "503":
+        if (msg.headers or {}).get("Status") != "503" or msg.subject not in self._kept:
             return
-        part = kept[1]
-        owner = next((m for m in self._peers if msg.subject.endswith(member_token(m))), None)
-        if owner is not None:
-            self._leave(owner, "no responders")
+        await self._reroute(*self._kept.pop(msg.subject)[1:])
+
+    async def _reroute(self, owner: str, part: list[Delivery]) -> None:
+        """NATS answered a forward to `owner` with 503: it is gone; `part` goes to the owners now."""
+        self._leave(owner, "no responders")
         self._metrics.routed.labels("rerouted").inc(len(part))
         own, others = self.split(part)
         for owner_now, again_part in others.items():
-            await self.forward(owner_now, again_part, [])
+            if not await self.forward(owner_now, again_part, []):
+                self._unsent(again_part)
         for delivery in own:  # now this bridge's: back into its intake, vouching for nothing
-            again = Delivery(delivery.raw, delivery.source, delivery.size, ROUTED, -1)
-            if not self._intake.offer(again):
+            if not self._intake.offer(self._taken_back(delivery)):
                 self._metrics.dropped.labels("queue_full").inc()
+                self._unsent([delivery])
+
+    def _taken_back(self, delivery: Delivery) -> Delivery:
+        """A forwarded delivery this bridge owns now, as its intake takes it (core: never
+        forwarded again, vouching for nothing)."""
+        return Delivery(delivery.raw, delivery.source, delivery.size, ROUTED, -1)
+
+    def _unsent(self, part: list[Delivery]) -> None:
+        """What could not be forwarded again or taken back (core mode: lost, counted already)."""
 
     def _on_frames(self, _subject: bytes, _headers: bytes | None, data: bytes) -> None:
         """Trace messages another bridge received for the traces this one owns: into the

@@ -188,7 +188,7 @@ class JetStreamSource:
         puller = _Puller(self.nc, s.stream, s.durable)
         await puller.start(pending_limit=4 * max(s.max_ack_pending, s.fetch_batch) + 1024)
         self._sub = puller
-        self._hold_until = time.monotonic() + self._link_wait + s.ack_wait + 1.0
+        self.hold_anew()
         log.info("consuming", extra={"fields": {"source": self.source.name, "stream": s.stream, "durable": s.durable}})
         return True
 
@@ -236,6 +236,11 @@ class JetStreamSource:
             return
         self._sub.consumer_gone = None
         self._recreated.inc()
+
+    def hold_anew(self) -> None:
+        """From now, for `link.wait` plus an ack wait, what is left unlinked may be held
+        (`holdable`): at the start, and when the bridges' trace ownership changed (`js_routing`)."""
+        self._hold_until = time.monotonic() + self._link_wait + self.settings.ack_wait + 1.0
 
     def holdable(self, deliveries: Sequence[Delivery]) -> frozenset[int]:
         """For `link.wait` plus an ack wait after the start, what this source fetches first

@@ -1,0 +1,138 @@
+"""JetStream mode's loops (`loop.Bridge` runs them, `run`): fetch, route, wait out `link.wait`,
+convert, export, settle.
+
+Each source has one fetcher and `_inflight` settlers; each batch waits `link.wait` after its
+hop evidence was recorded, then is converted, exported and settled on its own
+(`max_ack_pending` bounds what is in flight). With trace ownership (`js_routing`) the
+fetcher keeps what this bridge owns and forwards the rest, and one more loop takes the trace
+messages the other bridges forwarded here from the intake (core mode's, unused otherwise)
+and settles them by answering their senders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from nats_otel.bridge.js_routing import ACK, NAK, TERM, ForwardedMsg, JetStreamRouter
+from nats_otel.bridge.sources.delivery import Delivery
+from nats_otel.bridge.sources.jetstream import JetStreamSource
+
+if TYPE_CHECKING:
+    from nats_otel.bridge.loop import Bridge
+
+__all__ = ["answer", "owners_changed", "run", "settle_fetched"]
+
+_FETCH_TIMEOUT_S = 1.0
+_IDLE_POLL_S = 0.25  # how often an idle loop looks at the stop flag
+# Batches waiting out `link.wait` (as core mode's `loop._DELAYED_BATCHES`).
+_DELAYED_BATCHES = 4096
+_Waiting = tuple[float, list[Delivery], list[Any]]
+
+
+async def run(bridge: Bridge, source: JetStreamSource, forwarded: bool = False) -> None:
+    """Fetch from `source` (or, `forwarded`, take what other bridges forwarded here) until
+    the intake is done; hand each batch to the settlers after recording its evidence."""
+    assert bridge._stopping is not None
+    batches: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
+    settlers = [asyncio.create_task(_settler(bridge, source, batches, forwarded)) for _ in range(bridge._inflight)]
+    router = bridge.router if isinstance(bridge.router, JetStreamRouter) else None
+    if router is not None and not forwarded:
+        await router.settled()  # a newcomer listens for the members before it routes
+    try:
+        while not bridge._intake_done or (forwarded and not bridge.intake.empty()):
+            pause = bridge._backoff.pause_left()
+            if pause > 0 and not bridge._intake_done:
+                # Backpressure: the backend is failing; fetching more would only nak more.
+                try:
+                    await asyncio.wait_for(bridge._stopping.wait(), pause)
+                except TimeoutError:
+                    pass
+                continue
+            if forwarded:
+                deliveries = await _take_forwarded(bridge, source)
+            else:
+                deliveries = await source.fetch(_FETCH_TIMEOUT_S)
+                if deliveries and router is not None:
+                    deliveries = await router.route_fetched(deliveries)
+            if deliveries:
+                raws = [d.raw for d in deliveries]
+                await batches.put((await bridge._observe(deliveries, raws), deliveries, raws))
+    finally:
+        for _ in settlers:
+            await batches.put(None)
+        await asyncio.gather(*settlers)
+
+
+async def _settler(
+    bridge: Bridge, source: JetStreamSource, batches: asyncio.Queue[_Waiting | None], forwarded: bool
+) -> None:
+    while (item := await batches.get()) is not None:
+        ripe_at, deliveries, raws = item
+        await bridge._until(ripe_at)
+        if forwarded:  # never held: the answer's nak would come back at once, not after the hold
+            ack, nak, term, _ = await bridge._process(deliveries, raws)
+            fetched = answer(source, ack, nak, term)
+            if any(fetched):  # this bridge's own, taken back from an owner that was gone
+                await settle_fetched(bridge, *fetched)
+            continue
+        ack, nak, term, hold = await bridge._process(deliveries, raws, source.holdable(deliveries))
+        await source.settle(ack, nak, term, bridge._backoff.after(bool(nak)))
+        if hold:
+            await source.hold(hold)
+
+
+async def _take_forwarded(bridge: Bridge, source: JetStreamSource) -> list[Delivery]:
+    """A batch of the trace messages forwarded here: out of the intake, held as fetched ones are."""
+    b = bridge.settings.batch
+    batch = await bridge.intake.collect(
+        b.max_messages, lambda: 0 if bridge._intake_done else b.max_delay, _IDLE_POLL_S, _nothing
+    )
+    if batch:
+        bridge.intake.release(batch)
+        source.held.take([d for d in batch if isinstance(d.msg, ForwardedMsg)])  # the rest are held already
+    return batch
+
+
+async def settle_fetched(bridge: Bridge, ack: list[Delivery], nak: list[Delivery], term: list[Delivery]) -> None:
+    """Settle what this bridge fetched and forwarded, once its owner answered (or not)."""
+    by_source = {source.source.name: source for source in bridge.sources if isinstance(source, JetStreamSource)}
+    delay = bridge.settings.jetstream.nak_delay_initial
+    for name, source in by_source.items():
+        mine = [[d for d in group if d.source == name] for group in (ack, nak, term)]
+        if any(mine):
+            await source.settle(mine[0], mine[1], mine[2], delay)
+
+
+def owners_changed(bridge: Bridge) -> None:
+    """The members changed (`js_routing`): this bridge may now own traces whose upstream
+    reports another bridge mapped, and whose downstream reports come here, redelivered or
+    late. As a restarted bridge does: replay what was kept, and for a while hold what is left
+    unlinked (`JetStreamSource.holdable`), so that its redelivery finds the replayed evidence."""
+    if bridge.exchange is not None:
+        bridge.exchange.replay_soon()
+    for source in bridge.sources:
+        if isinstance(source, JetStreamSource):
+            source.hold_anew()
+
+
+def answer(
+    source: JetStreamSource, ack: list[Delivery], nak: list[Delivery], term: list[Delivery]
+) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
+    """Settle the forwarded trace messages among these: their part of their forwards' answers
+    (`js_routing`). Returns the others (this bridge's own JetStream messages), to settle."""
+    settled: list[Delivery] = []
+    fetched: tuple[list[Delivery], list[Delivery], list[Delivery]] = ([], [], [])
+    for outcome, group, rest in ((ACK, ack, fetched[0]), (NAK, nak, fetched[1]), (TERM, term, fetched[2])):
+        for delivery in group:
+            if isinstance(delivery.msg, ForwardedMsg):
+                delivery.msg.settle(outcome)
+                settled.append(delivery)
+            else:
+                rest.append(delivery)
+    source.held.release(settled)
+    return fetched
+
+
+def _nothing() -> None:
+    pass

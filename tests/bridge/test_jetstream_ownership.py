@@ -1,0 +1,139 @@
+"""Issue 46, item 4: several JetStream bridges on one durable own their traces (`js_routing`).
+
+The demo topology (east-1..3, JetStream on east-2 and east-3, leaf-1 a leafnode of east-1),
+account A traced into a stream, three bridges in JetStream mode on one durable, each on its
+own server: every message crosses four servers, so its three hops' reports are fetched by
+random bridges. Each bridge forwards the reports of the traces it does not own to their
+owner and acks them only on the owner's answer; no bridge hears another's evidence live.
+The truth comes from the stream's own copy of every trace message (`devkit.hop_truth`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nats_otel.devkit.hop_traffic import TrafficOptions, run_traffic
+from nats_otel.devkit.hop_truth import compute_truth, score
+from nats_otel.devkit.processes import start_topology
+from nats_otel.devkit.receivers import OTLPGrpcReceiver
+from nats_otel.devkit.server_config import free_ports
+from nats_otel.devkit.topology import demo_topology
+from tests.bridge.bridge_helpers import metric, scrape, terminate, wait_until
+from tests.bridge.test_jetstream_links import _bridge, _ready, _server_spans, _setup, _stream_raws
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+MESSAGES = 120
+# Short waits, so that a killed bridge's messages come back within the test: an answer is
+# awaited half the ack wait, JetStream redelivers after it.
+SETTINGS = {
+    "jetstream": {"stream": "TRACES", "durable": "owners", "create_stream": True, "ack_wait": 5.0,
+                  "nak_delay_initial": 0.2, "nak_delay_max": 1.0, "fetch_batch": 20},
+    "otlp": {"timeout": 1.0, "retry_max_elapsed": 0.5, "retry_initial_backoff": 0.05, "retry_max_backoff": 0.2},
+}
+
+
+class _Bridges:
+    """Three JetStream bridges on one durable, bridge i on `servers[i]`."""
+
+    def __init__(self, tmp_path: Path, topo, servers: tuple[str, ...], endpoint: str) -> None:
+        self.ports = free_ports(len(servers))  # at once: one at a time may give one port twice
+        self.procs: list[subprocess.Popen] = []
+        for i, (server, port) in enumerate(zip(servers, self.ports, strict=True)):
+            home = tmp_path / f"bridge{i}"
+            home.mkdir()
+            config, _, log = _setup(home, topo.client_url(server, "a"), SETTINGS)
+            self.procs.append(_bridge(config, port, log, endpoint))
+
+    async def ready(self) -> None:
+        for port in self.ports:
+            await wait_until(lambda port=port: _ready(port), 60, "bridge ready")
+
+    def total(self, name: str, **labels: str) -> float:
+        """A counter summed over the bridges still running."""
+        return sum(metric(scrape(port)[1], name, **labels)
+                   for port, proc in zip(self.ports, self.procs, strict=True) if proc.poll() is None)
+
+    def stop(self) -> list[int | None]:
+        for proc in self.procs:
+            terminate(proc)
+        return [proc.returncode for proc in self.procs]
+
+
+async def _traffic_and_truth(topo, options: TrafficOptions, during=None):
+    """Run the traffic (`during`: a coroutine run beside it), then the truth from the stream."""
+    urls = {name: topo.client_url(name, "a") for name in topo.names}
+    traffic = asyncio.create_task(run_traffic(urls["east-2"], urls, options, settle_s=20))
+    if during is not None:
+        await during
+    report = await traffic
+    assert report.complete, report.received
+    raws = await _stream_raws(topo.client_url("east-1", "a"), "TRACES")
+    assert len(raws) == 4 * options.messages  # a report per server per message
+    truth = compute_truth(raws)
+    assert not truth.problems
+    return truth
+
+
+async def test_bridges_on_one_durable_own_their_traces(tmp_path: Path) -> None:
+    """Every hop linked right, as one bridge links them; the reports of other bridges' traces
+    forwarded and answered, and no evidence heard from a peer (what scales: each bridge
+    handles its own share, not everyone's evidence)."""
+    with start_topology(demo_topology(), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
+        bridges = _Bridges(tmp_path, topo, ("east-1", "east-2", "east-3"), rx.endpoint)
+        try:
+            await bridges.ready()
+            truth = await _traffic_and_truth(topo, TrafficOptions(mode="per_message", messages=MESSAGES,
+                                                                  gap_ms=5.0, seed=46))
+            await wait_until(lambda: score(truth, _server_spans(rx)).counts["missing"] == 0, 60,
+                             "every server span exported")
+            result = score(truth, _server_spans(rx))
+            assert result.hops == 3 * MESSAGES and result.counts["right"] == 3 * MESSAGES, result.counts
+            await wait_until(lambda: bridges.total("nats_otel_routed_total", result="answered")
+                             == bridges.total("nats_otel_routed_total", result="forwarded"), 30, "every forward answered")
+            forwarded = bridges.total("nats_otel_routed_total", result="forwarded")
+            # Two of three reports land away from their owner, whichever bridge owns the trace.
+            assert forwarded >= 0.4 * 4 * MESSAGES, forwarded
+            assert bridges.total("nats_otel_routed_total", result="received") == forwarded
+            assert bridges.total("nats_otel_link_evidence_total", result="received") == 0  # none live
+            assert bridges.total("nats_otel_routed_total", result="unanswered") == 0
+            # Acked once each (at least once: a redelivery may add; nothing else settles).
+            acked = bridges.total("nats_otel_jetstream_acks_total", kind="ack")
+            assert acked >= 4 * MESSAGES, acked
+        finally:
+            codes = bridges.stop()
+        assert codes == [0, 0, 0]
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+async def test_an_owner_sigkilled_mid_traffic_loses_no_span(tmp_path: Path, victim: int) -> None:
+    """One of the three is SIGKILLed while the traffic runs: what it fetched is redelivered by
+    JetStream, what the others forwarded to it is naked by them (it fell silent) or rerouted
+    (NATS's 503): every server span is exported, no link is wrong."""
+    with start_topology(demo_topology(), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
+        bridges = _Bridges(tmp_path, topo, ("east-1", "east-2", "east-3"), rx.endpoint)
+        try:
+            await bridges.ready()
+
+            async def kill() -> None:
+                await asyncio.sleep(1.5)
+                bridges.procs[victim].send_signal(signal.SIGKILL)
+                bridges.procs[victim].wait(10)
+
+            truth = await _traffic_and_truth(topo, TrafficOptions(mode="per_message", messages=MESSAGES,
+                                                                  gap_ms=25.0, seed=460 + victim), kill())
+            await wait_until(lambda: score(truth, _server_spans(rx)).counts["missing"] == 0, 90,
+                             "every server span exported",
+                             detail=lambda: score(truth, _server_spans(rx)).counts)
+            result = score(truth, _server_spans(rx))
+            assert result.hops == 3 * MESSAGES and result.counts["wrong"] == 0, result.counts
+            assert result.conflicting_duplicates == 0
+            assert bridges.total("nats_otel_routed_total", result="forwarded") > 0
+        finally:
+            codes = bridges.stop()
+        assert codes[victim] == -signal.SIGKILL and [c for i, c in enumerate(codes) if i != victim] == [0, 0]

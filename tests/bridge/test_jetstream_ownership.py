@@ -39,25 +39,30 @@ SETTINGS = {
 
 
 class _Bridges:
-    """Three JetStream bridges on one durable, bridge i on `servers[i]`."""
+    """JetStream bridges on one durable, bridge i on `servers[i]`; the first `start` started."""
 
-    def __init__(self, tmp_path: Path, topo, servers: tuple[str, ...], endpoint: str) -> None:
+    def __init__(self, tmp_path: Path, topo, servers: tuple[str, ...], endpoint: str, start: int | None = None) -> None:
         self.ports = free_ports(len(servers))  # at once: one at a time may give one port twice
         self.procs: list[subprocess.Popen] = []
-        for i, (server, port) in enumerate(zip(servers, self.ports, strict=True)):
-            home = tmp_path / f"bridge{i}"
-            home.mkdir()
-            config, _, log = _setup(home, topo.client_url(server, "a"), SETTINGS)
-            self.procs.append(_bridge(config, port, log, endpoint))
+        self._made = [(tmp_path / f"bridge{i}", topo.client_url(server, "a")) for i, server in enumerate(servers)]
+        self._endpoint = endpoint
+        for i in range(len(servers) if start is None else start):
+            self.start(i)
+
+    def start(self, i: int) -> None:
+        home, url = self._made[i]
+        home.mkdir()
+        config, _, log = _setup(home, url, SETTINGS)
+        self.procs.append(_bridge(config, self.ports[i], log, self._endpoint))
 
     async def ready(self) -> None:
-        for port in self.ports:
+        for port in self.ports[:len(self.procs)]:
             await wait_until(lambda port=port: _ready(port), 60, "bridge ready")
 
     def total(self, name: str, **labels: str) -> float:
         """A counter summed over the bridges still running."""
         return sum(metric(scrape(port)[1], name, **labels)
-                   for port, proc in zip(self.ports, self.procs, strict=True) if proc.poll() is None)
+                   for port, proc in zip(self.ports, self.procs, strict=False) if proc.poll() is None)
 
     def stop(self) -> list[int | None]:
         for proc in self.procs:
@@ -95,7 +100,8 @@ async def test_bridges_on_one_durable_own_their_traces(tmp_path: Path) -> None:
             result = score(truth, _server_spans(rx))
             assert result.hops == 3 * MESSAGES and result.counts["right"] == 3 * MESSAGES, result.counts
             await wait_until(lambda: bridges.total("nats_otel_routed_total", result="answered")
-                             == bridges.total("nats_otel_routed_total", result="forwarded"), 30, "every forward answered")
+                             == bridges.total("nats_otel_routed_total", result="forwarded"), 30,
+                             "every forward answered")
             forwarded = bridges.total("nats_otel_routed_total", result="forwarded")
             # Two of three reports land away from their owner, whichever bridge owns the trace.
             assert forwarded >= 0.4 * 4 * MESSAGES, forwarded
@@ -137,3 +143,36 @@ async def test_an_owner_sigkilled_mid_traffic_loses_no_span(tmp_path: Path, vict
         finally:
             codes = bridges.stop()
         assert codes[victim] == -signal.SIGKILL and [c for i, c in enumerate(codes) if i != victim] == [0, 0]
+
+
+async def test_membership_changes_mid_traffic_lose_no_span(tmp_path: Path) -> None:
+    """Issue 46's membership changes, in JetStream mode: of four bridges, one is SIGTERMed (it
+    says goodbye, forwards what it still fetches, drains: exit 0), then another SIGKILLed,
+    then a new one starts, all while the traffic runs. Every server span is exported (at
+    least once), no link is wrong."""
+    with start_topology(demo_topology(), tmp_path / "nats") as topo, OTLPGrpcReceiver() as rx:
+        bridges = _Bridges(tmp_path, topo, ("east-1", "east-2", "east-3", "east-1", "east-2"), rx.endpoint,
+                           start=4)
+        try:
+            await bridges.ready()
+
+            async def churn() -> None:
+                await asyncio.sleep(1.0)
+                bridges.procs[0].send_signal(signal.SIGTERM)
+                await asyncio.sleep(1.0)
+                bridges.procs[1].send_signal(signal.SIGKILL)
+                await asyncio.sleep(0.5)
+                bridges.start(4)
+                bridges.procs[0].wait(30)
+                bridges.procs[1].wait(10)
+
+            truth = await _traffic_and_truth(topo, TrafficOptions(mode="per_message", messages=2 * MESSAGES,
+                                                                  gap_ms=20.0, seed=4646), churn())
+            await wait_until(lambda: score(truth, _server_spans(rx)).counts["missing"] == 0, 90,
+                             "every server span exported", detail=lambda: score(truth, _server_spans(rx)).counts)
+            result = score(truth, _server_spans(rx))
+            assert result.hops == 3 * 2 * MESSAGES and result.counts["wrong"] == 0, result.counts
+            assert result.conflicting_duplicates == 0
+        finally:
+            codes = bridges.stop()
+        assert codes[0] == 0 and codes[1] == -signal.SIGKILL and codes[2:] == [0, 0, 0], codes

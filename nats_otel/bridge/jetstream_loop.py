@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats_otel.bridge.js_routing import ACK, NAK, TERM, ForwardedMsg, JetStreamRouter
 from nats_otel.bridge.sources.delivery import Delivery
-from nats_otel.bridge.sources.jetstream import JetStreamSource
+from nats_otel.bridge.sources.jetstream import Held, JetStreamSource
 
 if TYPE_CHECKING:
     from nats_otel.bridge.loop import Bridge
@@ -72,7 +72,7 @@ async def _settler(
         await bridge._until(ripe_at)
         if forwarded:  # never held: the answer's nak would come back at once, not after the hold
             ack, nak, term, _ = await bridge._process(deliveries, raws)
-            fetched = answer(source, ack, nak, term)
+            fetched = answer(source.held, ack, nak, term)
             if any(fetched):  # this bridge's own, taken back from an owner that was gone
                 await settle_fetched(bridge, *fetched)
             continue
@@ -116,9 +116,8 @@ def owners_changed(bridge: Bridge) -> None:
             source.hold_anew()
 
 
-def answer(
-    source: JetStreamSource, ack: list[Delivery], nak: list[Delivery], term: list[Delivery]
-) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
+def answer(held: Held, ack: list[Delivery], nak: list[Delivery], term: list[Delivery]
+           ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
     """Settle the forwarded trace messages among these: their part of their forwards' answers
     (`js_routing`). Returns the others (this bridge's own JetStream messages), to settle."""
     settled: list[Delivery] = []
@@ -130,7 +129,7 @@ def answer(
                 settled.append(delivery)
             else:
                 rest.append(delivery)
-    source.held.release(settled)
+    held.release(settled)
     return fetched
 
 

@@ -109,6 +109,8 @@ def owners_changed(bridge: Bridge) -> None:
     reports another bridge mapped, and whose downstream reports come here, redelivered or
     late. As a restarted bridge does: replay what was kept, and for a while hold what is left
     unlinked (`JetStreamSource.holdable`), so that its redelivery finds the replayed evidence."""
+    if bridge._stopping is not None and bridge._stopping.is_set():
+        return  # leaving: it owns nothing more
     if bridge.exchange is not None:
         bridge.exchange.replay_soon()
     for source in bridge.sources:

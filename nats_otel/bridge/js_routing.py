@@ -42,7 +42,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from nats_otel.bridge.ownership import ForwardError, decode_forward
 from nats_otel.bridge.routing import Router
 from nats_otel.bridge.sources.delivery import Delivery, size_of
 from nats_otel.core.decode import RawTraceMessage
@@ -195,11 +194,8 @@ class JetStreamRouter(Router):
     def _on_frames(self, _subject: bytes, _headers: bytes | None, data: bytes) -> None:
         """A forward: its trace messages into the intake, each settled by answering; what the
         intake refuses is answered `n` at once (the sender naks it: redelivered)."""
-        try:
-            forward = decode_forward(data, self._key)
-        except ForwardError as exc:
-            self._metrics.routed.labels(exc.reason).inc()
-            self._log(exc.reason, f"a forward: {exc.detail}")
+        forward = self._decoded(data)
+        if forward is None:
             return
         sender = forward.sender
         self._numbered(sender, forward.number)

@@ -41,7 +41,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from nats_otel.bridge.ownership import ForwardError, Ring, decode_forward, encode_forward, member_token
+from nats_otel.bridge.ownership import Forward, ForwardError, Ring, decode_forward, encode_forward, member_token
 from nats_otel.bridge.sharding import shard_key
 from nats_otel.bridge.sources.delivery import Delivery, size_of
 from nats_otel.bridge.sources.direct import DirectClient
@@ -273,16 +273,22 @@ class Router:
     def _unsent(self, part: list[Delivery]) -> None:
         """What could not be forwarded again or taken back (core mode: lost, counted already)."""
 
+    def _decoded(self, data: bytes) -> Forward | None:
+        """A received forward, checked; None (counted, logged) when it cannot be read."""
+        try:
+            return decode_forward(data, self._key)
+        except ForwardError as exc:
+            self._metrics.routed.labels(exc.reason).inc()
+            self._log(exc.reason, f"a forward: {exc.detail}")
+            return None
+
     def _on_frames(self, _subject: bytes, _headers: bytes | None, data: bytes) -> None:
         """Trace messages another bridge received for the traces this one owns: into the
         intake, as that bridge's streams (`<sender>/<stream>`) with their losses, when it
         routes as this one does; else vouching for nothing (`Delivery.breaks` -1). What its
         streams say of themselves waits for the next batch, as a heartbeat's does."""
-        try:
-            forward = decode_forward(data, self._key)
-        except ForwardError as exc:
-            self._metrics.routed.labels(exc.reason).inc()
-            self._log(exc.reason, f"a forward: {exc.detail}")
+        forward = self._decoded(data)
+        if forward is None:
             return
         sender = forward.sender
         missed = self._numbered(sender, forward.number)

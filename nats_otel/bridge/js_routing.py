@@ -124,6 +124,9 @@ class JetStreamRouter(Router):
         self._settle = settle
         self._answer_wait = answer_wait_s
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Members that said goodbye, until their answers are due: a 503 from one of them means
+        # it takes no more forwards, not that it will not answer those it took.
+        self._draining: dict[str, float] = {}
 
     async def route_fetched(self, deliveries: list[Delivery]) -> list[Delivery]:
         """The fetched deliveries this bridge owns; the others are forwarded, each kept
@@ -169,12 +172,16 @@ class JetStreamRouter(Router):
         """Forwards unanswered for `answer_wait`: naked, so that JetStream redelivers them."""
         for subject in [s for s, (at, _, _) in self._kept.items() if now - at > self._answer_wait]:
             self._nak_kept(subject, "unanswered")
+        for member in [m for m, at in self._draining.items() if now - at > self._answer_wait]:
+            del self._draining[member]
 
     def _leave(self, sender: str, why: str) -> None:
         super()._leave(sender, why)
-        if why == "silent":  # gone without a goodbye (a SIGKILL): its answers never come
+        if why == "said goodbye":  # a SIGTERM: it drains, and answers what it was sent
+            self._draining[sender] = time.monotonic()
+        elif why == "silent" or sender not in self._draining:  # gone (a SIGKILL): no answer comes
             for subject in [s for s, (_, owner, _) in self._kept.items() if owner == sender]:
-                self._nak_kept(subject, "owner gone")
+                self._nak_kept(subject, f"owner gone ({why})")
 
     def _nak_kept(self, subject: str, why: str) -> None:
         _, owner, part = self._kept.pop(subject)

@@ -19,6 +19,21 @@ the whole group before any traffic), and the hop links scored against the archiv
     python bench/scale_out.py --bridges 1 8 --mode back_to_back --context-size 6000 --unnumbered
     python bench/scale_out.py --bridges 1 8 --mode adhoc_back_to_back
 
+`--jetstream`: the same topology and traffic, but account A has JetStream on east-1 and east-2
+(leaf-1 without: a leaf client's JetStream API requests and pulls cross the leafnode to the
+hub's), the bench creates the stream `TRACE_A` on the trace subjects (file storage, one
+replica, placed on east-1 by its `node:east-1` tag, so every run of one invocation stores the
+same way) before the bridges start, and the N bridges run in JetStream mode on one durable
+(`--mode jetstream --stream TRACE_A --durable nats-otel`, no queue group), bridge i still on
+server i mod 3. At least once: a span may be written twice, so completion counts distinct
+server span ids, and the table's `duplicates` column is the server spans written minus the
+distinct ones (counted over the final outputs, after the bridges stopped).
+
+    python bench/scale_out.py --jetstream --bridges 1 4 8
+
+`BRIDGE_CHECKOUT=DIR` (bench/hop_links.py) runs the bridges from another checkout, the
+harness from this one, in either mode: paired A/B runs.
+
 The membership-change scenario (SIGTERM, SIGKILL and a newcomer mid-traffic) is
 `bench/scale_churn.py`; `--churn` here runs it, passing the other flags on.
 
@@ -43,6 +58,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import nats
 import orjson
 from hop_links import (
     TRACE_SUBJECT,
@@ -69,7 +85,7 @@ from nats_otel.devkit.hop_truth import (
     read_otlp_json_lines,
     score,
 )
-from nats_otel.devkit.processes import start_topology
+from nats_otel.devkit.processes import RunningTopology, start_topology
 from nats_otel.devkit.topology import (
     DEFAULT_ACCOUNTS,
     LEAF_ACCOUNTS,
@@ -82,13 +98,15 @@ from nats_otel.devkit.topology import (
 PUBLISHER, ARCHIVER = "east-2", "east-1"
 BRIDGE_SERVERS = ("east-1", "east-2", "leaf-1")
 _TICKS = os.sysconf("SC_CLK_TCK")
+STREAM, DURABLE, STREAM_SERVER = "TRACE_A", "nats-otel", "east-1"  # --jetstream
 
 
-def scale_topology(deny_exchange: bool = False) -> Topology:
+def scale_topology(deny_exchange: bool = False, jetstream: bool = False) -> Topology:
     """east-1 + east-2 (routes; east-1 takes leafnodes) and leaf-1, without JetStream.
     `deny_exchange`: account A's users may not publish on the link exchange (`nats-otel.links.>`),
-    as docs/security.md's least-privilege user of a bridge alone, given a queue group."""
-    accounts = tuple(replace(a, jetstream=False) for a in DEFAULT_ACCOUNTS)
+    as docs/security.md's least-privilege user of a bridge alone, given a queue group.
+    `jetstream`: JetStream on east-1 and east-2 for account A alone (leaf-1 without)."""
+    accounts = tuple(replace(a, jetstream=jetstream and a.name == "A") for a in DEFAULT_ACCOUNTS)
     leaf_accounts = LEAF_ACCOUNTS
     if deny_exchange:
         def denied(account):
@@ -96,7 +114,29 @@ def scale_topology(deny_exchange: bool = False) -> Topology:
             return replace(account, users=users) if account.name == "A" else account
         accounts, leaf_accounts = tuple(map(denied, accounts)), tuple(map(denied, LEAF_ACCOUNTS))
     leaf = ServerSpec(name="leaf-1", accounts=leaf_accounts, leaf_remotes=(LeafRemote("east-1"),))
-    return Topology(servers=(*cluster("east", 2, leaf_listen=(1,)), leaf), accounts=accounts, wait_jetstream=False)
+    east = cluster("east", 2, jetstream=(1, 2) if jetstream else (), leaf_listen=(1,))
+    return Topology(servers=(*east, leaf), accounts=accounts, wait_jetstream=jetstream)
+
+
+async def create_stream(topo: RunningTopology, subjects: list[str]) -> None:
+    """The stream of `--jetstream` (see the module's docstring), retried while the cluster's
+    JetStream is not answering yet (a meta leader just elected)."""
+    from nats.js.api import Placement, StorageType, StreamConfig
+
+    config = StreamConfig(name=STREAM, subjects=subjects, storage=StorageType.FILE, num_replicas=1,
+                          placement=Placement(tags=[f"node:{STREAM_SERVER}"]))
+    nc = await nats.connect(topo.client_url(STREAM_SERVER, USER), name="scale-out-stream", allow_reconnect=False)
+    try:
+        for attempt in range(40):
+            try:
+                await nc.jetstream().add_stream(config)
+                return
+            except Exception:  # not answering yet: retried; the last attempt's error raised
+                if attempt == 39:
+                    raise
+                await asyncio.sleep(0.25)
+    finally:
+        await nc.close()
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -126,6 +166,8 @@ class Run:
     counts: dict[str, int] = field(default_factory=dict)
     hops: int = 0
     notes: list[str] = field(default_factory=list)
+    spans_written: int = 0  # server spans in the outputs, a span written twice counted twice
+    distinct_spans: int = 0  # their distinct span ids
     forwarded: float = 0.0
     forged: float = 0.0  # forwards refused for a missing or wrong signature
     heartbeats: float = 0.0  # exchange messages the bridges published (heartbeats, with ownership)
@@ -133,6 +175,10 @@ class Run:
     @property
     def cpu_sum(self) -> float:
         return sum(self.cpu)
+
+    @property
+    def duplicates(self) -> int:
+        return self.spans_written - self.distinct_spans
 
     @property
     def per_message_us(self) -> float:
@@ -146,16 +192,21 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
                              seed=args.seed, numbered=not args.unnumbered)
     subjects = [TRACE_SUBJECT] + ([options.adhoc_dest] if args.mode.startswith("adhoc") else [])
     run = Run(n)
-    topo = start_topology(scale_topology(args.deny_exchange), workdir / "nats")
+    jetstream = getattr(args, "jetstream", False)
+    topo = start_topology(scale_topology(args.deny_exchange, jetstream), workdir / "nats")
     bridges: list[Bridge] = []
     archiver = Archiver(workdir / "archive.jsonl", subjects)
     probes: dict[str, Any] = {}
     try:
         await archiver.start(topo.client_url(ARCHIVER, USER))
+        if jetstream:
+            await create_stream(topo, subjects)
+        queue, extra = ("nats-otel", ()) if not jetstream else (
+            None, ("--mode", "jetstream", "--stream", STREAM, "--durable", DURABLE))
         for i in range(n):
             server = BRIDGE_SERVERS[i % 3]
             bridges.append(Bridge(workdir, f"{server}-b{i}", topo.client_url(server, USER), subjects,
-                                  "nats-otel", 1))
+                                  queue, 1, extra))
         for bridge in bridges:
             bridge.wait_ready()
         probes.update(await probe_interest(topo, {*BRIDGE_SERVERS, ARCHIVER}))
@@ -203,6 +254,8 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
     truth = compute_truth(read_raws(archiver.path))
     outputs = [line for b in bridges if b.output.exists() for line in b.output.read_bytes().splitlines()]
     result = score(truth, read_otlp_json_lines(outputs))
+    written = [span_id for b in bridges for span_id, _ in output_spans(b.output)]
+    run.spans_written, run.distinct_spans = len(written), len(set(written))
     run.hops = result.hops
     run.counts = {k: result.counts[k] for k in (RIGHT, WRONG, UNMATCHED, AMBIGUOUS, MISSING)}
     if result.conflicting_duplicates:
@@ -212,7 +265,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
 
 def output_spans(path: Path) -> list[tuple[bytes, bytes]]:
     """(span id, trace id) of each server (CONSUMER) span a bridge wrote."""
-    out = []
+    out: list[tuple[bytes, bytes]] = []
     if not path.exists():
         return out
     for line in _whole_lines(path.read_bytes()):
@@ -224,16 +277,19 @@ def output_spans(path: Path) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def print_table(runs: list[Run]) -> None:
+def print_table(runs: list[Run], jetstream: bool = False) -> None:
+    """The table; `jetstream`: with the duplicates column (server spans written minus distinct)."""
     base = next((r for r in runs if r.bridges == 1), None)
     print()
-    print("| bridges | trace messages | CPU summed | per trace message | efficiency | per bridge (s) "
+    print(f"| bridges | trace messages{' | duplicates' if jetstream else ''} | CPU summed | per trace message "
+          "| efficiency | per bridge (s) "
           "| idle, CPU-s per 20 s | forwarded | hop links right | wrong | unmatched | ambiguous | missing |")
-    print("|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"|---:|---:{'|---:' if jetstream else ''}|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         eff = f"{base.per_message_us / r.per_message_us:.2f}" if base and r.per_message_us else "-"
         c = r.counts
-        print(f"| {r.bridges} | {r.trace_messages:,} | {r.cpu_sum:.2f} s | {r.per_message_us:.0f} µs | {eff} "
+        dup = f" | {r.duplicates:,}" if jetstream else ""
+        print(f"| {r.bridges} | {r.trace_messages:,}{dup} | {r.cpu_sum:.2f} s | {r.per_message_us:.0f} µs | {eff} "
               f"| {' '.join(f'{x:.2f}' for x in r.cpu)} | {r.idle_cpu_per_20s:.2f} | {r.forwarded:,.0f} "
               f"| {c.get(RIGHT, 0):,} of {r.hops:,} | {c.get(WRONG, 0)} | {c.get(UNMATCHED, 0)} "
               f"| {c.get(AMBIGUOUS, 0)} | {c.get(MISSING, 0)} |")
@@ -270,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     traffic_arguments(parser)
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle measured this long before the traffic")
     parser.add_argument("--profile", action="store_true", help="py-spy (on PATH) records bridge 0 over the traffic")
+    parser.add_argument("--jetstream", action="store_true", help=f"JetStream mode: the bridges share the durable "
+                        f"{DURABLE} on the stream {STREAM}, created on {STREAM_SERVER} (no queue group)")
     parser.add_argument("--churn", action="store_true", help="the membership-change scenario: moved to "
                         "bench/scale_churn.py, which this runs with the other flags (its own flags too)")
     args = parser.parse_args(argv)
@@ -283,10 +341,12 @@ def main(argv: list[str] | None = None) -> int:
             run = asyncio.run(one_run(n, args, workdir))
             print(f"N = {n}: {run.heartbeats:.0f} exchange messages published; "
                   f"{run.trace_messages} trace messages, CPU {run.cpu_sum:.2f} s "
-                  f"({run.per_message_us:.0f} µs each), links {run.counts}, {time.monotonic() - started:.0f} s",
+                  f"({run.per_message_us:.0f} µs each), links {run.counts}"
+                  f"{f', {run.duplicates} duplicate spans' if args.jetstream else ''}, "
+                  f"{time.monotonic() - started:.0f} s",
                   flush=True)
             runs.append(run)
-    print_table(runs)
+    print_table(runs, args.jetstream)
     return 0 if all(not r.notes and r.counts.get(WRONG, 0) == 0 for r in runs) else 1
 
 

@@ -20,12 +20,15 @@ the whole group before any traffic), and the hop links scored against the archiv
     python bench/scale_out.py --bridges 1 8 --mode adhoc_back_to_back
 
 `--jetstream`: the same topology and traffic, but account A has JetStream on east-1 and east-2
-(leaf-1 without: a leaf client's JetStream API requests and pulls cross the leafnode to the
-hub's), the bench creates the stream `TRACE_A` on the trace subjects (file storage, one
-replica, placed on east-1 by its `node:east-1` tag, so every run of one invocation stores the
-same way) before the bridges start, and the N bridges run in JetStream mode on one durable
-(`--mode jetstream --stream TRACE_A --durable nats-otel`, no queue group), bridge i still on
-server i mod 3. At least once: a span may be written twice, so completion counts distinct
+(leaf-1 without), the bench creates the stream `TRACE_A` on the trace subjects (file storage,
+one replica, placed on east-1 by its `node:east-1` tag, so every run of one invocation stores
+the same way) before the bridges start, and the N bridges run in JetStream mode on one durable
+(`--mode jetstream --stream TRACE_A --durable nats-otel`, no queue group). Bridge i connects
+to east-1 or east-2 alternately (i mod 2), not to leaf-1: a client of leaf-1 gets no
+responders on `$JS.API.INFO` (nats-server 2.15.1; the hub's JetStream, without a domain, is not
+served across the leafnode), and the bridge has no JetStream domain or API prefix setting to
+reach it as `$JS.<domain>.API`. leaf-1's trace messages still reach the stream through the
+leafnode (the stream's interest crosses it). At least once: a span may be written twice, so completion counts distinct
 server span ids, and the table's `duplicates` column is the server spans written minus the
 distinct ones (counted over the final outputs, after the bridges stopped).
 
@@ -97,6 +100,7 @@ from nats_otel.devkit.topology import (
 
 PUBLISHER, ARCHIVER = "east-2", "east-1"
 BRIDGE_SERVERS = ("east-1", "east-2", "leaf-1")
+JS_BRIDGE_SERVERS = ("east-1", "east-2")  # --jetstream: leaf-1's clients reach no JetStream API (docstring)
 _TICKS = os.sysconf("SC_CLK_TCK")
 STREAM, DURABLE, STREAM_SERVER = "TRACE_A", "nats-otel", "east-1"  # --jetstream
 
@@ -203,13 +207,14 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
             await create_stream(topo, subjects)
         queue, extra = ("nats-otel", ()) if not jetstream else (
             None, ("--mode", "jetstream", "--stream", STREAM, "--durable", DURABLE))
+        servers = JS_BRIDGE_SERVERS if jetstream else BRIDGE_SERVERS
         for i in range(n):
-            server = BRIDGE_SERVERS[i % 3]
+            server = servers[i % len(servers)]
             bridges.append(Bridge(workdir, f"{server}-b{i}", topo.client_url(server, USER), subjects,
                                   queue, 1, extra))
         for bridge in bridges:
             bridge.wait_ready()
-        probes.update(await probe_interest(topo, {*BRIDGE_SERVERS, ARCHIVER}))
+        probes.update(await probe_interest(topo, {*servers, ARCHIVER}))
         await asyncio.sleep(args.warm_s)
         idle_before = [cpu_seconds(b.proc.pid) for b in bridges]
         await asyncio.sleep(args.idle_s)
@@ -327,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle measured this long before the traffic")
     parser.add_argument("--profile", action="store_true", help="py-spy (on PATH) records bridge 0 over the traffic")
     parser.add_argument("--jetstream", action="store_true", help=f"JetStream mode: the bridges share the durable "
-                        f"{DURABLE} on the stream {STREAM}, created on {STREAM_SERVER} (no queue group)")
+                        f"{DURABLE} on the stream {STREAM}, created on {STREAM_SERVER} (no queue group); bridge i on "
+                        "east-1 or east-2 alternately")
     parser.add_argument("--churn", action="store_true", help="the membership-change scenario: moved to "
                         "bench/scale_churn.py, which this runs with the other flags (its own flags too)")
     args = parser.parse_args(argv)

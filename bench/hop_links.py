@@ -37,6 +37,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ class Bridge:
     """`nats-otel bridge` as its own process on one server, writing OTLP/JSON lines."""
 
     def __init__(self, workdir: Path, server: str, url: str, subjects: list[str], queue: str | None,
-                 workers: int = 1) -> None:
+                 workers: int = 1, extra: Sequence[str] = ()) -> None:
         self.server = server
         self.output = workdir / f"spans-{server}.otlp.jsonl"
         self.port = free_ports(1)[0]
@@ -149,6 +150,7 @@ class Bridge:
             argv += ["--queue", queue]
         if workers > 1:
             argv += ["--workers", str(workers)]
+        argv += extra  # more `nats-otel bridge` flags (e.g. --mode jetstream --stream S --durable D)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         # BRIDGE_CHECKOUT=DIR: the bridges run that checkout's package (a baseline build, its
         # kernel built in place), the harness this one's: paired A/B runs of the same scenario.

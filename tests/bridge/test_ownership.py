@@ -1,7 +1,8 @@
-"""Trace ownership on real processes (issue 46, bench/scale_out.py made small): the routed
-cluster east-1 + east-2 and leaf-1, four sidecar bridges in one queue group (bridge i on
-server i mod 3), a publisher on east-2 sending bursts of 50 back to back, an independent
-archiver whose truth scores every hop (`devkit.hop_truth`, never the linker under test).
+"""Trace ownership on real processes (issue 46, bench/scale_out.py and bench/scale_churn.py
+made small): the routed cluster east-1 + east-2 and leaf-1, four sidecar bridges in one
+queue group (bridge i on server i mod 3), a publisher on east-2 sending bursts of 50 back to
+back, an independent archiver whose truth scores every hop (`devkit.hop_truth`, never the
+linker under test).
 
 Each trace has one owner: every trace message of it is exported by that bridge alone,
 wherever the queue group delivered it; and when the members change mid-traffic (a SIGTERM,
@@ -26,6 +27,11 @@ BURST = 50
 @pytest.fixture(scope="module")
 def scale_out():
     return load_bench("scale_out")
+
+
+@pytest.fixture(scope="module")
+def scale_churn():
+    return load_bench("scale_churn")
 
 
 def _args(**options) -> argparse.Namespace:
@@ -126,7 +132,7 @@ def test_bridges_that_cannot_hear_each_other_never_link_wrong(scale_out, tmp_pat
     assert run.counts["wrong"] == 0 and run.counts["missing"] == 0, (run.counts, notes)
 
 
-def test_membership_changes_mid_traffic_lose_only_what_the_killed_bridge_held(scale_out, tmp_path):
+def test_membership_changes_mid_traffic_lose_only_what_the_killed_bridge_held(scale_churn, tmp_path):
     """Four sidecars, 600 messages over 6 s (bursts of 50 every 0.5 s). At 2 s bridge 1 gets
     SIGTERM (goodbye, drain), at 3 s bridge 2 gets SIGKILL, at 3.3 s a fifth bridge starts and
     joins. No link is wrong; the SIGTERMed bridge exits 0 having lost nothing; what is lost,
@@ -142,10 +148,10 @@ def test_membership_changes_mid_traffic_lose_only_what_the_killed_bridge_held(sc
     that, and as lost away from the kill: every lost trace message must have been reported
     by its server within [kill - 3 s, kill + 1 s] (a link window and an export before it)."""
     args = _args(rate=100.0, join_at=0.55)
-    run = asyncio.run(scale_out.churn_run(args, tmp_path))
+    run = asyncio.run(scale_churn.churn_run(args, tmp_path))
     termed, killed = run.member("sigterm"), run.member("sigkill")
     detail = (run.counts, run.near, run.far, run.notes,
-              [(m.bridge.server, m.fate, m.code, m.written, scale_out.held_of(m.metrics, 0),
+              [(m.bridge.server, m.fate, m.code, m.written, scale_churn.held_of(m.metrics, 0),
                 {k.split('"')[1]: v for k, v in m.metrics.items() if k.startswith("nats_otel_routed_total")})
                for m in run.members],
               {"lost": run.lost, "killed_owned": run.lost_killed_owned, "near_kill": run.lost_near_kill,
@@ -159,10 +165,10 @@ def test_membership_changes_mid_traffic_lose_only_what_the_killed_bridge_held(sc
     assert run.lost_near_kill == run.lost, detail
     # The newcomer joined mid-traffic: the queue group delivered to it, and it owned traces.
     joined = run.member("joined")
-    assert scale_out.held_of(joined.metrics, 0) > 0 and joined.written > 0, detail
+    assert scale_churn.held_of(joined.metrics, 0) > 0 and joined.written > 0, detail
 
 
-def test_an_alike_stream_under_one_traceparent_through_membership_changes(scale_out, tmp_path):
+def test_an_alike_stream_under_one_traceparent_through_membership_changes(scale_churn, tmp_path):
     """One traceparent for 500 alike messages over 10 s (bursts of 50 every second) while bridge
     1 gets SIGTERM at 2.5 s, bridge 2 SIGKILL at 3.5 s and a fifth starts at 4 s: never a wrong
     link (a SIGTERMed owner decides its held batches a link window after they arrived, as at
@@ -172,7 +178,7 @@ def test_an_alike_stream_under_one_traceparent_through_membership_changes(scale_
     wrong; docs/scale-out.md.)"""
     args = _args(rate=50.0, messages=500, mode="back_to_back", context_size=500, unnumbered=True,
                  term_at=0.25, kill_at=0.35, join_at=0.4, near_s=2.0)
-    run = asyncio.run(scale_out.churn_run(args, tmp_path))
+    run = asyncio.run(scale_churn.churn_run(args, tmp_path))
     detail = (run.counts, run.near, run.far, run.notes, run.lost, run.killed_held,
               [(m.bridge.server, m.fate, m.code, m.written) for m in run.members])
     assert run.trace_messages == 500 * 3 and not run.notes, detail

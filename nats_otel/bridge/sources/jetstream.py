@@ -120,12 +120,25 @@ class _Puller:
         self._want = want
         self._wake.clear()
         await self.nc.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
+        await self._wait(want, timeout)
+
+    async def _wait(self, want: int, timeout: float) -> None:
+        """Until `want` messages wait in the buffer, a request ends, or `timeout` passed."""
+        self._want = want
+        if len(self.buffer) >= want:
+            return
+        self._wake.clear()
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
         except TimeoutError:
             pass
 
-    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+    async def fetch(self, batch: int, timeout: float, linger: float = 0.0) -> list[Msg]:
+        """Up to `batch` messages: what is there now, else what comes first within `timeout`;
+        then, with `linger`, what else comes within `linger` after the first (`batch.max_delay`:
+        a bridge with a small share of a moderate rate fetches a few batches a second, not one
+        per message that trickles in, as core mode collects them)."""
+        open_request = False
         if not self.buffer:
             self.consumer_gone = None  # judged afresh by this round's replies
             # What is there now, at once; else one lingering request until the first arrives.
@@ -133,6 +146,13 @@ class _Puller:
             if not self.buffer:
                 expires = max(int(timeout * 1e9) - 50_000_000, 10_000_000)
                 await self._round({"batch": batch, "expires": expires}, 1, timeout)
+                open_request = True  # it goes on delivering up to `batch` until it expires
+        if linger > 0 and 0 < len(self.buffer) < batch:
+            if open_request:
+                await self._wait(batch, linger)
+            else:
+                rest = {"batch": batch - len(self.buffer), "expires": max(int(linger * 1e9), 10_000_000)}
+                await self._round(rest, batch, linger + 0.05)
         out: list[Msg] = []
         while self.buffer and len(out) < batch:
             out.append(self.buffer.popleft())
@@ -143,8 +163,10 @@ class JetStreamSource:
     """Fetches batches from the durable consumer of one source's account and settles them."""
 
     def __init__(self, source: NatsSource, settings: JetStreamSettings, metrics: Metrics,
-                 nats_settings: NatsSettings | None = None, held: Held | None = None, link_wait: float = 0.0) -> None:
+                 nats_settings: NatsSettings | None = None, held: Held | None = None, link_wait: float = 0.0,
+                 linger: float = 0.0) -> None:
         self.source = source
+        self._linger = linger  # how long a fetch waits after its first message for more (`_Puller.fetch`)
         # Until then, a downstream report left unlinked may be held (`holdable`): set at start.
         self._hold_until = 0.0
         self._link_wait = link_wait
@@ -167,7 +189,7 @@ class JetStreamSource:
         held = Held(settings.batch.queue_bytes)
         metrics.queue_depth.set_function(lambda: held.messages)
         metrics.queue_bytes.set_function(lambda: held.bytes)
-        return [cls(src, settings.jetstream, metrics, settings.nats, held, settings.link.wait)
+        return [cls(src, settings.jetstream, metrics, settings.nats, held, settings.link.wait, settings.batch.max_delay)
                 for src in settings.sources]
 
     @property
@@ -200,7 +222,8 @@ class JetStreamSource:
         if not await self.held.wait_room(timeout):
             return []  # batch.queue_bytes held already: settling makes room
         try:
-            msgs = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout)
+            msgs = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout,
+                                         self._linger)
         except (TimeoutError, nats.errors.TimeoutError):
             return []
         except nats.errors.Error as exc:  # reconnecting, consumer hiccup: nothing fetched

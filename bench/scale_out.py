@@ -323,10 +323,9 @@ def traffic_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--churn" in argv:
-        import scale_churn
-
-        return scale_churn.main([arg for arg in argv if arg != "--churn"])
+    if "--churn" in argv:  # moved: its own script (run, not imported: it imports this one)
+        churn = Path(__file__).resolve().parent / "scale_churn.py"
+        return subprocess.call([sys.executable, str(churn), *(arg for arg in argv if arg != "--churn")])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     traffic_arguments(parser)
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle measured this long before the traffic")

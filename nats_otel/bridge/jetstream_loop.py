@@ -12,14 +12,17 @@ and settles them by answering their senders.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+from nats_otel.bridge.exchange import LinkExchange
+from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.js_routing import ACK, NAK, TERM, ForwardedMsg, JetStreamRouter
+from nats_otel.bridge.policy import NakBackoff
+from nats_otel.bridge.routing import Router
+from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.delivery import Delivery
 from nats_otel.bridge.sources.jetstream import Held, JetStreamSource
-
-if TYPE_CHECKING:
-    from nats_otel.bridge.loop import Bridge
 
 __all__ = ["answer", "owners_changed", "run", "settle_fetched"]
 
@@ -28,6 +31,30 @@ _IDLE_POLL_S = 0.25  # how often an idle loop looks at the stop flag
 # Batches waiting out `link.wait` (as core mode's `loop._DELAYED_BATCHES`).
 _DELAYED_BATCHES = 4096
 _Waiting = tuple[float, list[Delivery], list[Any]]
+
+
+class Bridge(Protocol):
+    """What these loops read of `loop.Bridge` (named here, not imported: loop.py runs them)."""
+
+    settings: BridgeSettings
+    sources: list[Any]
+    intake: Intake
+    router: Router | None
+    exchange: LinkExchange | None
+    _stopping: asyncio.Event | None
+    _intake_done: bool
+    _backoff: NakBackoff
+
+    @property
+    def _inflight(self) -> int: ...
+
+    async def _observe(self, deliveries: Sequence[Delivery], raws: list[Any],
+                       collected_ns: int | None = None) -> float: ...
+
+    async def _process(self, deliveries: Sequence[Delivery], raws: list[Any], holdable: frozenset[int] = ...
+                       ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]: ...
+
+    async def _until(self, ripe_at: float) -> None: ...
 
 
 async def run(bridge: Bridge, source: JetStreamSource, forwarded: bool = False) -> None:

@@ -16,6 +16,13 @@ just before the SIGKILL.
     python bench/scale_churn.py
     python bench/scale_churn.py --bridges 4 --messages 600 --rate 100 --join-at 0.55
     python bench/scale_churn.py --mode back_to_back --context-size 600 --unnumbered --rate 50
+    python bench/scale_churn.py --jetstream
+
+`--jetstream`: the bridges share one durable in JetStream mode, as `scale_out.py --jetstream`
+runs them (on east-1 and east-2 alternately): at least once, so nothing may be lost, the
+SIGKILLed bridge's fetched messages coming back after `jetstream.ack_wait`; the outputs are
+final once they hold every archived trace message or have not grown for `--quiet-s` (45 s
+by default here: longer than the ack wait).
 
 Everything started is stopped again.
 """
@@ -48,7 +55,11 @@ from hop_links import (
 from scale_out import (
     ARCHIVER,
     BRIDGE_SERVERS,
+    DURABLE,
+    JS_BRIDGE_SERVERS,
     PUBLISHER,
+    STREAM,
+    create_stream,
     output_spans,
     scale_topology,
     traffic_arguments,
@@ -145,19 +156,26 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
     label = f"{args.mode}{context}, {'unnumbered' if args.unnumbered else 'numbered'}"
     run = ChurnRun(n, label)
     planned_s = args.messages / args.rate
-    topo = start_topology(scale_topology(args.deny_exchange), workdir / "nats")
+    jetstream = getattr(args, "jetstream", False)
+    topo = start_topology(scale_topology(args.deny_exchange, jetstream), workdir / "nats")
+    servers, queue, extra = BRIDGE_SERVERS, "nats-otel", ()
+    if jetstream:
+        servers, queue, extra = JS_BRIDGE_SERVERS, None, ("--mode", "jetstream", "--stream", STREAM,
+                                                         "--durable", DURABLE)
     archiver = Archiver(workdir / "archive.jsonl", subjects)
     probes: dict[str, Any] = {}
     senders: set[str] = set()
     killed_metrics: dict[str, float] = {}
 
     def new_member(i: int, fate: str) -> Member:
-        server = BRIDGE_SERVERS[i % 3]
-        return Member(Bridge(workdir, f"{server}-b{i}", topo.client_url(server, USER), subjects, "nats-otel", 1),
+        server = servers[i % len(servers)]
+        return Member(Bridge(workdir, f"{server}-b{i}", topo.client_url(server, USER), subjects, queue, 1, extra),
                       i, fate)
 
     try:
         nc = await archiver.start(topo.client_url(ARCHIVER, USER))
+        if jetstream:
+            await create_stream(topo, subjects)
 
         async def on_exchange(msg: Any) -> None:
             sender = (msg.headers or {}).get(_SENDER_HEADER)
@@ -206,14 +224,14 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
         # Written: everything but what was lost, which never comes. Wait until the outputs
         # stop growing (a link window and an export, twice over) or are complete.
         last, still_since = -1, time.monotonic()
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             now_written = server_spans(bridges)
             if now_written >= run.trace_messages:
                 break
             if now_written != last:
                 last, still_since = now_written, time.monotonic()
-            elif time.monotonic() - still_since > args.quiet_s:
+            elif time.monotonic() - still_since > (args.quiet_s or (45.0 if jetstream else 4.0)):
                 break
             await asyncio.sleep(0.25)
         for m in run.members:
@@ -334,11 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--join-at", type=float, default=0.65, help="start a new bridge then")
     parser.add_argument("--near-s", type=float, default=3.0, help="a hop arriving this close to a change "
                         "counts as near it")
-    parser.add_argument("--quiet-s", type=float, default=4.0, help="the outputs are final once they have "
-                        "not grown for this long")
+    parser.add_argument("--quiet-s", type=float, default=None, help="the outputs are final once they have "
+                        "not grown for this long (4 s; with --jetstream 45 s)")
     parser.add_argument("--lost-window", type=float, nargs=2, default=(2.0, 0.5), metavar=("BEFORE", "AFTER"),
                         help="lost trace messages reported this long before / after the kill count as near it")
     parser.add_argument("--repeat", type=int, default=1, help="runs")
+    parser.add_argument("--jetstream", action="store_true", help="the bridges share one durable in JetStream "
+                        "mode (see the docstring)")
     return churn_main(parser.parse_args(argv))
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from nats_otel.bridge.exchange import LinkExchange
 from nats_otel.bridge.intake import Intake
-from nats_otel.bridge.js_routing import ACK, NAK, TERM, ForwardedMsg, JetStreamRouter
+from nats_otel.bridge.js_routing import ACK, HOLD, NAK, TERM, ForwardedMsg, JetStreamRouter
 from nats_otel.bridge.policy import NakBackoff
 from nats_otel.bridge.routing import Router
 from nats_otel.bridge.settings import BridgeSettings
@@ -97,9 +97,9 @@ async def _settler(
     while (item := await batches.get()) is not None:
         ripe_at, deliveries, raws = item
         await bridge._until(ripe_at)
-        if forwarded:  # never held: the answer's nak would come back at once, not after the hold
-            ack, nak, term, _ = await bridge._process(deliveries, raws)
-            fetched = answer(source.held, ack, nak, term)
+        if forwarded:  # held as fetched ones are: the sender holds what the answer says is held
+            ack, nak, term, hold = await bridge._process(deliveries, raws, source.holdable(deliveries))
+            fetched = answer(source.held, ack, nak, term, hold)
             if any(fetched):  # this bridge's own, taken back from an owner that was gone
                 await settle_fetched(bridge, *fetched)
             continue
@@ -121,14 +121,18 @@ async def _take_forwarded(bridge: Bridge, source: JetStreamSource) -> list[Deliv
     return batch
 
 
-async def settle_fetched(bridge: Bridge, ack: list[Delivery], nak: list[Delivery], term: list[Delivery]) -> None:
+async def settle_fetched(bridge: Bridge, ack: list[Delivery], nak: list[Delivery], term: list[Delivery],
+                         hold: list[Delivery]) -> None:
     """Settle what this bridge fetched and forwarded, once its owner answered (or not)."""
-    by_source = {source.source.name: source for source in bridge.sources if isinstance(source, JetStreamSource)}
     delay = bridge.settings.jetstream.nak_delay_initial
-    for name, source in by_source.items():
-        mine = [[d for d in group if d.source == name] for group in (ack, nak, term)]
-        if any(mine):
-            await source.settle(mine[0], mine[1], mine[2], delay)
+    for source in bridge.sources:
+        if isinstance(source, JetStreamSource):
+            name = source.source.name
+            mine = [[d for d in group if d.source == name] for group in (ack, nak, term, hold)]
+            if any(mine[:3]):
+                await source.settle(mine[0], mine[1], mine[2], delay)
+            if mine[3]:
+                await source.hold(mine[3])
 
 
 def owners_changed(bridge: Bridge) -> None:
@@ -145,13 +149,13 @@ def owners_changed(bridge: Bridge) -> None:
             source.hold_anew()
 
 
-def answer(held: Held, ack: list[Delivery], nak: list[Delivery], term: list[Delivery]
-           ) -> tuple[list[Delivery], list[Delivery], list[Delivery]]:
+def answer(held: Held, ack: list[Delivery], nak: list[Delivery], term: list[Delivery], hold: list[Delivery]
+           ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]:
     """Settle the forwarded trace messages among these: their part of their forwards' answers
     (`js_routing`). Returns the others (this bridge's own JetStream messages), to settle."""
     settled: list[Delivery] = []
-    fetched: tuple[list[Delivery], list[Delivery], list[Delivery]] = ([], [], [])
-    for outcome, group, rest in ((ACK, ack, fetched[0]), (NAK, nak, fetched[1]), (TERM, term, fetched[2])):
+    fetched: tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]] = ([], [], [], [])
+    for outcome, group, rest in zip((ACK, NAK, TERM, HOLD), (ack, nak, term, hold), fetched, strict=True):
         for delivery in group:
             if isinstance(delivery.msg, ForwardedMsg):
                 delivery.msg.settle(outcome)

@@ -11,9 +11,12 @@ exported (at least once), so the sender keeps a forwarded message unacknowledged
 owner answers on the forward's reply subject what became of each of its trace messages,
 one byte each: `a` exported (the sender acks it), `n` not now (the sender naks it:
 JetStream redelivers it, to whichever bridge, which routes it again), `t` never (the sender
-terms it). The owner settles a forwarded message exactly as it settles one it fetched, the
-same policy (`policy.settle`), through a stand-in for the JetStream message
-(`ForwardedMsg`), and answers once every message of the forward is settled.
+terms it), `h` held (left unlinked while its upstream's evidence may still come: the sender
+holds it, `JetStreamSource.hold`, as for one it fetched). The owner settles a forwarded
+message exactly as it settles one it fetched, the same policy (`policy.settle`) and the
+same hold (the forward carries the message's delivery count), through a stand-in for the
+JetStream message (`ForwardedMsg`), and answers once every message of the forward is
+settled.
 
 What it rests on is JetStream's redelivery, nothing of its own:
 - An owner SIGKILLed: its forwards are never answered. Its peers find it silent
@@ -47,16 +50,17 @@ from nats_otel.bridge.sources.delivery import Delivery, size_of
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.evidence import sign
 
-__all__ = ["ACK", "NAK", "SIGNATURE_HEADER", "TERM", "ForwardedMsg", "JetStreamRouter"]
+__all__ = ["ACK", "HOLD", "NAK", "SIGNATURE_HEADER", "TERM", "ForwardedMsg", "JetStreamRouter"]
 
 log = logging.getLogger("nats_otel.bridge.routing")
 
-ACK, NAK, TERM = b"a"[0], b"n"[0], b"t"[0]
+ACK, NAK, TERM, HOLD = b"a"[0], b"n"[0], b"t"[0], b"h"[0]
 _UNSETTLED = b"?"[0]
 SIGNATURE_HEADER = "Nats-Otel-Signature"  # an answer's, with `link.exchange_key_file`
+_FOREIGN_VIEWS = 64  # a bound on `_foreign_views` (a hostile input's): past it, every such forward replays
 
-# Settles deliveries this bridge fetched: (ack, nak, term), each a list of them.
-Settle = Callable[[list[Delivery], list[Delivery], list[Delivery]], Awaitable[None]]
+# Settles deliveries this bridge fetched: (ack, nak, term, hold), each a list of them.
+Settle = Callable[[list[Delivery], list[Delivery], list[Delivery], list[Delivery]], Awaitable[None]]
 
 
 class _Answer:
@@ -80,25 +84,27 @@ class _Answer:
 
 
 class _Metadata:
-    """What `JetStreamSource.holdable` reads of a message: a forwarded one counts as a first
-    delivery (the sender's count stays with it: held at most while the owner's hold window
-    lasts, as the owner's own first deliveries are)."""
+    """What `JetStreamSource.holdable` reads of a message: for a forwarded one, the count of
+    JetStream's deliveries to its sender (`Frame.delivered`)."""
 
-    num_delivered = 1
+    __slots__ = ("num_delivered",)
+
+    def __init__(self, num_delivered: int) -> None:
+        self.num_delivered = num_delivered
 
 
 class ForwardedMsg:
     """Stands in for the JetStream message of a forwarded trace message at its owner:
     settling it (`JetStreamSource.settle` calls these) records the outcome in the answer."""
 
-    __slots__ = ("_answer", "_index")
-    metadata = _Metadata()
+    __slots__ = ("_answer", "_index", "metadata")
 
-    def __init__(self, answer: _Answer, index: int) -> None:
+    def __init__(self, answer: _Answer, index: int, delivered: int) -> None:
         self._answer, self._index = answer, index
+        self.metadata = _Metadata(max(1, delivered))
 
     def settle(self, outcome: int) -> None:
-        """`ACK`, `NAK` or `TERM`: its part of the answer (sent once all of it is settled)."""
+        """`ACK`, `NAK`, `TERM` or `HOLD`: its part of the answer (sent once all of it is settled)."""
         self._answer.settle(self._index, outcome)
 
     async def ack(self) -> None:
@@ -127,6 +133,9 @@ class JetStreamRouter(Router):
         # Members that said goodbye, until their answers are due: a 503 from one of them means
         # it takes no more forwards, not that it will not answer those it took.
         self._draining: dict[str, float] = {}
+        # Views of senders that differed from this bridge's, since its own last changed: each
+        # starts a replay and a hold window once (`_on_frames`).
+        self._foreign_views: set[str] = set()
 
     async def route_fetched(self, deliveries: list[Delivery]) -> list[Delivery]:
         """The fetched deliveries this bridge owns; the others are forwarded, each kept
@@ -134,7 +143,7 @@ class JetStreamRouter(Router):
         own, others = self.split(deliveries)
         for owner, part in others.items():
             if not await self.forward(owner, part, []):
-                await self._settle([], part, [])
+                await self._settle([], part, [], [])
         return own
 
     # -- the sender's side: answers, and forwards never answered ---------------------------
@@ -162,11 +171,11 @@ class JetStreamRouter(Router):
             self._log("malformed", f"an answer of {len(outcomes)} outcomes for {len(part)} messages")
             return
         del self._kept[msg.subject]
-        settled: dict[int, list[Delivery]] = {ACK: [], NAK: [], TERM: []}
+        settled: dict[int, list[Delivery]] = {ACK: [], NAK: [], TERM: [], HOLD: []}
         for delivery, outcome in zip(part, outcomes, strict=True):
             settled.get(outcome, settled[NAK]).append(delivery)
         self._metrics.routed.labels("answered").inc(len(part))
-        await self._settle(settled[ACK], settled[NAK], settled[TERM])
+        await self._settle(settled[ACK], settled[NAK], settled[TERM], settled[HOLD])
 
     def _expire(self, now: float) -> None:
         """Forwards unanswered for `answer_wait`: naked, so that JetStream redelivers them."""
@@ -174,6 +183,10 @@ class JetStreamRouter(Router):
             self._nak_kept(subject, "unanswered")
         for member in [m for m, at in self._draining.items() if now - at > self._answer_wait]:
             del self._draining[member]
+
+    def _rebuild(self, why: str) -> None:
+        self._foreign_views.clear()  # judged anew against this view
+        super()._rebuild(why)
 
     def _leave(self, sender: str, why: str) -> None:
         super()._leave(sender, why)
@@ -187,14 +200,20 @@ class JetStreamRouter(Router):
         _, owner, part = self._kept.pop(subject)
         self._metrics.routed.labels("unanswered").inc(len(part))
         self._log("unanswered", f"{len(part)} trace messages forwarded to {owner}: {why}; naked for redelivery")
-        self._run(self._settle([], part, []))
+        self._run(self._settle([], part, [], []))
 
     def _taken_back(self, delivery: Delivery) -> Delivery:
         """Owned now (its owner was gone): into this bridge's intake with its JetStream message."""
         return Delivery(delivery.raw, delivery.source, delivery.size, delivery.msg, -1)
 
     def _unsent(self, part: list[Delivery]) -> None:
-        self._run(self._settle([], part, []))
+        self._run(self._settle([], part, [], []))
+
+    def _delivered(self, delivery: Delivery) -> int:
+        try:
+            return int(delivery.msg.metadata.num_delivered)
+        except Exception:  # noqa: BLE001 - no JetStream metadata (taken back from a gone owner): a first
+            return 1
 
     # -- the owner's side: forwarded messages in, answers out ------------------------------
 
@@ -206,12 +225,19 @@ class JetStreamRouter(Router):
             return
         sender = forward.sender
         self._numbered(sender, forward.number)
+        if forward.view != self.ring.view and forward.view not in self._foreign_views:
+            # The sender sees other members than this bridge does: a change is under way here
+            # too, heard of a moment later. Replay and hold now, as for a change of its own.
+            if len(self._foreign_views) < _FOREIGN_VIEWS:
+                self._foreign_views.add(forward.view)
+            self._on_view_change()
         answer = _Answer(self.reply_subject(sender, forward.number, self.me), len(forward.frames), self._answer)
         streams = [f"{sender}/{name}" for name in forward.streams]
         intake, refused = self._intake, 0
         for index, frame in enumerate(forward.frames):
             raw = RawTraceMessage(frame.subject, frame.headers, frame.payload)
-            if not intake.offer(Delivery(raw, streams[frame.stream], size_of(raw), ForwardedMsg(answer, index), -1)):
+            forwarded = ForwardedMsg(answer, index, frame.delivered)
+            if not intake.offer(Delivery(raw, streams[frame.stream], size_of(raw), forwarded, -1)):
                 refused += 1
                 answer.settle(index, NAK)
         self._metrics.routed.labels("received").inc(len(forward.frames) - refused)

@@ -78,6 +78,10 @@ class Frame(msgspec.Struct, array_like=True, frozen=True, gc=False):
     payload: bytes
     stream: int
     breaks: int
+    # JetStream mode: how many times JetStream delivered it to the sender (0 in core mode).
+    # Last and defaulted: a forward without it (an older bridge's) reads as before, and an
+    # older bridge reads past it.
+    delivered: int = 0
 
 
 class Forward(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -110,13 +114,15 @@ _DECODER = msgspec.msgpack.Decoder(Forward)
 
 
 def encode_forward(sender: str, view: str, number: int, streams: Sequence[str],
-                   frames: Sequence[tuple[RawTraceMessage, int, int]], states: Sequence[StreamState] = (),
+                   frames: Sequence[tuple[RawTraceMessage, int, int, int]], states: Sequence[StreamState] = (),
                    key: bytes | None = None) -> bytes:
-    """One batch for one owner: each raw message with its stream index and breaks; with the
+    """One batch for one owner: each raw message with its stream index, breaks and delivery
+    count (`Frame`); with the
     exchange's shared `key` (`link.exchange_key_file`), signed: `_SIGNED`, the keyed BLAKE2b
     of the rest, then the rest (a msgpack array never starts with that byte)."""
     data = _ENCODER.encode(Forward(sender, view, number, tuple(streams), tuple(
-        Frame(raw.subject, raw.headers, raw.payload, stream, breaks) for raw, stream, breaks in frames), tuple(states)))
+        Frame(raw.subject, raw.headers, raw.payload, stream, breaks, delivered)
+        for raw, stream, breaks, delivered in frames), tuple(states)))
     if key is None:
         return data
     return _SIGNED + _signature(key, data) + data

@@ -223,7 +223,7 @@ class Router:
             if at is None:
                 index[delivery.source] = at = len(names)
                 names.append(delivery.source)
-            frames.append((delivery.raw, at, delivery.breaks))
+            frames.append((delivery.raw, at, delivery.breaks, self._delivered(delivery)))
         number = self._sent[owner] = self._sent.get(owner, 0) + 1
         reply = self.reply_subject(self.me, number, owner)
         now = time.monotonic()
@@ -239,6 +239,10 @@ class Router:
             return False
         self._metrics.routed.labels("forwarded").inc(len(part))
         return True
+
+    def _delivered(self, delivery: Delivery) -> int:
+        """A forwarded message's delivery count (`Frame.delivered`): none in core mode."""
+        return 0
 
     def reply_subject(self, sender: str, number: int, owner: str) -> str:
         """Where the answers to `sender`'s forward `number` to `owner` go: NATS's 503, and in

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import nats
@@ -19,7 +20,7 @@ import pytest
 
 from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.jetstream_loop import answer
-from nats_otel.bridge.js_routing import ACK, NAK, SIGNATURE_HEADER, TERM, ForwardedMsg, JetStreamRouter
+from nats_otel.bridge.js_routing import ACK, HOLD, NAK, SIGNATURE_HEADER, TERM, ForwardedMsg, JetStreamRouter
 from nats_otel.bridge.ownership import Ring, decode_forward, encode_forward
 from nats_otel.bridge.sharding import shard_key
 from nats_otel.bridge.sources.delivery import Delivery, delivery
@@ -58,14 +59,21 @@ def _value(metrics: Metrics, result: str) -> float:
     return metrics.registry.get_sample_value("nats_otel_routed_total", {"result": result}) or 0.0
 
 
+class _Fetched:
+    """What the router reads of a fetched JetStream message: its delivery count (the third)."""
+
+    metadata = SimpleNamespace(num_delivered=3)
+
+
 class _Settled:
     """The sender's settle callback: what it was told to ack, nak and term."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[list[Delivery], list[Delivery], list[Delivery]]] = []
+        self.calls: list[tuple[list[Delivery], ...]] = []
 
-    async def __call__(self, ack: list[Delivery], nak: list[Delivery], term: list[Delivery]) -> None:
-        self.calls.append((ack, nak, term))
+    async def __call__(self, ack: list[Delivery], nak: list[Delivery], term: list[Delivery],
+                       hold: list[Delivery]) -> None:
+        self.calls.append((ack, nak, term, hold))
 
 
 async def _router(url: str, settle: Any, intake: Intake, answer_wait_s: float = 30.0) -> tuple[JetStreamRouter, Any]:
@@ -80,7 +88,7 @@ async def _forward_to_peer(router: JetStreamRouter, nc: Any, count: int) -> tupl
     """Route `count` fetched messages of the peer's traces; the forward as the peer receives it."""
     got: asyncio.Queue[Any] = asyncio.Queue()
     sub = await nc.subscribe(router.subject_of(PEER), cb=got.put)
-    part = [delivery(raw, "a", object()) for raw in _owned_by(PEER, count)]
+    part = [delivery(raw, "a", _Fetched()) for raw in _owned_by(PEER, count)]
     assert await router.route_fetched(part) == []  # none of them is this bridge's
     msg = await asyncio.wait_for(got.get(), 5)
     await sub.unsubscribe()
@@ -91,21 +99,22 @@ async def test_the_sender_settles_as_the_signed_answer_says_and_only_then(url: s
     settled = _Settled()
     router, nc = await _router(url, settled, Intake(1 << 20))
     try:
-        part, forward = await _forward_to_peer(router, nc, 3)
+        part, forward = await _forward_to_peer(router, nc, 4)
+        assert [frame.delivered for frame in forward.frames] == [3, 3, 3, 3]  # JetStream's count, carried
         reply = router.reply_subject(ME, forward.number, PEER)
-        outcomes = bytes([ACK, NAK, TERM])
+        outcomes = bytes([ACK, NAK, TERM, HOLD])
         await nc.publish(reply, outcomes)  # unsigned: anyone could have sent it
-        await nc.publish(reply, outcomes, headers={SIGNATURE_HEADER: sign(KEY, reply.encode() + b"aaa")})
+        await nc.publish(reply, outcomes, headers={SIGNATURE_HEADER: sign(KEY, reply.encode() + b"aaaa")})
         await nc.publish(reply, b"aa", headers={SIGNATURE_HEADER: sign(KEY, reply.encode() + b"aa")})
         await wait_until(lambda: _value(router._metrics, "malformed") == 1, 5, "the short answer counted")
         assert _value(router._metrics, "forged") == 2 and settled.calls == []
         await nc.publish(reply, outcomes, headers={SIGNATURE_HEADER: sign(KEY, reply.encode() + outcomes)})
         await wait_until(lambda: settled.calls, 5, "the answer settled")
-        assert settled.calls == [([part[0]], [part[1]], [part[2]])]
+        assert settled.calls == [([part[0]], [part[1]], [part[2]], [part[3]])]
         await nc.publish(reply, outcomes, headers={SIGNATURE_HEADER: sign(KEY, reply.encode() + outcomes)})
         await nc.flush()
         await asyncio.sleep(0.2)
-        assert len(settled.calls) == 1 and _value(router._metrics, "answered") == 3  # once
+        assert len(settled.calls) == 1 and _value(router._metrics, "answered") == 4  # once
     finally:
         await nc.close()
 
@@ -118,12 +127,12 @@ async def test_a_forward_never_answered_is_naked_and_so_is_one_to_a_silent_membe
         await asyncio.sleep(0.4)
         router.tick()  # the bridge's exchange ticks every 0.5 s
         await wait_until(lambda: settled.calls, 5, "the unanswered forward naked")
-        assert settled.calls == [([], part, [])] and _value(router._metrics, "unanswered") == 2
+        assert settled.calls == [([], part, [], [])] and _value(router._metrics, "unanswered") == 2
         router._answer_wait = 30.0
         later, _ = await _forward_to_peer(router, nc, 2)
         router._leave(PEER, "silent")  # as `tick` finds it after MEMBER_SILENCE_S
         await wait_until(lambda: len(settled.calls) == 2, 5, "the forward to the silent member naked")
-        assert settled.calls[1] == ([], later, [])
+        assert settled.calls[1] == ([], later, [], [])
     finally:
         await nc.close()
 
@@ -136,20 +145,20 @@ async def test_the_owner_answers_once_all_is_settled_and_at_once_for_what_it_ref
     reply = router.reply_subject(PEER, 7, ME)
     await nc.subscribe(reply, cb=answers.put)
     try:
-        data = encode_forward(PEER, router.view, 7, ["a"], [(raw, 0, -1) for raw in raws], (), KEY)
+        data = encode_forward(PEER, router.view, 7, ["a"], [(raw, 0, -1, 2) for raw in raws], (), KEY)
         await nc.publish(router.subject_of(ME), data)
         await wait_until(lambda: small.qsize() == 2, 5, "the two that fit taken in")
         assert _value(router._metrics, "refused") == 2 and answers.empty()
         taken = small.take(2)
-        assert all(isinstance(d.msg, ForwardedMsg) for d in taken)
+        assert all(isinstance(d.msg, ForwardedMsg) and d.msg.metadata.num_delivered == 2 for d in taken)
         held = Held(1 << 20)
         held.take(taken)
-        assert answer(held, [taken[1]], [], []) == ([], [], [])
+        assert answer(held, [taken[1]], [], [], []) == ([], [], [], [])
         await asyncio.sleep(0.2)
         assert answers.empty()  # one of the forward's four is still unsettled
-        answer(held, [], [], [taken[0]])
+        answer(held, [], [], [], [taken[0]])
         msg = await asyncio.wait_for(answers.get(), 5)
-        assert msg.data == bytes([TERM, ACK, NAK, NAK])  # as ordered in the forward
+        assert msg.data == bytes([HOLD, ACK, NAK, NAK])  # as ordered in the forward
         assert msg.headers[SIGNATURE_HEADER] == sign(KEY, reply.encode() + msg.data)
         assert held.messages == 0 and held.bytes == 0
     finally:

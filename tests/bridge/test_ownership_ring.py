@@ -116,13 +116,45 @@ def test_a_forward_round_trips():
     raws = _raws()
     states = [StreamState("east-1/trace.a", 0, 1_700_000_000_000_000_000, None)]
     data = encode_forward("me:1:2", "view1", 7, ["east-1/trace.a", "east-1/trace.adhoc.hops"],
-                          [(raws[0], 0, 0), (raws[1], 1, -1), (raws[2], 1, 3)], states)
+                          [(raws[0], 0, 0, 0), (raws[1], 1, -1, 2), (raws[2], 1, 3, 0)], states)
     forward = decode_forward(data)
     assert (forward.sender, forward.view, forward.number) == ("me:1:2", "view1", 7)
     assert forward.streams == ("east-1/trace.a", "east-1/trace.adhoc.hops")
-    assert [(f.subject, f.headers, f.payload, f.stream, f.breaks) for f in forward.frames] == [
-        (r.subject, r.headers, r.payload, s, b) for r, s, b in zip(raws, (0, 1, 1), (0, -1, 3), strict=True)]
+    assert [(f.subject, f.headers, f.payload, f.stream, f.breaks, f.delivered) for f in forward.frames] == [
+        (r.subject, r.headers, r.payload, s, b, d)
+        for r, s, b, d in zip(raws, (0, 1, 1), (0, -1, 3), (0, 2, 0), strict=True)]
     assert tuple(forward.states) == tuple(states)
+
+
+class OlderFrame(msgspec.Struct, array_like=True):
+    """A forwarded frame as bridges before `Frame.delivered` wrote it."""
+
+    subject: str | None
+    headers: dict[str, list[str]]
+    payload: bytes
+    stream: int
+    breaks: int
+
+
+class OlderForward(msgspec.Struct, array_like=True):
+    sender: str
+    view: str
+    number: int
+    streams: tuple[str, ...]
+    frames: tuple[OlderFrame, ...]
+    states: tuple[StreamState, ...] = ()
+
+
+def test_forwards_of_an_older_bridge_read_and_are_read():
+    """`Frame.delivered` came later, last and defaulted: a rolling upgrade's bridges read
+    each other's forwards (an older bridge's frames have five fields)."""
+    raw = _raws()[0]
+    older = msgspec.msgpack.encode(OlderForward("old", "v", 1, ("s",), (OlderFrame(raw.subject, raw.headers,
+                                                                                   raw.payload, 0, 4),)))
+    assert [(f.payload, f.breaks, f.delivered) for f in decode_forward(older).frames] == [(raw.payload, 4, 0)]
+    newer = encode_forward("new", "v", 1, ["s"], [(raw, 0, 4, 2)])
+    assert msgspec.msgpack.decode(newer, type=OlderForward).frames == (OlderFrame(raw.subject, raw.headers,
+                                                                                    raw.payload, 0, 4),)
 
 
 def test_an_empty_forward_round_trips():
@@ -146,7 +178,7 @@ def test_a_forward_without_a_sender_is_malformed():
 
 @pytest.mark.parametrize("stream", [1, 2, -1, 1 << 40])
 def test_a_frame_naming_a_stream_the_batch_lacks_is_malformed(stream):
-    data = encode_forward("me", "v", 1, ["only-stream"], [(_raws()[0], stream, 0)])
+    data = encode_forward("me", "v", 1, ["only-stream"], [(_raws()[0], stream, 0, 0)])
     with pytest.raises(ForwardError) as caught:
         decode_forward(data)
     assert caught.value.reason == "malformed" and str(stream) in caught.value.detail
@@ -170,10 +202,11 @@ def test_a_keyed_forward_is_signed_and_a_forged_or_unsigned_one_refused():
     with, or one not signed at all; a bridge without the key cannot read a signed one."""
     key, other = b"k" * 32, b"o" * 32
     raw = RawTraceMessage("trace.a", {"Content-Encoding": ["gzip"]}, b"payload")
-    signed = encode_forward("a", "v", 1, ["s"], [(raw, 0, 0)], (), key)
+    signed = encode_forward("a", "v", 1, ["s"], [(raw, 0, 0, 0)], (), key)
     assert decode_forward(signed, key).frames[0].payload == b"payload"
     tampered = signed[:-1] + bytes([signed[-1] ^ 1])
-    for data, with_key in ((signed, other), (tampered, key), (encode_forward("a", "v", 1, ["s"], [(raw, 0, 0)]), key)):
+    unsigned = encode_forward("a", "v", 1, ["s"], [(raw, 0, 0, 0)])
+    for data, with_key in ((signed, other), (tampered, key), (unsigned, key)):
         with pytest.raises(ForwardError) as refused:
             decode_forward(data, with_key)
         assert refused.value.reason == "forged"

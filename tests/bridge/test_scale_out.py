@@ -33,9 +33,9 @@ def topo() -> Iterator:
 class BridgeProcess:
     """`nats-otel bridge` as its own process, with its own archive and metrics port."""
 
-    def __init__(self, tmp_path: Path, name: str, args: list[str]) -> None:
+    def __init__(self, tmp_path: Path, name: str, args: list[str], port: int | None = None) -> None:
         self.archive = tmp_path / f"{name}.jsonl"
-        self.port = free_ports(1)[0]
+        self.port = port or free_ports(1)[0]
         self.log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nats_otel.cli", "bridge", *args, "--archive", str(self.archive),
@@ -77,7 +77,10 @@ async def run_pair(topo, tmp_path: Path, extra: list[str], subject: str, seed: s
                    ) -> tuple[OTLPGrpcReceiver, list[BridgeProcess], int]:
     rx = OTLPGrpcReceiver().start()
     common = ["--nats-url", topo.client_url("n1", "a"), "--subject", subject, "--otlp-endpoint", rx.endpoint, *extra]
-    bridges = [BridgeProcess(tmp_path, f"bridge{i}", common) for i in (1, 2)]
+    # Both ports at once: taken one at a time, the two may be the same (one bridge then exits
+    # on EADDRINUSE while the other answers /readyz for both).
+    ports = free_ports(2)
+    bridges = [BridgeProcess(tmp_path, f"bridge{i}", common, port) for i, port in zip((1, 2), ports, strict=True)]
     try:
         for b in bridges:
             b.wait_ready()

@@ -169,7 +169,8 @@ class Run:
     idle_cpu_per_20s: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
     hops: int = 0
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what went wrong (the exit code is 1)
+    facts: list[str] = field(default_factory=list)  # what is worth printing beside the table
     spans_written: int = 0  # server spans in the outputs, a span written twice counted twice
     distinct_spans: int = 0  # their distinct span ids
     forwarded: float = 0.0
@@ -239,7 +240,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
                              f"for {run.trace_messages} trace messages")
         after = [cpu_seconds(b.proc.pid) for b in bridges]
         threads_after = thread_cpu(bridges[0].proc.pid)
-        run.notes.append("bridge 0's CPU by thread: " + ", ".join(
+        run.facts.append("bridge 0's CPU by thread: " + ", ".join(
             f"{name} {threads_after[name] - threads_before.get(name, 0.0):.2f} s" for name in sorted(threads_after)))
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -299,7 +300,7 @@ def print_table(runs: list[Run], jetstream: bool = False) -> None:
               f"| {c.get(RIGHT, 0):,} of {r.hops:,} | {c.get(WRONG, 0)} | {c.get(UNMATCHED, 0)} "
               f"| {c.get(AMBIGUOUS, 0)} | {c.get(MISSING, 0)} |")
     for r in runs:
-        for note in r.notes:
+        for note in [*r.notes, *r.facts]:
             print(f"  N = {r.bridges}: {note}")
 
 

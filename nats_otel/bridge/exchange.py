@@ -296,7 +296,7 @@ class LinkExchange:
                 for msg in msgs:
                     recording = self._accept(msg, live=False)
                     if recording is not None:
-                        await recording  # replayed before the first fetch, and never dropped
+                        await recording  # one batch at a time, never dropped
                     replayed += 1
                 if msgs and msgs[-1].metadata.num_pending == 0:
                     break

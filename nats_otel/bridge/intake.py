@@ -23,7 +23,12 @@ from collections.abc import Callable, Sequence
 
 from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery, charge
 
-__all__ = ["MESSAGE_OVERHEAD", "Intake", "charge"]
+__all__ = ["DELAYED_BATCHES", "MESSAGE_OVERHEAD", "Intake", "charge"]
+
+# Batches waiting out `link.wait` (core and JetStream mode): a rate times the wait, a few
+# dozen at most in practice; this only bounds the pathological case (then intake backs up,
+# and drops are counted).
+DELAYED_BATCHES = 4096
 
 
 class Intake:

@@ -12,11 +12,11 @@ and settles them by answering their senders.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from nats_otel.bridge.exchange import LinkExchange
-from nats_otel.bridge.intake import Intake
+from nats_otel.bridge.intake import DELAYED_BATCHES, Intake
 from nats_otel.bridge.js_routing import ACK, HOLD, NAK, TERM, ForwardedMsg, JetStreamRouter
 from nats_otel.bridge.policy import NakBackoff
 from nats_otel.bridge.routing import Router
@@ -27,9 +27,6 @@ from nats_otel.bridge.sources.jetstream import Held, JetStreamSource
 __all__ = ["answer", "owners_changed", "run", "settle_fetched"]
 
 _FETCH_TIMEOUT_S = 1.0
-_IDLE_POLL_S = 0.25  # how often an idle loop looks at the stop flag
-# Batches waiting out `link.wait` (as core mode's `loop._DELAYED_BATCHES`).
-_DELAYED_BATCHES = 4096
 _Waiting = tuple[float, list[Delivery], list[Any]]
 
 
@@ -56,12 +53,14 @@ class Bridge(Protocol):
 
     async def _until(self, ripe_at: float) -> None: ...
 
+    async def _collect(self, on_first: Callable[[], None] | None = None) -> list[Delivery]: ...
+
 
 async def run(bridge: Bridge, source: JetStreamSource, forwarded: bool = False) -> None:
     """Fetch from `source` (or, `forwarded`, take what other bridges forwarded here) until
     the intake is done; hand each batch to the settlers after recording its evidence."""
     assert bridge._stopping is not None
-    batches: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
+    batches: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=DELAYED_BATCHES)
     settlers = [asyncio.create_task(_settler(bridge, source, batches, forwarded)) for _ in range(bridge._inflight)]
     router = bridge.router if isinstance(bridge.router, JetStreamRouter) else None
     if router is not None and not forwarded:
@@ -111,10 +110,7 @@ async def _settler(
 
 async def _take_forwarded(bridge: Bridge, source: JetStreamSource) -> list[Delivery]:
     """A batch of the trace messages forwarded here: out of the intake, held as fetched ones are."""
-    b = bridge.settings.batch
-    batch = await bridge.intake.collect(
-        b.max_messages, lambda: 0 if bridge._intake_done else b.max_delay, _IDLE_POLL_S, _nothing
-    )
+    batch = await bridge._collect(_nothing)  # not core mode's streams: nothing to note
     if batch:
         bridge.intake.release(batch)
         source.held.take([d for d in batch if isinstance(d.msg, ForwardedMsg)])  # the rest are held already

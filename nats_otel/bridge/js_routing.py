@@ -209,6 +209,12 @@ class JetStreamRouter(Router):
     def _unsent(self, part: list[Delivery]) -> None:
         self._run(self._settle([], part, [], []))
 
+    def _not_taken_back(self, delivery: Delivery) -> None:
+        """Not lost: naked, JetStream redelivers it (counted as a forwarded one refused here)."""
+        self._metrics.routed.labels("refused").inc()
+        self._log("refused", "a trace message taken back from a gone owner: the intake is full; naked")
+        self._unsent([delivery])
+
     def _delivered(self, delivery: Delivery) -> int:
         try:
             return int(delivery.msg.metadata.num_delivered)

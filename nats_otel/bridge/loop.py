@@ -17,7 +17,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from nats_otel import __version__, gc_tuning
@@ -25,7 +25,7 @@ from nats_otel.bridge import jetstream_loop
 from nats_otel.bridge.accounting import BatchAccounting
 from nats_otel.bridge.exchange import exchange_for
 from nats_otel.bridge.export.result import ExportResult
-from nats_otel.bridge.intake import Intake
+from nats_otel.bridge.intake import DELAYED_BATCHES, Intake
 from nats_otel.bridge.js_routing import JetStreamRouter
 from nats_otel.bridge.policy import NakBackoff, settle
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
@@ -46,9 +46,6 @@ __all__ = ["Bridge"]
 log = logging.getLogger("nats_otel.bridge")
 
 _IDLE_POLL_S = 0.25  # how often an idle loop looks at the stop flag
-# Batches waiting out `link.wait`: a rate times the wait, a few dozen at most in practice;
-# this only bounds the pathological case (then intake backs up, and drops are counted).
-_DELAYED_BATCHES = 4096
 _GIVE_UP_CHECK_S = 0.25
 # After the drain deadline, for the batch in flight to be counted exported or failed, not lost.
 _DRAIN_GRACE_S = 2.0
@@ -235,7 +232,7 @@ class Bridge:
                                                      "mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
         if s.mode == "core":
-            delayed: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=_DELAYED_BATCHES)
+            delayed: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=DELAYED_BATCHES)
             workers = [asyncio.create_task(self._core_intake(delayed))]
             workers += [asyncio.create_task(self._core_worker(delayed)) for _ in range(self._inflight)]
         else:
@@ -458,11 +455,12 @@ class Bridge:
             log.error("drain timed out: trace messages still waiting were dropped",
                       extra={"fields": {"dropped": lost, "reason": "drain_timeout"}})
 
-    async def _collect(self) -> list[Delivery]:
-        """Up to `max_messages` deliveries; waits at most `max_delay` after the first (draining: none)."""
+    async def _collect(self, on_first: Callable[[], None] | None = None) -> list[Delivery]:
+        """Up to `max_messages` deliveries; waits at most `max_delay` after the first (draining:
+        none). `on_first`: as the first is taken (core mode: `Wholeness.collecting`)."""
         b = self.settings.batch
         return await self.intake.collect(b.max_messages, lambda: 0 if self._intake_done else b.max_delay,
-                                         _IDLE_POLL_S, self.wholeness.collecting)
+                                         _IDLE_POLL_S, on_first or self.wholeness.collecting)
 
     # -- the error policy, in one place ------------------------------------------------------
 

@@ -88,7 +88,7 @@ class Router:
         self._sent: dict[str, int] = {}  # owner -> forwards numbered so far
         self._heard: dict[str, tuple[int, int]] = {}  # sender -> (last forward number, forwards missed)
         self._kept: dict[str, tuple[float, str, list[Delivery]]] = {}  # ack subject -> (when, owner, what it carried)
-        self._ack_prefix = f"{base_subject}.ack.{member_token(me)}"
+        self._ack_prefix = self._answers_to(me)
         self._last_log: dict[str, float] = {}
         self._told: dict[str, float] = {}  # owner -> when it was last forwarded to
         self._states: dict[str, tuple[PeerBatch, bool]] = {}  # peer -> its latest state (`note_states`)
@@ -247,7 +247,11 @@ class Router:
     def reply_subject(self, sender: str, number: int, owner: str) -> str:
         """Where the answers to `sender`'s forward `number` to `owner` go: NATS's 503, and in
         JetStream mode the owner's (`js_routing`), which derives it from the forward alone."""
-        return f"{self._base}.ack.{member_token(sender)}.{number}.{member_token(owner)}"
+        return f"{self._answers_to(sender)}.{number}.{member_token(owner)}"
+
+    def _answers_to(self, sender: str) -> str:
+        """The prefix of every answer to `sender`'s forwards (it subscribes `<prefix>.>`)."""
+        return f"{self._base}.ack.{member_token(sender)}"
 
     async def _on_ack(self, msg: Any) -> None:
         """A forward's answer: only NATS's own, 503 when no one subscribes to the owner's
@@ -266,8 +270,7 @@ class Router:
                 self._unsent(again_part)
         for delivery in own:  # now this bridge's: back into its intake, vouching for nothing
             if not self._intake.offer(self._taken_back(delivery)):
-                self._metrics.dropped.labels("queue_full").inc()
-                self._unsent([delivery])
+                self._not_taken_back(delivery)
 
     def _taken_back(self, delivery: Delivery) -> Delivery:
         """A forwarded delivery this bridge owns now, as its intake takes it (core: never
@@ -275,7 +278,11 @@ class Router:
         return Delivery(delivery.raw, delivery.source, delivery.size, ROUTED, -1)
 
     def _unsent(self, part: list[Delivery]) -> None:
-        """What could not be forwarded again or taken back (core mode: lost, counted already)."""
+        """What could not be forwarded again (core mode: lost, counted `unforwarded` already)."""
+
+    def _not_taken_back(self, delivery: Delivery) -> None:
+        """The intake had no room for a delivery taken back (core mode: lost)."""
+        self._metrics.dropped.labels("queue_full").inc()
 
     def _decoded(self, data: bytes) -> Forward | None:
         """A received forward, checked; None (counted, logged) when it cannot be read."""

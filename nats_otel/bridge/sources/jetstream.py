@@ -118,16 +118,18 @@ class _Puller:
 
     async def _round(self, request: dict[str, Any], want: int, timeout: float) -> None:
         self._want = want
-        self._wake.clear()
+        self._wake.clear()  # before the request: a reply that comes while it is sent still wakes
         await self.nc.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
-        await self._wait(want, timeout)
+        await self._woken(timeout)
 
     async def _wait(self, want: int, timeout: float) -> None:
-        """Until `want` messages wait in the buffer, a request ends, or `timeout` passed."""
+        """Until `want` messages wait in the buffer, the open request ends, or `timeout` passed."""
         self._want = want
-        if len(self.buffer) >= want:
-            return
-        self._wake.clear()
+        if len(self.buffer) < want:
+            self._wake.clear()
+            await self._woken(timeout)
+
+    async def _woken(self, timeout: float) -> None:
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
         except TimeoutError:

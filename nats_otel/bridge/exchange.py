@@ -91,6 +91,10 @@ _TICK_S = 0.5  # how often the router looks for silent peers (`Router.tick`)
 # Heartbeats published without hearing one's own back before it says so (`heard_itself`):
 # NATS echoes a message within a round trip; three allow for a reconnect under way.
 _UNHEARD_BEATS = 3
+# Replays waiting for their time (`replay_at`): changes within a quarter second share one,
+# and past this many (a storm of changes) a change asks for none (its own replay still runs).
+_CATCH_UPS = 64
+_CATCH_UP_GRAIN_S = 0.25
 
 
 class Recorder(Protocol):
@@ -155,6 +159,7 @@ class LinkExchange:
         self._kept_in: tuple[str, float] | None = None  # (stream, retention) once kept (`keep`)
         self._replaying: asyncio.Future[None] | None = None
         self._replay_again = False
+        self._catch_ups: dict[float, asyncio.TimerHandle] = {}  # when (monotonic) -> its replay (`replay_at`)
         # Its own batches came back (NATS echoes them): it hears the exchange (`members_known`).
         self.heard_itself = False
         self._unheard_beats = 0
@@ -188,6 +193,9 @@ class LinkExchange:
         self.soon_s = min(1.0, max(self.soon_s, link_wait_s / 4))
 
     async def stop(self) -> None:
+        for handle in self._catch_ups.values():
+            handle.cancel()
+        self._catch_ups.clear()
         if self._replaying is not None:
             self._replaying.cancel()
             await asyncio.gather(self._replaying, return_exceptions=True)
@@ -262,6 +270,25 @@ class LinkExchange:
                 await self.replay()
 
         self._replaying = asyncio.ensure_future(replays())
+
+    def replay_at(self, when: float) -> None:
+        """One more replay at the monotonic `when` (`replay_soon` then), beside any asked for
+        at other times. Trace ownership moved at a change, but the former owners still map
+        the trace messages they took before it (their link windows, the forwards they were
+        sent) and keep that evidence after the replay of the change ran: what the new owner
+        held for want of it comes back as the hold window closes (`JetStreamSource.hold`),
+        so a replay then finds it (without it, a redelivered copy was exported unlinked
+        where its first copy was linked: a span with two parents)."""
+        if self._kept_in is None or self._loop is None:
+            return
+        due = when - when % _CATCH_UP_GRAIN_S  # never later than asked: the held come back just after
+        if due in self._catch_ups or len(self._catch_ups) >= _CATCH_UPS:
+            return
+        self._catch_ups[due] = self._loop.call_later(max(0.0, due - time.monotonic()), self._catch_up, due)
+
+    def _catch_up(self, due: float) -> None:
+        del self._catch_ups[due]
+        self.replay_soon()
 
     async def replay(self) -> int:
         """The kept stream's last `link.retention` of evidence into the link window, each

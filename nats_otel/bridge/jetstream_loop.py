@@ -24,7 +24,7 @@ from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.delivery import Delivery
 from nats_otel.bridge.sources.jetstream import Held, JetStreamSource
 
-__all__ = ["answer", "owners_changed", "run", "settle_fetched"]
+__all__ = ["answer", "catch_up", "owners_changed", "run", "settle_fetched"]
 
 _FETCH_TIMEOUT_S = 1.0
 _Waiting = tuple[float, list[Delivery], list[Any]]
@@ -135,14 +135,23 @@ def owners_changed(bridge: Bridge) -> None:
     """The members changed (`js_routing`): this bridge may now own traces whose upstream
     reports another bridge mapped, and whose downstream reports come here, redelivered or
     late. As a restarted bridge does: replay what was kept, and for a while hold what is left
-    unlinked (`JetStreamSource.holdable`), so that its redelivery finds the replayed evidence."""
+    unlinked (`JetStreamSource.holdable`), so that its redelivery finds the replayed evidence,
+    and replay again as that while ends (`catch_up`), just before the held come back."""
     if bridge._stopping is not None and bridge._stopping.is_set():
         return  # leaving: it owns nothing more
+    closes = [source.hold_anew() for source in bridge.sources if isinstance(source, JetStreamSource)]
     if bridge.exchange is not None:
         bridge.exchange.replay_soon()
-    for source in bridge.sources:
-        if isinstance(source, JetStreamSource):
-            source.hold_anew()
+        catch_up(bridge, closes)
+
+
+def catch_up(bridge: Bridge, closes: list[float]) -> None:
+    """Replay once more as each hold window closes (monotonic `closes`: at the start, or at
+    a change): the evidence the former owners keep after the change's replay ran
+    (`LinkExchange.replay_at`)."""
+    if bridge.exchange is not None:
+        for when in set(closes):
+            bridge.exchange.replay_at(when)
 
 
 def answer(held: Held, ack: list[Delivery], nak: list[Delivery], term: list[Delivery], hold: list[Delivery]

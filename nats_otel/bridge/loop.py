@@ -227,6 +227,8 @@ class Bridge:
                 getattr(self.sources[0], "nc", None), s,
                 self.wholeness.streams if self._may_vouch or self.router is not None else None):
             self.exchange = self.router = None
+        if isinstance(self.router, JetStreamRouter):  # the peers' evidence of this bridge's traces, kept late
+            jetstream_loop.catch_up(self, [x.hold_closes for x in self.sources if isinstance(x, JetStreamSource)])
         self._started = True
         log.info("bridge running", extra={"fields": {"version": __version__, "core": engine.implementation(),
                                                      "mode": s.mode, "sources": [x.name for x in s.sources],

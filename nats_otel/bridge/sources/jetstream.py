@@ -262,10 +262,17 @@ class JetStreamSource:
         self._sub.consumer_gone = None
         self._recreated.inc()
 
-    def hold_anew(self) -> None:
+    def hold_anew(self) -> float:
         """From now, for `link.wait` plus an ack wait, what is left unlinked may be held
-        (`holdable`): at the start, and when the bridges' trace ownership changed (`js_routing`)."""
+        (`holdable`): at the start, and when the bridges' trace ownership changed (`js_routing`).
+        Returns when that window closes (monotonic): what was held comes back after it."""
         self._hold_until = time.monotonic() + self._link_wait + self.settings.ack_wait + 1.0
+        return self._hold_until
+
+    @property
+    def hold_closes(self) -> float:
+        """When the current hold window closes (monotonic; `hold_anew`)."""
+        return self._hold_until
 
     def holdable(self, deliveries: Sequence[Delivery]) -> frozenset[int]:
         """For `link.wait` plus an ack wait after the start, what this source fetches first

@@ -194,7 +194,7 @@ def receive_stages(messages: int) -> dict[str, float]:
                 await nc.connect(topo.client_url("n1", "a"), pending_size=1 << 30)
                 state, done = meter()
 
-                def on_raw(subject: bytes, headers: bytes | None, payload: bytes) -> None:
+                def on_raw(subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes) -> None:
                     if not state["n"]:
                         state["cpu0"] = time.process_time()
                     handler(subject, headers, payload)

@@ -223,7 +223,7 @@ class JetStreamRouter(Router):
 
     # -- the owner's side: forwarded messages in, answers out ------------------------------
 
-    def _on_frames(self, _subject: bytes, _headers: bytes | None, data: bytes) -> None:
+    def _on_frames(self, _subject: bytes, _reply: bytes | None, _headers: bytes | None, data: bytes) -> None:
         """A forward: its trace messages into the intake, each settled by answering; what the
         intake refuses is answered `n` at once (the sender naks it: redelivered)."""
         forward = self._decoded(data)

@@ -107,7 +107,7 @@ class Router:
             forwards = await nc.subscribe_direct(own, self._on_frames)
         else:
             async def on_msg(msg: Any) -> None:
-                self._on_frames(b"", None, msg.data)
+                self._on_frames(b"", None, None, msg.data)
 
             forwards = await nc.subscribe(own, cb=on_msg, pending_msgs_limit=65_536)
         self._subs = [forwards, await nc.subscribe(f"{self._ack_prefix}.>", cb=self._on_ack)]
@@ -293,7 +293,7 @@ class Router:
             self._log(exc.reason, f"a forward: {exc.detail}")
             return None
 
-    def _on_frames(self, _subject: bytes, _headers: bytes | None, data: bytes) -> None:
+    def _on_frames(self, _subject: bytes, _reply: bytes | None, _headers: bytes | None, data: bytes) -> None:
         """Trace messages another bridge received for the traces this one owns: into the
         intake, as that bridge's streams (`<sender>/<stream>`) with their losses, when it
         routes as this one does; else vouching for nothing (`Delivery.breaks` -1). What its

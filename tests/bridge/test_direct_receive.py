@@ -311,7 +311,7 @@ def test_the_handler_decodes_every_subject_past_the_subjects_it_keeps() -> None:
     on_raw = core_source("nats://127.0.0.1:4222", ["t.>"], intake, Metrics()).direct_handler()
     subjects = [f"t.{i}".encode() for i in range(1500)] + [b"t.\xff", b"t.0", b"t.1499"]
     for subject in subjects:
-        on_raw(subject, None, b"{}")
+        on_raw(subject, None, None, b"{}")
     assert [d.raw.subject for d in taken(intake)] == [s.decode(errors="replace") for s in subjects]
 
 

@@ -97,8 +97,8 @@ def run_scan(scan: Any, data: bytes, failing_subject: bytes | None = None) -> li
     calls: list[Any] = []
 
     def handler(sid: int) -> Any:
-        def on_frame(subject: bytes, headers: bytes | None, payload: bytes) -> None:
-            calls.append((sid, subject, headers, payload))
+        def on_frame(subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes) -> None:
+            calls.append((sid, subject, reply, headers, payload))
             if subject == failing_subject:
                 raise ValueError("handler failed")
         return on_frame
@@ -125,7 +125,7 @@ def test_the_scan_serves_direct_frames_and_stops_at_the_rest() -> None:
         stream = (b"MSG t.a 1 5\r\nhello\r\nHMSG t.b 2 r.x 12 14\r\nNATS/1.0\r\n\r\nhi\r\n"
                   b"MSG t.c 3 2\r\nno\r\nMSG t.d 1 1\r\nx\r\n")
         calls = run_scan(scan, stream)
-        assert calls[:2] == [(1, b"t.a", None, b"hello"), (2, b"t.b", b"NATS/1.0\r\n\r\n", b"hi")]
+        assert calls[:2] == [(1, b"t.a", None, None, b"hello"), (2, b"t.b", b"r.x", b"NATS/1.0\r\n\r\n", b"hi")]
         used = stream.index(b"MSG t.c")
         assert calls[2] == ("result", used, 2, 7, frames.OTHER)  # sid 3 is not direct: nats-py's
         assert calls[3] == ("left", stream[used:])
@@ -137,7 +137,7 @@ def test_a_failing_handler_is_returned_with_its_frame_consumed() -> None:
     for scan in (frames.python_scan, compiled_scan()):
         calls = run_scan(scan, b"MSG bad 1 1\r\nx\r\nMSG ok 1 1\r\ny\r\n", failing_subject=b"bad")
         assert calls[1][:4] == ("result", 16, 1, 1) and "handler failed" in calls[1][4]
-        assert calls[2] == (1, b"ok", None, b"y")  # the next scan goes on after it
+        assert calls[2] == (1, b"ok", None, None, b"y")  # the next scan goes on after it
 
 
 def test_the_compiled_scanner_is_in_use_unless_forbidden() -> None:
@@ -156,7 +156,7 @@ class Recorder(direct.DirectClient):
         if not fronted:
             self._ps = Parser(self)  # nats-py's parser alone: the reference
         for sid in DIRECT_SIDS:
-            self._direct[sid] = lambda s, h, p, sid=sid: self.events.append(("direct", sid, s, h, p))
+            self._direct[sid] = lambda s, r, h, p, sid=sid: self.events.append(("direct", sid, s, r, h, p))
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         if sid in self._direct:

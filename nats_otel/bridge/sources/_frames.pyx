@@ -103,13 +103,14 @@ def scan(bytearray buf not None, dict handlers not None):
         if stop + 2 > end:
             return pos, served, size, MORE
         subject = _copy(data + field_start[0], field_end[0] - field_start[0])
+        reply = _copy(data + field_start[2], field_end[2] - field_start[2]) if nfields == max_fields else None
         headers = _copy(data + start, header_size) if header_size else None
         payload = _copy(data + start + header_size, total - header_size)
         pos = stop + 2  # nats-py skips the two bytes after the payload without looking
         served += 1
         size += total - header_size
         try:
-            handler(subject, headers, payload)
+            handler(subject, reply, headers, payload)
         except Exception as exc:
             return pos, served, size, exc
     return pos, served, size, MORE

@@ -37,8 +37,8 @@ from nats_otel.bridge.sources import frames, stamp
 __all__ = ["PARSER_UNSUPPORTED", "UNSUPPORTED", "DirectClient", "DirectHandler", "DirectParser",
            "direct_unsupported", "parser_unsupported"]
 
-#: Called with (subject, raw header block or None, payload); must not block or raise.
-DirectHandler = Callable[[bytes, "bytes | None", bytes], None]
+#: Called with (subject, reply or None, raw header block or None, payload); must not block or raise.
+DirectHandler = Callable[[bytes, "bytes | None", "bytes | None", bytes], None]
 
 _EXPECTED = ["self", "sid", "subject", "reply", "data", "headers"]
 
@@ -168,6 +168,6 @@ class DirectClient(Client):
         stats["in_msgs"] += 1
         stats["in_bytes"] += len(data)
         try:
-            handler(subject, headers, data)
+            handler(subject, reply or None, headers, data)
         except Exception as exc:  # noqa: BLE001 - as nats-py does for a failing callback: report, keep reading
             await self._error_cb(exc)

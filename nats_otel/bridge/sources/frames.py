@@ -41,11 +41,12 @@ def _number(token: bytes) -> int:
     return int(token) if token.isdigit() and len(token) <= _MAX_DIGITS else -1
 
 
-def python_scan(buf: bytearray, handlers: dict[int, Callable[[bytes, bytes | None, bytes], None]]
+def python_scan(buf: bytearray, handlers: dict[int, Callable[[bytes, bytes | None, bytes | None, bytes], None]]
                 ) -> tuple[int, int, int, Any]:
     """Serve the complete frames at the head of `buf` whose sid has a handler.
 
-    Each is handed to `handlers[sid](subject, header block or None, payload)`. Returns
+    Each is handed to `handlers[sid](subject, reply or None, header block or None, payload)`
+    (the reply: a JetStream delivery's, its ack subject). Returns
     (bytes consumed, messages served, payload bytes served, why it stopped): `MORE`,
     `OTHER`, or the exception a handler raised (the frame it was given is consumed and
     counted, as nats-py counts a message whose callback fails).
@@ -79,7 +80,8 @@ def python_scan(buf: bytearray, handlers: dict[int, Callable[[bytes, bytes | Non
         served += 1
         size += len(payload)
         try:
-            handler(tokens[0], bytes(buf[start:start + header_size]) if header_size else None, payload)
+            handler(tokens[0], tokens[2] if len(tokens) == fields[1] else None,
+                    bytes(buf[start:start + header_size]) if header_size else None, payload)
         except Exception as exc:  # noqa: BLE001 - returned: the caller reports it as nats-py does
             return pos, served, size, exc
     return pos, served, size, MORE

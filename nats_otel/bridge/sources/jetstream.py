@@ -11,26 +11,23 @@ backend stops intake instead of filling memory, and big trace messages cannot mu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from nats_otel.bridge.intake import charge
 from nats_otel.bridge.settings import BridgeSettings, JetStreamSettings, NatsSettings, NatsSource
-from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
+from nats_otel.bridge.sources.connection import connect_source
 from nats_otel.bridge.sources.delivery import Delivery, delivery
 from nats_otel.bridge.sources.jetstream_setup import (
     JetStreamSetupError,
     ensure_stream_and_durable,
     set_up_when_answering,
 )
+from nats_otel.bridge.sources.js_pull import Puller
 from nats_otel.bridge.sources.link import Link
 from nats_otel.bridge.telemetry import Metrics
 
@@ -80,87 +77,6 @@ class Held:
             self._room.set()
 
 
-class _Puller:
-    """Pull requests to the durable consumer, answered into one callback subscription.
-
-    nats-py's `PullSubscription.fetch` waits for each message with its own task and timer,
-    which cost more than converting it; here a callback appends to a buffer and `fetch`
-    wakes once per batch. Messages a lingering request delivers after `fetch` returned
-    stay in the buffer for the next one (they count against max_ack_pending meanwhile).
-    """
-
-    def __init__(self, nc: Client, stream: str, durable: str) -> None:
-        self.nc = nc
-        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
-        self.inbox = nc.new_inbox()
-        self.buffer: deque[Msg] = deque()
-        # Why the durable answered that it is not there (None while it is): an operator
-        # deleted it, or nothing serves its pull subject. Pulling again never recovers it.
-        self.consumer_gone: str | None = None
-        self._wake = asyncio.Event()
-        self._want = 1
-        self._sub: Any = None
-
-    async def start(self, pending_limit: int) -> None:
-        self._sub = await self.nc.subscribe(self.inbox, cb=self._on_msg, pending_msgs_limit=pending_limit)
-
-    async def _on_msg(self, msg: Msg) -> None:
-        status = msg.headers.get("Status") if msg.headers else None
-        if status is None and msg.reply:
-            self.buffer.append(msg)
-            if len(self.buffer) >= self._want:
-                self._wake.set()
-        elif status != "100":  # 404 no messages, 408 expired, 409 limits: this request is over
-            description = (msg.headers or {}).get("Description", "")
-            if status == "503" or (status == "409" and "consumer deleted" in description.lower()):
-                self.consumer_gone = f"{status} {description or 'no responders'}".strip()
-            self._wake.set()
-
-    async def _round(self, request: dict[str, Any], want: int, timeout: float) -> None:
-        self._want = want
-        self._wake.clear()  # before the request: a reply that comes while it is sent still wakes
-        await self.nc.publish(self.subject, json.dumps(request).encode(), reply=self.inbox)
-        await self._woken(timeout)
-
-    async def _wait(self, want: int, timeout: float) -> None:
-        """Until `want` messages wait in the buffer, the open request ends, or `timeout` passed."""
-        self._want = want
-        if len(self.buffer) < want:
-            self._wake.clear()
-            await self._woken(timeout)
-
-    async def _woken(self, timeout: float) -> None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except TimeoutError:
-            pass
-
-    async def fetch(self, batch: int, timeout: float, linger: float = 0.0) -> list[Msg]:
-        """Up to `batch` messages: what is there now, else what comes first within `timeout`;
-        then, with `linger`, what else comes within `linger` after the first (`batch.max_delay`:
-        a bridge with a small share of a moderate rate fetches a few batches a second, not one
-        per message that trickles in, as core mode collects them)."""
-        open_request = False
-        if not self.buffer:
-            self.consumer_gone = None  # judged afresh by this round's replies
-            # What is there now, at once; else one lingering request until the first arrives.
-            await self._round({"batch": batch, "no_wait": True}, batch, timeout)
-            if not self.buffer:
-                expires = max(int(timeout * 1e9) - 50_000_000, 10_000_000)
-                await self._round({"batch": batch, "expires": expires}, 1, timeout)
-                open_request = True  # it goes on delivering up to `batch` until it expires
-        if linger > 0 and 0 < len(self.buffer) < batch:
-            if open_request:
-                await self._wait(batch, linger)
-            else:
-                rest = {"batch": batch - len(self.buffer), "expires": max(int(linger * 1e9), 10_000_000)}
-                await self._round(rest, batch, linger + 0.05)
-        out: list[Msg] = []
-        while self.buffer and len(out) < batch:
-            out.append(self.buffer.popleft())
-        return out
-
-
 class JetStreamSource:
     """Fetches batches from the durable consumer of one source's account and settles them."""
 
@@ -168,7 +84,7 @@ class JetStreamSource:
                  nats_settings: NatsSettings | None = None, held: Held | None = None, link_wait: float = 0.0,
                  linger: float = 0.0) -> None:
         self.source = source
-        self._linger = linger  # how long a fetch waits after its first message for more (`_Puller.fetch`)
+        self._linger = linger  # how long a fetch waits after its first message for more (`Puller.fetch`)
         # Until then, a downstream report left unlinked may be held (`holdable`): set at start.
         self._hold_until = 0.0
         self._link_wait = link_wait
@@ -178,7 +94,7 @@ class JetStreamSource:
         self.nats_settings = nats_settings or NatsSettings()
         self.link = Link(source.name, source.urls)
         self.nc: Client | None = None
-        self._sub: _Puller | None = None
+        self._sub: Puller | None = None
         self._received = metrics.received.labels(source.name)
         self._pending = metrics.js_pending.labels(source.name)
         self._recreated = metrics.js_consumer_recreated.labels(source.name)
@@ -203,17 +119,20 @@ class JetStreamSource:
         answers (`jetstream_setup`), bind. False if stopped meanwhile. Raises
         `JetStreamSetupError` when the stream is missing and may not be created, or when
         JetStream did not answer within `jetstream.startup_wait`."""
-        self.nc = await connect_source(self.source, self.nats_settings, self.link, self.metrics, stopping)
+        # A DirectClient where nats-py allows it: the pull replies skip its per-message path (`js_pull`).
+        self.nc = await connect_source(self.source, self.nats_settings, self.link, self.metrics, stopping,
+                                       direct=True)
         if self.nc is None:
             return False
         if not await set_up_when_answering(self.nc, self.source, self.settings, self.link, stopping):
             return False
         s = self.settings
-        puller = _Puller(self.nc, s.stream, s.durable)
+        puller = Puller(self.nc, s.stream, s.durable, self.metrics.issues.labels("malformed_header"))
         await puller.start(pending_limit=4 * max(s.max_ack_pending, s.fetch_batch) + 1024)
         self._sub = puller
         self.hold_anew()
-        log.info("consuming", extra={"fields": {"source": self.source.name, "stream": s.stream, "durable": s.durable}})
+        log.info("consuming", extra={"fields": {"source": self.source.name, "stream": s.stream, "durable": s.durable,
+                                                  "direct": puller.direct}})
         return True
 
     async def fetch(self, timeout: float) -> list[Delivery]:
@@ -224,7 +143,7 @@ class JetStreamSource:
         if not await self.held.wait_room(timeout):
             return []  # batch.queue_bytes held already: settling makes room
         try:
-            msgs = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout,
+            pulled = await self._sub.fetch(min(self.settings.fetch_batch, self.settings.max_ack_pending), timeout,
                                          self._linger)
         except (TimeoutError, nats.errors.TimeoutError):
             return []
@@ -232,13 +151,13 @@ class JetStreamSource:
             log.warning("fetch failed", extra={"fields": {"source": self.source.name, "error": str(exc)}})
             await asyncio.sleep(min(timeout, 0.5))
             return []
-        if not msgs and self._sub.consumer_gone:
+        if not pulled and self._sub.consumer_gone:
             await self._recreate_consumer(self._sub.consumer_gone)
             return []
-        self._received.inc(len(msgs))
-        if msgs:
-            self._pending.set(msgs[-1].metadata.num_pending)
-        deliveries = [delivery(raw_from_msg(m), self.source.name, m) for m in msgs]
+        self._received.inc(len(pulled))
+        if pulled:
+            self._pending.set(pulled[-1][0].metadata.num_pending)
+        deliveries = [delivery(raw, self.source.name, msg) for msg, raw in pulled]
         self.held.take(deliveries)
         return deliveries
 

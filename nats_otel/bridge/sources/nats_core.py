@@ -163,7 +163,7 @@ class CoreSource:
         # once, not per message (bounded: a wildcard may see many).
         subjects: dict[bytes, str] = {}
 
-        def on_raw(subject: bytes, header_block: bytes | None, payload: bytes) -> None:
+        def on_raw(subject: bytes, _reply: bytes | None, header_block: bytes | None, payload: bytes) -> None:
             tally.value += 1
             subject_text = subjects.get(subject)
             if subject_text is None:

@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nats_otel.bridge.routing import BYE_HEADER, VIEW_HEADER
+from nats_otel.bridge.sources.direct import subscribe_plain
 from nats_otel.core.evidence import (
     EvidenceError,
     HopEvidence,
@@ -167,7 +168,7 @@ class LinkExchange:
     async def start(self, nc: Any) -> None:
         self._nc, self._loop = nc, asyncio.get_running_loop()
         self._listening_since_ns = time.time_ns()
-        self._sub = await nc.subscribe(self.subject, cb=self._on_msg, pending_msgs_limit=_PENDING_BATCHES * 4)
+        self._sub = await subscribe_plain(nc, self.subject, self._accept, _PENDING_BATCHES * 4)
         log.info("link evidence exchanged on %s", self.subject)
 
     async def attach(self, nc: Any, settings: BridgeSettings, streams: Callable[[], Streams] | None = None) -> bool:
@@ -392,9 +393,6 @@ class LinkExchange:
             self._count("unpublished", f"{type(exc).__name__}: {exc}")
             return
         self._metrics.link_evidence.labels("published").inc()
-
-    async def _on_msg(self, msg: Any) -> None:
-        self._accept(msg)
 
     def _accept(self, msg: Any, live: bool = True) -> asyncio.Future[None] | None:
         """Check a received batch and hand it to the conversion thread; the future of its

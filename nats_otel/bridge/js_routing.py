@@ -129,7 +129,6 @@ class JetStreamRouter(Router):
         super().__init__(base_subject, me, intake, metrics, on_view_change, key)
         self._settle = settle
         self._answer_wait = answer_wait_s
-        self._tasks: set[asyncio.Task[Any]] = set()
         # Members that said goodbye, until their answers are due: a 503 from one of them means
         # it takes no more forwards, not that it will not answer those it took.
         self._draining: dict[str, float] = {}
@@ -148,14 +147,14 @@ class JetStreamRouter(Router):
 
     # -- the sender's side: answers, and forwards never answered ---------------------------
 
-    async def _on_ack(self, msg: Any) -> None:
+    def _on_answer(self, msg: Any) -> None:
         headers = msg.headers or {}
         kept = self._kept.get(msg.subject)
         if kept is None:
             return  # answered already, or naked for its time: JetStream redelivers it anyway
         if headers.get("Status") == "503":
             del self._kept[msg.subject]
-            await self._reroute(kept[1], kept[2])
+            self._run(self._reroute(kept[1], kept[2]))
             return
         if headers.get("Status") is not None:
             return  # another status of NATS's (none is sent for a published request)
@@ -175,7 +174,7 @@ class JetStreamRouter(Router):
         for delivery, outcome in zip(part, outcomes, strict=True):
             settled.get(outcome, settled[NAK]).append(delivery)
         self._metrics.routed.labels("answered").inc(len(part))
-        await self._settle(settled[ACK], settled[NAK], settled[TERM], settled[HOLD])
+        self._run(self._settle(settled[ACK], settled[NAK], settled[TERM], settled[HOLD]))
 
     def _expire(self, now: float) -> None:
         """Forwards unanswered for `answer_wait`: naked, so that JetStream redelivers them."""
@@ -262,11 +261,6 @@ class JetStreamRouter(Router):
         except Exception as exc:  # noqa: BLE001 - the sender naks it after `answer_wait`: redelivered
             self._metrics.routed.labels("unanswered").inc(len(outcomes))
             self._log("unanswered", f"an answer to {reply}: {type(exc).__name__}: {exc}")
-
-    def _run(self, work: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)  # a task nobody holds may be collected before it runs
-        task.add_done_callback(self._tasks.discard)
 
     # -- leaving ----------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from typing import Any
 from nats_otel.bridge.ownership import Forward, ForwardError, Ring, decode_forward, encode_forward, member_token
 from nats_otel.bridge.sharding import shard_key
 from nats_otel.bridge.sources.delivery import Delivery, size_of
-from nats_otel.bridge.sources.direct import DirectClient
+from nats_otel.bridge.sources.direct import DirectClient, subscribe_plain
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.evidence import LinkLatencyEstimate, PeerBatch, Streams, StreamState
 
@@ -92,6 +92,7 @@ class Router:
         self._last_log: dict[str, float] = {}
         self._told: dict[str, float] = {}  # owner -> when it was last forwarded to
         self._states: dict[str, tuple[PeerBatch, bool]] = {}  # peer -> its latest state (`note_states`)
+        self._tasks: set[asyncio.Task[Any]] = set()  # `_run`'s
 
     @property
     def view(self) -> str:
@@ -110,7 +111,7 @@ class Router:
                 self._on_frames(b"", None, None, msg.data)
 
             forwards = await nc.subscribe(own, cb=on_msg, pending_msgs_limit=65_536)
-        self._subs = [forwards, await nc.subscribe(f"{self._ack_prefix}.>", cb=self._on_ack)]
+        self._subs = [forwards, await subscribe_plain(nc, f"{self._ack_prefix}.>", self._on_answer, 65_536)]
         await nc.flush()
         self._settled_at = time.monotonic() + SETTLE_S
         log.info("trace ownership on", extra={"fields": {"subject": self.subject_of(self.me)}})
@@ -253,12 +254,18 @@ class Router:
         """The prefix of every answer to `sender`'s forwards (it subscribes `<prefix>.>`)."""
         return f"{self._base}.ack.{member_token(sender)}"
 
-    async def _on_ack(self, msg: Any) -> None:
+    def _on_answer(self, msg: Any) -> None:
         """A forward's answer: only NATS's own, 503 when no one subscribes to the owner's
         subject (it is gone): re-route what it carried."""
         if (msg.headers or {}).get("Status") != "503" or msg.subject not in self._kept:
             return
-        await self._reroute(*self._kept.pop(msg.subject)[1:])
+        self._run(self._reroute(*self._kept.pop(msg.subject)[1:]))
+
+    def _run(self, work: Awaitable[Any]) -> None:
+        """Run `work` on the loop (from a subscription's handler, which never awaits)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)  # a task nobody holds may be collected before it runs
+        task.add_done_callback(self._tasks.discard)
 
     async def _reroute(self, owner: str, part: list[Delivery]) -> None:
         """NATS answered a forward to `owner` with 503: it is gone; `part` goes to the owners now."""
@@ -380,6 +387,8 @@ class Router:
             except Exception:  # noqa: BLE001 - the connection is going anyway
                 pass
         self._subs = []
+        if self._tasks:  # re-routes under way: they end (forwarded, or counted) before the connection goes
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _log(self, result: str, detail: str) -> None:
         now = time.monotonic()

@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.protocol import parser as nats_parser
 
 from nats_otel.bridge.sources import frames, stamp
+from nats_otel.bridge.sources.headers import parse_headers
 
-__all__ = ["PARSER_UNSUPPORTED", "UNSUPPORTED", "DirectClient", "DirectHandler", "DirectParser",
-           "direct_unsupported", "parser_unsupported"]
+__all__ = ["PARSER_UNSUPPORTED", "UNSUPPORTED", "DirectClient", "DirectHandler", "DirectParser", "Plain",
+           "direct_unsupported", "parser_unsupported", "subscribe_plain"]
 
 #: Called with (subject, reply or None, raw header block or None, payload); must not block or raise.
 DirectHandler = Callable[[bytes, "bytes | None", "bytes | None", bytes], None]
@@ -171,3 +173,31 @@ class DirectClient(Client):
             handler(subject, reply or None, headers, data)
         except Exception as exc:  # noqa: BLE001 - as nats-py does for a failing callback: report, keep reading
             await self._error_cb(exc)
+
+
+class Plain(NamedTuple):
+    """A message of the bridges' own talk (the exchange's heartbeats and evidence, the answers
+    to forwards) as `subscribe_plain` hands it over: what those read of nats-py's `Msg`."""
+
+    subject: str
+    headers: dict[str, str] | None  # one value a name, the first, as nats-py keeps one
+    data: bytes
+
+
+async def subscribe_plain(nc: Client, subject: str, on_message: Callable[[Any], object],
+                          pending_msgs_limit: int) -> Subscription:
+    """Subscribe `subject`; each message calls `on_message` (never awaited: it must not
+    block). On a `DirectClient` it is served directly, as a `Plain`; else by nats-py's
+    callback path, as its `Msg` (with the same three attributes), `pending_msgs_limit`
+    bounding its queue. Messages that carry no trace: their header blocks are short."""
+    if isinstance(nc, DirectClient):
+        def on_frame(subject_bytes: bytes, _reply: bytes | None, block: bytes | None, data: bytes) -> None:
+            headers = {name: values[0] for name, values in parse_headers(block)[0].items()} if block else None
+            on_message(Plain(subject_bytes.decode(errors="replace"), headers, data))
+
+        return await nc.subscribe_direct(subject, on_frame)
+
+    async def on_msg(msg: Any) -> None:
+        on_message(msg)
+
+    return await nc.subscribe(subject, cb=on_msg, pending_msgs_limit=pending_msgs_limit)

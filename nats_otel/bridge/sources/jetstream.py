@@ -218,7 +218,10 @@ class JetStreamSource:
 
     async def settle(self, ack: Sequence[Delivery], nak: Sequence[Delivery], term: Sequence[Delivery],
                      nak_delay: float) -> None:
-        """Acknowledge a processed batch. A lost ack only means a redelivery (at least once)."""
+        """Acknowledge a processed batch. A lost ack only means a redelivery (at least once).
+        Not flushed here: nats-py's flusher writes them at once, in order with what follows on the
+        connection (the next pull request), and closing the connection writes what is left;
+        a round trip per batch (and per answered forward) cost a PING, a PONG and a wake-up."""
         self.held.release([*ack, *nak, *term])  # settled or not, the bridge lets go of them
         for kind, group in (("ack", ack), ("nak", nak), ("term", term)):
             for d in group:
@@ -235,11 +238,6 @@ class JetStreamSource:
                     continue
             if group:
                 self.metrics.js_acks.labels(kind).inc(len(group))
-        if self.nc is not None and self.nc.is_connected and (ack or nak or term):
-            try:
-                await self.nc.flush(timeout=5)
-            except Exception as exc:  # noqa: BLE001 - unflushed acks are redelivered later
-                log.warning("flush after settling failed", extra={"fields": {"error": str(exc)}})
 
     async def close(self) -> None:
         if self.nc is not None and not self.nc.is_closed:

@@ -49,6 +49,18 @@ async def _stream(nc: nats.NATS, subject: str, durables: list[str]) -> None:
                                                             "Nats-Trace-Dest": "x"})
 
 
+async def _one_puller(url: str, subject: str) -> tuple[nats.NATS, nats.NATS, Puller, str]:
+    """A stream of MESSAGES on `subject` with the durable "fast", pulled on a DirectClient:
+    (the setup's connection, the puller's, the puller, the stream)."""
+    setup = await nats.connect(url)
+    nc = await _client(url, True)
+    await _stream(setup, subject, ["fast"])
+    stream = STREAM + subject.replace(".", "_")
+    puller = Puller(nc, stream, "fast")
+    await puller.start(pending_limit=1024)
+    return setup, nc, puller, stream
+
+
 async def _pull_all(puller: Puller) -> list:
     out: list = []
     while len(out) < MESSAGES:
@@ -89,13 +101,8 @@ async def test_direct_replies_give_what_nats_pys_path_gives(url: str) -> None:
 
 async def test_direct_deliveries_settle_as_nats_pys_do(url: str) -> None:
     """Acked ones are gone, a naked one comes back delivered twice, a termed one never."""
-    setup = await nats.connect(url)
-    nc = await _client(url, True)
+    setup, nc, puller, stream = await _one_puller(url, "pull.settle")
     try:
-        await _stream(setup, "pull.settle", ["fast"])
-        stream = STREAM + "pull_settle"
-        puller = Puller(nc, stream, "fast")
-        await puller.start(pending_limit=1024)
         pulled = await _pull_all(puller)
         for msg, _ in pulled[2:]:
             await msg.ack()
@@ -115,13 +122,8 @@ async def test_direct_deliveries_settle_as_nats_pys_do(url: str) -> None:
 
 
 async def test_a_deleted_durable_is_reported_by_the_direct_path(url: str) -> None:
-    setup = await nats.connect(url)
-    nc = await _client(url, True)
+    setup, nc, puller, stream = await _one_puller(url, "pull.gone")
     try:
-        await _stream(setup, "pull.gone", ["fast"])
-        stream = STREAM + "pull_gone"
-        puller = Puller(nc, stream, "fast")
-        await puller.start(pending_limit=1024)
         await _pull_all(puller)
         await setup.jetstream().delete_consumer(stream, "fast")
         assert await puller.fetch(16, 1.0) == []

@@ -8,6 +8,7 @@ replies handed over inside the parser), one on a plain nats-py `Client` (the fal
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 
 import nats
@@ -49,14 +50,14 @@ async def _stream(nc: nats.NATS, subject: str, durables: list[str]) -> None:
                                                             "Nats-Trace-Dest": "x"})
 
 
-async def _one_puller(url: str, subject: str) -> tuple[nats.NATS, nats.NATS, Puller, str]:
+async def _one_puller(url: str, subject: str, malformed: object = None) -> tuple[nats.NATS, nats.NATS, Puller, str]:
     """A stream of MESSAGES on `subject` with the durable "fast", pulled on a DirectClient:
     (the setup's connection, the puller's, the puller, the stream)."""
     setup = await nats.connect(url)
     nc = await _client(url, True)
     await _stream(setup, subject, ["fast"])
     stream = STREAM + subject.replace(".", "_")
-    puller = Puller(nc, stream, "fast")
+    puller = Puller(nc, stream, "fast", malformed)
     await puller.start(pending_limit=1024)
     return setup, nc, puller, stream
 
@@ -128,6 +129,38 @@ async def test_a_deleted_durable_is_reported_by_the_direct_path(url: str) -> Non
         await setup.jetstream().delete_consumer(stream, "fast")
         assert await puller.fetch(16, 1.0) == []
         assert puller.consumer_gone is not None, "a pull to a deleted durable must say it is gone"
+    finally:
+        await setup.close()
+        await nc.close()
+
+
+async def _publish_raw_headers(url: str, subject: str, block: bytes, payload: bytes) -> None:
+    """One message with exactly `block` as its header block (nats-py writes only valid ones)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    await reader.readline()  # INFO
+    connect = json.dumps({"user": parts.username, "pass": parts.password, "verbose": False, "pedantic": False,
+                          "headers": True, "protocol": 1})
+    frame = b"HPUB %s %d %d\r\n" % (subject.encode(), len(block), len(block) + len(payload))
+    writer.write(b"CONNECT " + connect.encode() + b"\r\n" + frame + block + payload + b"\r\nPING\r\n")
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"PONG")
+    writer.close()
+
+
+async def test_a_malformed_header_block_is_counted_and_the_rest_kept(url: str, caplog) -> None:
+    metrics = Metrics()
+    setup, nc, puller, _ = await _one_puller(url, "pull.odd", metrics.issues.labels("malformed_header"))
+    try:
+        await _pull_all(puller)  # the stream's well-formed messages
+        await _publish_raw_headers(url, "pull.odd", b"NATS/1.0\r\nno colon here\r\nX-Kept: 1\r\n\r\n", b"{}")
+        got = await puller.fetch(16, 5.0)
+        assert [raw.headers for _, raw in got] == [{"X-Kept": ["1"]}]
+        assert metrics.registry.get_sample_value("nats_otel_mapping_issues_total", {"kind": "malformed_header"}) == 1
+        assert "malformed message headers" in caplog.text
+        await got[0][0].ack()
     finally:
         await setup.close()
         await nc.close()

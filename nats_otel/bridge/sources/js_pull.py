@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from collections import deque
 from typing import Any
 
@@ -38,6 +40,9 @@ __all__ = ["Pulled", "Puller"]
 Pulled = tuple[Msg, RawTraceMessage]
 
 _SUBJECTS_KEPT = 1024  # subjects whose text is made once (a stream's trace subjects are few)
+_LOG_EVERY_S = 10.0
+
+log = logging.getLogger("nats_otel.jetstream")
 
 
 class Puller:
@@ -57,6 +62,9 @@ class Puller:
         self._want = 1
         self._sub: Any = None
         self._subjects: dict[bytes, str] = {}
+        self.stream = stream
+        self._malformed_logged_at = -_LOG_EVERY_S
+        self._malformed_since_log = 0
 
     @property
     def direct(self) -> bool:
@@ -74,8 +82,8 @@ class Puller:
         headers: dict[str, list[str]] = {}
         if header_block:
             headers, malformed = parse_headers(header_block)
-            if malformed and self._malformed is not None:
-                self._malformed.inc()
+            if malformed:
+                self._count_malformed(header_block)
         status = headers.get("Status")
         if status is None and reply:
             text = self._subjects.get(subject)
@@ -87,6 +95,18 @@ class Puller:
             self._delivered((msg, RawTraceMessage(text, headers, payload, _STAMP[0])))
         else:
             self._ended(status[0] if status else None, (headers.get("Description") or [""])[0])
+
+    def _count_malformed(self, block: bytes) -> None:
+        """Counted (`malformed`), logged at most every `_LOG_EVERY_S` with an example, as core mode does."""
+        if self._malformed is not None:
+            self._malformed.inc()
+        self._malformed_since_log += 1
+        now = time.monotonic()
+        if now - self._malformed_logged_at >= _LOG_EVERY_S:
+            log.warning("malformed message headers: the parts that parse are kept", extra={"fields": {
+                "stream": self.stream, "messages": self._malformed_since_log,
+                "example": block[:200].decode(errors="replace")}})
+            self._malformed_logged_at, self._malformed_since_log = now, 0
 
     async def _on_msg(self, msg: Msg) -> None:
         """A reply, by nats-py's callback path (the fallback)."""

@@ -13,7 +13,7 @@ import pytest
 
 from nats_otel.bridge.settings import load_settings
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-from tests.bridge.bridge_helpers import start_bridge, stop_bridge, wait_until
+from tests.bridge.bridge_helpers import bridge_counts, start_bridge, stop_bridge, wait_until
 from tests.bridge.test_security_bridge import (
     APP_PASSWORD,
     JS_PERMISSIONS,
@@ -67,10 +67,20 @@ async def test_jetstream_bridges_on_one_durable_with_the_documented_permissions(
         try:
             await wait_until(lambda: all(len(b.router.ring) == 2 for b, _ in pair), 10, "each hears the other")
             ids = await publish_traced(app_url, 60)
-            await wait_until(lambda: trace_ids(rx) >= set(ids), 30, "spans with the least-privilege users")
 
             def total(name: str, **labels: str) -> float:
                 return sum(b.metrics.value(name, labels) or 0.0 for b, _ in pair)
+
+            def state() -> str:  # what explains a timeout: each bridge's account, the routing's, the holds
+                routed = {r: total("nats_otel_routed_total", result=r)
+                          for r in ("forwarded", "received", "answered", "unanswered", "refused", "rerouted")}
+                return (f"{len(set(ids) - trace_ids(rx))} of {len(ids)} traces missing; "
+                        + " | ".join(bridge_counts(b) for b, _ in pair)
+                        + f"; routed {routed}; held {total('nats_otel_link_held_total')}; acks "
+                        + str({k: total("nats_otel_jetstream_acks_total", kind=k) for k in ("ack", "nak", "term")}))
+
+            await wait_until(lambda: trace_ids(rx) >= set(ids), 30, "spans with the least-privilege users",
+                             detail=state)
 
             await wait_until(lambda: total("nats_otel_jetstream_acks_total", kind="ack") >= 60, 20, "acks allowed")
             forwarded = total("nats_otel_routed_total", result="forwarded")

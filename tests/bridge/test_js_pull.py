@@ -50,14 +50,15 @@ async def _stream(nc: nats.NATS, subject: str, durables: list[str]) -> None:
                                                             "Nats-Trace-Dest": "x"})
 
 
-async def _one_puller(url: str, subject: str, malformed: object = None) -> tuple[nats.NATS, nats.NATS, Puller, str]:
+async def _one_puller(url: str, subject: str, metrics: Metrics | None = None
+                      ) -> tuple[nats.NATS, nats.NATS, Puller, str]:
     """A stream of MESSAGES on `subject` with the durable "fast", pulled on a DirectClient:
     (the setup's connection, the puller's, the puller, the stream)."""
     setup = await nats.connect(url)
     nc = await _client(url, True)
     await _stream(setup, subject, ["fast"])
     stream = STREAM + subject.replace(".", "_")
-    puller = Puller(nc, stream, "fast", malformed)
+    puller = Puller(nc, stream, "fast", (metrics or Metrics()).issues.labels("malformed_header"))
     await puller.start(pending_limit=1024)
     return setup, nc, puller, stream
 
@@ -79,7 +80,7 @@ async def test_direct_replies_give_what_nats_pys_path_gives(url: str) -> None:
         metrics = Metrics()
         stream = STREAM + "pull_same"
         fast_puller = Puller(fast, stream, "fast", metrics.issues.labels("malformed_header"))
-        slow_puller = Puller(fallback, stream, "slow")
+        slow_puller = Puller(fallback, stream, "slow", metrics.issues.labels("malformed_header"))
         for puller in (fast_puller, slow_puller):
             await puller.start(pending_limit=1024)
         assert fast_puller.direct and not slow_puller.direct
@@ -152,7 +153,7 @@ async def _publish_raw_headers(url: str, subject: str, block: bytes, payload: by
 
 async def test_a_malformed_header_block_is_counted_and_the_rest_kept(url: str, caplog) -> None:
     metrics = Metrics()
-    setup, nc, puller, _ = await _one_puller(url, "pull.odd", metrics.issues.labels("malformed_header"))
+    setup, nc, puller, _ = await _one_puller(url, "pull.odd", metrics)
     try:
         await _pull_all(puller)  # the stream's well-formed messages
         await _publish_raw_headers(url, "pull.odd", b"NATS/1.0\r\nno colon here\r\nX-Kept: 1\r\n\r\n", b"{}")

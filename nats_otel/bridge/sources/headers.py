@@ -12,10 +12,15 @@ counted in the returned `malformed` and the rest is kept. The caller counts and 
 
 from __future__ import annotations
 
-__all__ = ["parse_headers"]
+import logging
+import time
+from typing import Any
+
+__all__ = ["HeaderReader", "SubjectTexts", "parse_headers"]
 
 _VERSION = b"NATS/1.0"
 _CRLF = b"\r\n"
+_LOG_EVERY_S = 10.0
 
 
 def parse_headers(block: bytes) -> tuple[dict[str, list[str]], int]:
@@ -61,3 +66,42 @@ def _status(line: bytes, headers: dict[str, list[str]]) -> int:
     if description.strip():
         headers["Description"] = [description.strip().decode(errors="replace")]
     return 0
+
+
+class HeaderReader:
+    """`parse_headers` for one receive path: a block with malformed parts is counted in
+    `counter` (`nats_otel_mapping_issues_total{kind="malformed_header"}`) and logged to `log`
+    at most every 10 s, with how many and an example; `where` names the path in the log."""
+
+    def __init__(self, counter: Any, log: logging.Logger, where: dict[str, str]) -> None:
+        self._counter, self._log, self._where = counter, log, where
+        self._logged_at = -_LOG_EVERY_S
+        self._since_log = 0
+
+    def __call__(self, block: bytes) -> dict[str, list[str]]:
+        headers, malformed = parse_headers(block)
+        if malformed:
+            self._counter.inc()
+            self._since_log += 1
+            now = time.monotonic()
+            if now - self._logged_at >= _LOG_EVERY_S:
+                self._log.warning("malformed message headers: the parts that parse are kept", extra={"fields": {
+                    **self._where, "messages": self._since_log, "example": block[:200].decode(errors="replace")}})
+                self._logged_at, self._since_log = now, 0
+        return headers
+
+
+class SubjectTexts(dict[bytes, str]):
+    """The text of each subject a direct handler meets, made once: a trace subscription sees
+    a few. Bounded: past `limit` subjects (a wildcard may see many) the rest are decoded anew
+    each time. A handler reads it as a dict (`get`) and calls `add` on a miss."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def add(self, subject: bytes) -> str:
+        text = subject.decode(errors="replace")
+        if len(self) < self.limit:
+            self[subject] = text
+        return text

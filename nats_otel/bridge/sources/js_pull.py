@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections import deque
 from typing import Any
 
@@ -30,7 +29,7 @@ from nats.aio.msg import Msg
 
 from nats_otel.bridge.sources import direct
 from nats_otel.bridge.sources.connection import raw_from_msg
-from nats_otel.bridge.sources.headers import parse_headers
+from nats_otel.bridge.sources.headers import HeaderReader, SubjectTexts
 from nats_otel.bridge.sources.stamp import CURRENT as _STAMP
 from nats_otel.core.decode import RawTraceMessage
 
@@ -39,17 +38,15 @@ __all__ = ["Pulled", "Puller"]
 #: A delivery as `fetch` returns it: nats-py's message (to settle it) and the core's input.
 Pulled = tuple[Msg, RawTraceMessage]
 
-_SUBJECTS_KEPT = 1024  # subjects whose text is made once (a stream's trace subjects are few)
-_LOG_EVERY_S = 10.0
-
 log = logging.getLogger("nats_otel.jetstream")
 
 
 class Puller:
     """Pull requests to the durable consumer `stream`/`durable`, answered on one inbox.
-    `malformed`: counts a delivery whose header block did not all parse (the rest is kept)."""
+    `malformed`: counts a delivery whose header block did not all parse (the rest is kept;
+    `headers.HeaderReader`)."""
 
-    def __init__(self, nc: Client, stream: str, durable: str, malformed: Any = None) -> None:
+    def __init__(self, nc: Client, stream: str, durable: str, malformed: Any) -> None:
         self.nc = nc
         self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self.inbox = nc.new_inbox()
@@ -57,14 +54,11 @@ class Puller:
         # Why the durable answered that it is not there (None while it is): an operator
         # deleted it, or nothing serves its pull subject. Pulling again never recovers it.
         self.consumer_gone: str | None = None
-        self._malformed = malformed
+        self._headers = HeaderReader(malformed, log, {"stream": stream})
+        self._subjects = SubjectTexts()  # each subject's text made once
         self._wake = asyncio.Event()
         self._want = 1
         self._sub: Any = None
-        self._subjects: dict[bytes, str] = {}
-        self.stream = stream
-        self._malformed_logged_at = -_LOG_EVERY_S
-        self._malformed_since_log = 0
 
     @property
     def direct(self) -> bool:
@@ -79,34 +73,14 @@ class Puller:
 
     def _on_frame(self, subject: bytes, reply: bytes | None, header_block: bytes | None, payload: bytes) -> None:
         """A reply, served directly (inside nats-py's parser: never awaits, never raises)."""
-        headers: dict[str, list[str]] = {}
-        if header_block:
-            headers, malformed = parse_headers(header_block)
-            if malformed:
-                self._count_malformed(header_block)
+        headers = self._headers(header_block) if header_block else {}
         status = headers.get("Status")
         if status is None and reply:
-            text = self._subjects.get(subject)
-            if text is None:
-                text = subject.decode(errors="replace")
-                if len(self._subjects) < _SUBJECTS_KEPT:
-                    self._subjects[subject] = text
+            text = self._subjects.get(subject) or self._subjects.add(subject)
             msg = Msg(self.nc, text, reply.decode(errors="replace"), payload)
             self._delivered((msg, RawTraceMessage(text, headers, payload, _STAMP[0])))
         else:
             self._ended(status[0] if status else None, (headers.get("Description") or [""])[0])
-
-    def _count_malformed(self, block: bytes) -> None:
-        """Counted (`malformed`), logged at most every `_LOG_EVERY_S` with an example, as core mode does."""
-        if self._malformed is not None:
-            self._malformed.inc()
-        self._malformed_since_log += 1
-        now = time.monotonic()
-        if now - self._malformed_logged_at >= _LOG_EVERY_S:
-            log.warning("malformed message headers: the parts that parse are kept", extra={"fields": {
-                "stream": self.stream, "messages": self._malformed_since_log,
-                "example": block[:200].decode(errors="replace")}})
-            self._malformed_logged_at, self._malformed_since_log = now, 0
 
     async def _on_msg(self, msg: Msg) -> None:
         """A reply, by nats-py's callback path (the fallback)."""

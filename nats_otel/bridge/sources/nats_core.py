@@ -31,7 +31,7 @@ from nats_otel.bridge.settings import BatchSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources import direct, frames
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
 from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery, delivery
-from nats_otel.bridge.sources.headers import parse_headers
+from nats_otel.bridge.sources.headers import HeaderReader, SubjectTexts
 from nats_otel.bridge.sources.link import Link
 from nats_otel.bridge.sources.stamp import CURRENT as _STAMP
 from nats_otel.bridge.telemetry import Metrics
@@ -45,8 +45,6 @@ _INTEREST_MARGIN_NS = 500_000_000
 
 log = logging.getLogger("nats_otel.core")
 
-_HEADER_LOG_EVERY_S = 10.0
-_SUBJECTS_KEPT = 1024  # subjects whose text the direct handler keeps (see `direct_handler`)
 _fallback_logged: list[bool] = [False]
 
 
@@ -72,9 +70,7 @@ class CoreSource:
         self._received = metrics.received.labels(source.name)
         self._queue_full = metrics.dropped.labels("queue_full")
         self._slow = metrics.dropped.labels("slow_consumer")
-        self._bad_headers = metrics.issues.labels("malformed_header")
-        self._bad_headers_logged_at = -_HEADER_LOG_EVERY_S
-        self._bad_headers_since_log = 0
+        self._headers = HeaderReader(metrics.issues.labels("malformed_header"), log, {"source": source.name})
         # Times a trace message of this source could have been lost since it started: a drop
         # of its own (queue_full, slow_consumer) or a lost connection (`link.downs`). Each
         # delivery carries the count it was received under (`Delivery.breaks`).
@@ -159,17 +155,11 @@ class CoreSource:
         link = self.link
 
         stamp = _STAMP
-        # A trace subscription's messages come on a few subjects: each one's text is made
-        # once, not per message (bounded: a wildcard may see many).
-        subjects: dict[bytes, str] = {}
+        subjects = SubjectTexts()  # each subject's text made once, not per message
 
         def on_raw(subject: bytes, _reply: bytes | None, header_block: bytes | None, payload: bytes) -> None:
             tally.value += 1
-            subject_text = subjects.get(subject)
-            if subject_text is None:
-                subject_text = subject.decode(errors="replace")
-                if len(subjects) < _SUBJECTS_KEPT:
-                    subjects[subject] = subject_text
+            subject_text = subjects.get(subject) or subjects.add(subject)
             # The read's receive time, stamped once per read by the parser (stamp.py).
             raw = RawTraceMessage(subject_text, headers_of(header_block) if header_block else {}, payload,
                                   stamp[0])
@@ -180,20 +170,6 @@ class CoreSource:
                 self._dropped += 1
 
         return on_raw
-
-    def _headers(self, block: bytes) -> dict[str, list[str]]:
-        headers, malformed = parse_headers(block)
-        if malformed:
-            self._bad_headers.inc()
-            self._bad_headers_since_log += 1
-            now = time.monotonic()
-            if now - self._bad_headers_logged_at >= _HEADER_LOG_EVERY_S:
-                log.warning("malformed message headers: the parts that parse are kept", extra={"fields": {
-                    "source": self.source.name, "messages": self._bad_headers_since_log,
-                    "example": block[:200].decode(errors="replace")}})
-                self._bad_headers_logged_at = now
-                self._bad_headers_since_log = 0
-        return headers
 
     async def _on_msg(self, msg: Any) -> None:
         # The fallback path. Never blocks, never awaits: the NATS read path must keep up.

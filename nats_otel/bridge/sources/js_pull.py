@@ -11,7 +11,7 @@ inside nats-py's parser as its subject, ack subject, raw header block and payloa
 becomes the core's raw message at once (headers parsed as core mode parses them,
 `headers.parse_headers`) beside a bare nats-py `Msg` that only settles it (ack, nak, term,
 and the delivery's metadata, all read from the ack subject). nats-py's own path (a header
-dict, a `Msg`, a queue and a task per message: the wake-ups that were most of a JetStream
+dict, a `Msg`, a queue and a task per message: a large part of a JetStream
 bridge's event loop at a moderate rate, docs/scale-out.md) is the fallback where the
 installed nats-py cannot be served directly, and gives the same deliveries.
 """

@@ -184,7 +184,9 @@ def archived(path: Path) -> list[tuple[str | None, str | None]]:
     out: list[tuple[str | None, str | None]] = []
     if not path.exists():
         return out
-    for line in path.read_bytes().splitlines():
+    data = path.read_bytes()
+    # Only whole lines: the bridge may be appending one as this reads (its end not yet written).
+    for line in data[:data.rfind(b"\n") + 1].splitlines():
         if not line.strip():
             continue
         record = orjson.loads(line)

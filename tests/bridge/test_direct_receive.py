@@ -194,8 +194,59 @@ async def test_messages_arrive_again_after_a_server_restart(tmp_path) -> None:
                 await pub.flush()
             await wait_until(lambda: intake.qsize() == 3, 10, "messages after the restart")
             assert [d.raw.payload for d in taken(intake)] == [b"before", b"after", b"after, second subject"]
+            # The new connection's reads are served in its socket's callback too.
+            parser = source.nc._ps
+            assert isinstance(parser, direct.DirectParser)
+            assert parser._served_reader is direct._stream_reader(source.nc) is not None
         finally:
             await source.close()
+
+
+async def test_reads_served_in_the_socket_callback_keep_order_beside_nats_pys_own(url: str) -> None:
+    """Reads of direct frames are served as they come (`DirectParser.serve_read`), without
+    nats-py's read task; a frame of nats-py's (another subscription, a PONG) and everything
+    after it still go to nats-py, so each subscription sees its messages in order, every
+    one, whatever mix and sizes (a 1 MB payload spans many reads)."""
+    intake = Intake(1 << 30)
+    source = core_source(url, ["trace.mix"], intake, Metrics())
+    assert await source.start(asyncio.Event())
+    assert isinstance(source.nc, direct.DirectClient)
+    parser = source.nc._ps
+    assert isinstance(parser, direct.DirectParser) and direct.READ_UNSUPPORTED is None
+    theirs: list[bytes] = []
+
+    async def on_other(msg: Any) -> None:
+        theirs.append(msg.data)
+
+    await source.nc.subscribe("other.mix", cb=on_other)  # nats-py's own path, on the same connection
+    await source.nc.flush()
+    before = parser.reads_served
+    ours_sent: list[bytes] = []
+    theirs_sent: list[bytes] = []
+    try:
+        async with RawPublisher(url) as pub:
+            for round_no in range(40):
+                for index in range(25):
+                    payload = f"t{round_no}.{index}".encode() * (1 + index % 7)
+                    if round_no % 10 == 3 and index == 0:
+                        payload = bytes(range(256)) * 4096  # 1 MB
+                    pub.publish("trace.mix", payload, header_block([("n", str(index))]) if index % 2 else None)
+                    ours_sent.append(payload)
+                    if index % 6 == 0:
+                        other = f"o{round_no}.{index}".encode()
+                        pub.publish("other.mix", other)
+                        theirs_sent.append(other)
+                await pub.flush()
+                if round_no % 5 == 0:
+                    await source.nc.flush()  # a PONG for nats-py between our frames
+                await asyncio.sleep(0.005)  # rounds in reads of their own
+        await wait_until(lambda: intake.qsize() == len(ours_sent) and len(theirs) == len(theirs_sent), 30,
+                         "every message on both paths")
+        assert [d.raw.payload for d in taken(intake)] == ours_sent
+        assert theirs == theirs_sent
+        assert parser.reads_served - before >= 20  # most rounds came in reads served in the callback
+    finally:
+        await source.close()
 
 
 async def test_burst_counts_exactly_and_the_drain_keeps_what_was_read(url: str) -> None:

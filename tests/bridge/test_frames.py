@@ -67,13 +67,19 @@ def message(draw: Any) -> bytes:
     return line + b"\r\n" + payload + b"\r\n"
 
 
-# Lines nats-py reads its own way: the scanner must leave every one of these to it.
+# Lines beside the plain frames: runs of spaces the scanner serves as nats-py reads them, and
+# lines it must leave to nats-py (another whitespace, a space after the last field, bad sizes).
 ODD = [
     b"PING\r\n", b"PONG\r\n", b"+OK\r\n", b'INFO {"server_id":"x","max_payload":1048576}\r\n',
     b"-ERR 'Stale Connection'\r\n",
     b"MSG  a 1 3\r\nabc\r\n",  # two spaces: nats-py's \s+ reads it
     b"MSG a\t1 3\r\nabc\r\n",  # a tab
     b"MSG a 1 r  3\r\nabc\r\n",
+    b"MSG trace.a 1  3\r\nabc\r\n",  # no reply, two spaces: as nats-server delivers a queue group's across a route
+    b"HMSG a 2  12 12\r\nNATS/1.0\r\n\r\n\r\n",
+    b"MSG a 1 3 \r\nabc\r\n",  # a space after the size
+    b"MSG a\t 1 3\r\nabc\r\n",  # a tab beside a space
+    b"HMSG a 2 r 12   12  \r\nNATS/1.0\r\n\r\n\r\n",
     b"HMSG a 2 12 12\r\nNATS/1.0\r\n\r\n\r\n",  # headers only
     b"MSG a 1 +3\r\nabc\r\n",  # not \d+: nats-py's "unknown protocol"
     b"HMSG a 1 9 3\r\nabc\r\n",  # header size over the total
@@ -131,6 +137,19 @@ def test_the_scan_serves_direct_frames_and_stops_at_the_rest() -> None:
         assert calls[3] == ("left", stream[used:])
         half = b"MSG t.a 1 5\r\nhel"
         assert run_scan(scan, half) == [("result", 0, 0, 0, frames.MORE), ("left", half)]
+
+
+def test_runs_of_spaces_are_served_as_nats_py_reads_them() -> None:
+    """nats-server delivers a queue group's messages across a route as `MSG <subject> <sid>
+    <size>` with two spaces (no reply): served, not left to nats-py; a space after the
+    last field or a tab is still left."""
+    for scan in (frames.python_scan, compiled_scan()):
+        stream = b"MSG trace.a 1  3\r\nabc\r\nHMSG  t.b   2 r.x  12 14\r\nNATS/1.0\r\n\r\nhi\r\n"
+        assert run_scan(scan, stream) == [(1, b"trace.a", None, None, b"abc"),
+                                          (2, b"t.b", b"r.x", b"NATS/1.0\r\n\r\n", b"hi"),
+                                          ("result", len(stream), 2, 5, frames.MORE), ("left", b"")]
+        for odd in (b"MSG a 1 3 \r\nabc\r\n", b"MSG a\t 1 3\r\nabc\r\n", b"MSG  \r\n"):
+            assert run_scan(scan, odd) == [("result", 0, 0, 0, frames.OTHER), ("left", odd)]
 
 
 def test_a_failing_handler_is_returned_with_its_frame_consumed() -> None:

@@ -72,19 +72,25 @@ def scan(bytearray buf not None, dict handlers not None):
             line_start, min_fields, max_fields = pos + 5, 4, 5  # "HMSG "
         else:
             return pos, served, size, OTHER
-        # Fields separated by one space each, no other whitespace (as frames.py checks).
+        # Fields separated by runs of spaces, no other whitespace, none after the last
+        # field (as frames.py checks).
         nfields = 0
         field_start[0] = line_start
         at = line_start
         while at <= eol:
             c = data[at] if at < eol else 32
             if c == 32:
-                if at == field_start[nfields] or nfields == max_fields:
-                    return pos, served, size, OTHER  # an empty field, or too many
-                field_end[nfields] = at
-                nfields += 1
-                if nfields < MAX_FIELDS:
-                    field_start[nfields] = at + 1
+                if nfields == max_fields:
+                    return pos, served, size, OTHER  # too many fields, or a space after the last
+                if at == field_start[nfields]:
+                    if at == eol:
+                        return pos, served, size, OTHER  # a space before the line's end, or no field
+                    field_start[nfields] = at + 1  # a run of spaces: the field starts after it
+                else:
+                    field_end[nfields] = at
+                    nfields += 1
+                    if nfields < MAX_FIELDS:
+                        field_start[nfields] = at + 1
             elif _space(c):
                 return pos, served, size, OTHER
             at += 1

@@ -25,10 +25,12 @@ callback as before. `PARSER_UNSUPPORTED` says why its parser cannot be fronted b
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from nats.aio import transport as nats_transport
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.protocol import parser as nats_parser
@@ -36,8 +38,8 @@ from nats.protocol import parser as nats_parser
 from nats_otel.bridge.sources import frames, stamp
 from nats_otel.bridge.sources.headers import parse_headers
 
-__all__ = ["PARSER_UNSUPPORTED", "UNSUPPORTED", "DirectClient", "DirectHandler", "DirectParser", "Plain",
-           "direct_unsupported", "parser_unsupported", "subscribe_plain"]
+__all__ = ["PARSER_UNSUPPORTED", "READ_UNSUPPORTED", "UNSUPPORTED", "DirectClient", "DirectHandler", "DirectParser",
+           "Plain", "direct_unsupported", "parser_unsupported", "read_unsupported", "subscribe_plain"]
 
 #: Called with (subject, reply or None, raw header block or None, payload); must not block or raise.
 DirectHandler = Callable[[bytes, "bytes | None", "bytes | None", bytes], None]
@@ -97,10 +99,14 @@ class DirectParser(nats_parser.Parser):
     def __init__(self, nc: DirectClient) -> None:
         super().__init__(nc)
         self._client = nc
+        self._served_reader: Any = None  # the connection's reader whose reads `serve_read` takes first
+        self._reports: set[asyncio.Task[None]] = set()  # handler failures reported from `serve_read`
 
     async def parse(self, data: bytes = b"") -> None:
         client = self._client
         stamp.refresh()  # the messages of one read share its receive time (stamp.py)
+        if self._served_reader is not (reader := _stream_reader(client)) and READ_UNSUPPORTED is None:
+            self._serve_reads_of(reader)  # the first read of each connection (a reconnect makes a new one)
         if self.state != _CONTROL_LINE:
             # nats-py is inside a frame (it read the line, waits for the payload): give it
             # exactly what the frame still needs, then scan what follows.
@@ -116,13 +122,7 @@ class DirectParser(nats_parser.Parser):
         buf = self.buf
         buf.extend(data)
         while buf:
-            used, served, size, stop = frames.scan(buf, client._direct)
-            if used:
-                del buf[:used]  # one move per read, not one per message
-            if served:
-                stats = client.stats
-                stats["in_msgs"] += served
-                stats["in_bytes"] += size
+            stop = self._serve(buf)
             if stop == frames.MORE:
                 return
             if stop != frames.OTHER:  # a handler failed: report it as nats-py does, read on
@@ -130,6 +130,99 @@ class DirectParser(nats_parser.Parser):
                 continue
             # A frame the scan does not serve: nats-py parses the rest of this read.
             return await super().parse()
+
+    def _serve(self, buf: bytearray) -> Any:
+        """`frames.scan` the head of `buf`, delete what it served, count it; why it stopped."""
+        used, served, size, stop = frames.scan(buf, self._client._direct)
+        if used:
+            del buf[:used]  # one move per read, not one per message
+        if served:
+            stats = self._client.stats
+            stats["in_msgs"] += served
+            stats["in_bytes"] += size
+        return stop
+
+    # -- reads served in the socket's callback ------------------------------------------------
+
+    def _serve_reads_of(self, reader: Any) -> None:
+        """Serve each read of `reader` as it comes (`serve_read`), not in nats-py's read task.
+
+        nats-py reads in a task: each socket read wakes the task's future, and the task runs
+        in the loop's next turn to copy the bytes out and parse them. A bridge in a group of
+        eight reads its share, its peers' forwards and their heartbeats in many small reads,
+        and that second step was the larger part of each (`docs/scale-out.md`, fourth round).
+        The StreamReader's `feed_data` (what the transport calls with each read) is wrapped,
+        for this connection only."""
+        self._served_reader = reader
+        if reader is None or not _reader_servable(reader):
+            return
+        feed = reader.feed_data
+        client = self._client
+
+        def feed_data(data: bytes) -> None:
+            # Only when nothing of an earlier read waits for nats-py (its task parked in
+            # `read`, its parser between frames, its reader's buffer empty): then this read
+            # is the next in order. Else nats-py's path.
+            if (reader._waiter is None or reader._buffer or self.state != _CONTROL_LINE
+                    or _stream_reader(client) is not reader or client.is_closed or client.is_reconnecting):
+                return feed(data)
+            rest = self.serve_read(data)
+            if rest:
+                feed(rest)
+
+        reader.feed_data = feed_data
+
+    def serve_read(self, data: bytes) -> bytes:
+        """Serve the complete direct frames at the head of the buffer and one read, in the
+        socket's callback. An incomplete frame stays in the buffer for the next read; from a
+        frame of nats-py's on, all is returned, for nats-py's read task to parse."""
+        stamp.refresh()
+        buf = self.buf
+        buf.extend(data)
+        self.reads_served += 1
+        while buf:
+            stop = self._serve(buf)
+            if stop == frames.MORE:
+                return b""
+            if stop == frames.OTHER:
+                rest = bytes(buf)
+                buf.clear()
+                return rest
+            report = asyncio.ensure_future(self._client._error_cb(stop))  # a handler failed, as `parse` does
+            self._reports.add(report)
+            report.add_done_callback(self._reports.discard)
+        return b""
+
+    #: Reads served in the socket's callback (the rest went through nats-py's read task).
+    reads_served = 0
+
+
+def _stream_reader(client: Client) -> Any:
+    """The asyncio StreamReader of `client`'s connection (TCP or TLS), or None (a websocket)."""
+    reader = getattr(getattr(client, "_transport", None), "_io_reader", None)
+    return reader if isinstance(reader, asyncio.StreamReader) else None
+
+
+def read_unsupported(transport_class: type = nats_transport.TcpTransport) -> str | None:
+    """Why reads cannot be served in the socket's callback (`DirectParser.serve_read`), or None:
+    nats-py's TCP transport must keep its asyncio StreamReader in `_io_reader` (the reader
+    itself is checked as it is met: `_reader_servable`)."""
+    try:
+        probe = transport_class()
+    except Exception as exc:  # noqa: BLE001 - any surprise means: leave nats-py's reads alone
+        return f"nats-py's TcpTransport cannot be built: {exc}"
+    if "_io_reader" not in vars(probe):
+        return "nats-py's TcpTransport keeps no `_io_reader`"
+    return None
+
+
+def _reader_servable(reader: Any) -> bool:
+    """asyncio's StreamReader keeps `_waiter` (set exactly while a task waits in `read`) and
+    its unread bytes in `_buffer`: what `serve_read`'s guard reads."""
+    return hasattr(reader, "_waiter") and isinstance(getattr(reader, "_buffer", None), bytearray)
+
+
+READ_UNSUPPORTED = PARSER_UNSUPPORTED or read_unsupported()
 
 
 class DirectClient(Client):

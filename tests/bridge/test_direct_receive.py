@@ -249,6 +249,39 @@ async def test_reads_served_in_the_socket_callback_keep_order_beside_nats_pys_ow
         await source.close()
 
 
+async def test_a_servers_own_trace_messages_take_the_frame_scanner(url: str) -> None:
+    """nats-server writes the trace messages it publishes as `MSG <subject> <sid>  <size>`
+    (two spaces: no reply), every release from 2.11 on; those once went to nats-py's parser.
+    Real trace events, from a traced publish and an ad-hoc one: all served by the scanner,
+    none handed to nats-py's per-message path (`_process_msg`)."""
+    intake = Intake(1 << 30)
+    source = core_source(url, ["trace.a"], intake, Metrics())
+    assert await source.start(asyncio.Event())
+    client = source.nc
+    assert isinstance(client, direct.DirectClient)
+    through_nats_py: list[int] = []
+    original = client._process_msg
+
+    async def process_msg(sid: int, *args: Any) -> None:
+        through_nats_py.append(sid)
+        await original(sid, *args)
+
+    client._process_msg = process_msg  # type: ignore[method-assign]
+    publisher = await nats.connect(url)
+    try:
+        for n in range(20):
+            trace_id = f"{n + 1:032x}"
+            await publisher.publish(f"app.{n}", b"x", headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
+            await publisher.publish(f"app.adhoc.{n}", b"y", headers={"Nats-Trace-Dest": "trace.a"})
+        await publisher.flush()
+        await wait_until(lambda: intake.qsize() >= 40, 20, "the servers' trace messages")
+        assert through_nats_py == []
+        assert all(json.loads(d.raw.payload)["server"]["name"] for d in taken(intake))
+    finally:
+        await publisher.close()
+        await source.close()
+
+
 async def test_burst_counts_exactly_and_the_drain_keeps_what_was_read(url: str) -> None:
     """A burst larger than the intake: received = held + queue_full, exactly, when scraped;
     stop_intake returns only once everything sent before it is in the intake."""

@@ -249,6 +249,41 @@ async def test_reads_served_in_the_socket_callback_keep_order_beside_nats_pys_ow
         await source.close()
 
 
+async def test_a_handler_failing_in_the_socket_callback_is_reported_and_reading_goes_on(url: str) -> None:
+    """A direct handler that raises, in a read served in the socket's callback: the error
+    goes to the client's error callback, as nats-py reports a failing callback, and the
+    frames after it in the same read and later ones are still served, in order."""
+    errors: list[BaseException] = []
+    got: list[bytes] = []
+
+    async def on_error(exc: BaseException) -> None:
+        errors.append(exc)
+
+    def handler(_subject: bytes, _reply: bytes | None, _headers: bytes | None, payload: bytes) -> None:
+        if payload == b"bad":
+            raise ValueError("a handler failed")
+        got.append(payload)
+
+    client = direct.DirectClient()
+    await client.connect(url, error_cb=on_error, allow_reconnect=False)
+    try:
+        await client.subscribe_direct("trace.fail", handler)
+        await client.flush()
+        async with RawPublisher(url) as pub:
+            for payload in (b"one", b"bad", b"two"):  # one write: most likely one read
+                pub.publish("trace.fail", payload)
+            await pub.flush()
+            await asyncio.sleep(0.05)
+            pub.publish("trace.fail", b"three")
+            await pub.flush()
+        await wait_until(lambda: len(got) == 3 and errors, 10, "the messages and the error")
+        assert got == [b"one", b"two", b"three"]
+        assert [str(e) for e in errors] == ["a handler failed"]
+        assert isinstance(client._ps, direct.DirectParser) and client._ps.reads_served >= 1
+    finally:
+        await client.close()
+
+
 async def test_a_servers_own_trace_messages_take_the_frame_scanner(url: str) -> None:
     """nats-server writes the trace messages it publishes as `MSG <subject> <sid>  <size>`
     (two spaces: no reply), every release from 2.11 on; those once went to nats-py's parser.

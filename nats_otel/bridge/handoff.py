@@ -3,8 +3,9 @@
 The bridge converts a batch in its one conversion thread (the link state is touched by one
 thread only) and exports it in an export thread (so the next batch is converted while this
 one waits for the backend). Awaited step by step, each step wakes the event loop once more
-when it ends (`run_in_executor`: a future, a write to the loop's self-pipe, a task step):
-~100-150 µs of the loop's CPU on this machine, per batch. A bridge in a group of eight
+when it ends (`run_in_executor`: a write to the loop's self-pipe and its read, the future's
+state, the task's step): ~150 µs of the loop's CPU a wake-up on this machine
+(`bench/loop_callbacks.py`), per batch. A bridge in a group of eight
 collects five small batches a second like a bridge alone does, so what it pays per batch is
 paid eight times for the same traffic (docs/scale-out.md). `then` hands the first step's
 result to the second pool from the first thread itself: the loop wakes once, at the end.

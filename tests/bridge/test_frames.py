@@ -75,7 +75,7 @@ ODD = [
     b"MSG  a 1 3\r\nabc\r\n",  # two spaces: nats-py's \s+ reads it
     b"MSG a\t1 3\r\nabc\r\n",  # a tab
     b"MSG a 1 r  3\r\nabc\r\n",
-    b"MSG trace.a 1  3\r\nabc\r\n",  # no reply, two spaces: as nats-server delivers a queue group's across a route
+    b"MSG trace.a 1  3\r\nabc\r\n",  # an empty reply: how nats-server writes its own trace messages
     b"HMSG a 2  12 12\r\nNATS/1.0\r\n\r\n\r\n",
     b"MSG a 1 3 \r\nabc\r\n",  # a space after the size
     b"MSG a\t 1 3\r\nabc\r\n",  # a tab beside a space
@@ -140,8 +140,8 @@ def test_the_scan_serves_direct_frames_and_stops_at_the_rest() -> None:
 
 
 def test_runs_of_spaces_are_served_as_nats_py_reads_them() -> None:
-    """nats-server delivers a queue group's messages across a route as `MSG <subject> <sid>
-    <size>` with two spaces (no reply): served, not left to nats-py; a space after the
+    """nats-server writes the trace messages it publishes itself as `MSG <subject> <sid>
+    <size>` with two spaces (an empty reply): served, not left to nats-py; a space after the
     last field or a tab is still left."""
     for scan in (frames.python_scan, compiled_scan()):
         stream = b"MSG trace.a 1  3\r\nabc\r\nHMSG  t.b   2 r.x  12 14\r\nNATS/1.0\r\n\r\nhi\r\n"

@@ -9,9 +9,9 @@ deletes them all at once.
 
 It serves only what nats-py would read the same way: `MSG <subject> <sid> [reply] <size>`
 and `HMSG <subject> <sid> [reply] <header size> <size>` lines whose fields are separated by
-spaces (one or more: nats-server sends `MSG <subject> <sid>  <size>`, two spaces, for the
-messages of a queue group delivered across a route), with decimal sizes, for a sid that has
-a handler. Anything else (another
+spaces (one or more: nats-server writes the trace messages it publishes itself as
+`MSG <subject> <sid>  <size>`, two spaces, an empty reply, 2.11 to 2.15 alike), with decimal
+sizes, for a sid that has a handler. Anything else (another
 sid, PING, PONG, INFO, +OK, -ERR, a line it does not recognise) stops the scan, and
 nats-py's parser, which stays the judge of the protocol, takes it from there
 (`direct.DirectParser`).
@@ -67,7 +67,7 @@ def python_scan(buf: bytearray, handlers: dict[int, Callable[[bytes, bytes | Non
         tokens = [token for token in line.split(b" ") if token]
         # Fields separated by runs of spaces, no other whitespace, none after the last field:
         # what nats-py's pattern reads alike (its `\s+`). nats-server writes two spaces
-        # where a message has no reply in some deliveries (a queue group's across a route).
+        # for the trace messages it publishes itself (an empty reply).
         if (len(tokens) not in fields or line.endswith(b" ")
                 or b"".join(tokens) != b"".join(line.split())):
             return pos, served, size, OTHER

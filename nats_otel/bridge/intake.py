@@ -42,13 +42,14 @@ class Intake:
         self.bytes = 0
         self.held = 0
         self._items: deque[Delivery] = deque()
-        # The collector waiting for `_wanted` deliveries (`_wait`): a batch being collected
-        # wakes once when it can fill or its time is up, not at every message that trickles in
-        # (from a queue group's share, or forwarded by the other bridges a few at a time). A
-        # bare future and a timer, not `asyncio.wait_for` on an Event (a task, a future and
-        # callbacks more for every wait, twice a batch).
-        self._waiter: asyncio.Future[None] | None = None
-        self._wanted = 1
+        # Set exactly while `_items` is not empty (set on the first offer, cleared by the take
+        # that empties it): offers into a non-empty line skip the call.
+        self._nonempty = asyncio.Event()
+        # Set when `_wanted` deliveries wait (`wait_count`): a batch being collected wakes once
+        # when it can fill or its time is up, not at every message that trickles in (from a
+        # queue group's share, or forwarded by the other bridges a few at a time).
+        self._wanted: int | None = None
+        self._filled = asyncio.Event()
 
     def offer(self, delivery: Delivery) -> bool:
         """Queue `delivery`; False (nothing queued) when it does not fit."""
@@ -57,19 +58,23 @@ class Intake:
         if self.bytes + size > self.max_bytes or (
                 self.max_messages is not None and len(items) >= self.max_messages):
             return False
+        if not items:
+            self._nonempty.set()
         items.append(delivery)
         self.bytes += size
         self.held += 1
-        if self._waiter is not None and len(items) >= self._wanted:
-            _wake(self._waiter)
-            self._waiter = None
+        if self._wanted is not None and len(items) >= self._wanted:
+            self._filled.set()
         return True
 
     def get_nowait(self) -> Delivery | None:
         """The oldest delivery, or None when empty. It stays charged until `release`d."""
         if not self._items:
             return None
-        return self._items.popleft()
+        delivery = self._items.popleft()
+        if not self._items:
+            self._nonempty.clear()
+        return delivery
 
     def take(self, limit: int) -> list[Delivery]:
         """Up to `limit` of the oldest deliveries, at once (a batch is collected with one call,
@@ -81,6 +86,8 @@ class Intake:
         else:
             popleft = items.popleft
             taken = [popleft() for _ in range(limit)]
+        if not items:
+            self._nonempty.clear()
         return taken
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
@@ -91,7 +98,10 @@ class Intake:
     async def get(self, timeout: float) -> Delivery | None:
         """The oldest delivery, waiting at most `timeout` seconds for one (then None)."""
         if not self._items:
-            await self._wait(1, timeout)
+            try:
+                await asyncio.wait_for(self._nonempty.wait(), timeout)
+            except TimeoutError:
+                return None
         return self.get_nowait()
 
     async def collect(self, max_messages: int, delay_s: Callable[[], float], idle_s: float,
@@ -114,21 +124,16 @@ class Intake:
 
     async def wait_count(self, count: int, timeout: float) -> None:
         """Wait until `count` deliveries wait, or `timeout` seconds passed (whichever first)."""
-        if len(self._items) < count:
-            await self._wait(count, timeout)
-
-    async def _wait(self, count: int, timeout: float) -> None:
-        """Until `offer` brings the line to `count`, or `timeout` (one waiter: the collector)."""
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
+        if len(self._items) >= count:
+            return
         self._wanted = count
-        timer = loop.call_later(timeout, _wake, waiter)
+        self._filled.clear()
         try:
-            await waiter
+            await asyncio.wait_for(self._filled.wait(), timeout)
+        except TimeoutError:
+            pass
         finally:
-            timer.cancel()
-            if self._waiter is waiter:
-                self._waiter = None
+            self._wanted = None
 
     def qsize(self) -> int:
         """Deliveries waiting to be taken (not those taken and not yet released)."""
@@ -136,8 +141,3 @@ class Intake:
 
     def empty(self) -> bool:
         return not self._items
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)

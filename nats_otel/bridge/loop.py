@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from nats_otel import __version__, gc_tuning
-from nats_otel.bridge import handoff, jetstream_loop
+from nats_otel.bridge import jetstream_loop
 from nats_otel.bridge.accounting import BatchAccounting
 from nats_otel.bridge.exchange import exchange_for
 from nats_otel.bridge.export.result import ExportResult
@@ -299,10 +299,10 @@ class Bridge:
                 self.processor.whole(self.wholeness.streams(),
                                      None if self.exchange is None else self.wholeness.departures(),
                                      () if self.router is None else self.router.take_states())
-            processor, deadline = self.processor, self._deadline
-            outcome = await asyncio.wrap_future(handoff.then(  # one wake-up of the loop for both steps
-                self._pool, functools.partial(processor.convert, raws, holdable),
-                self._export_pool, lambda converted: processor.export(converted, deadline())))
+            loop = asyncio.get_running_loop()
+            converted = await loop.run_in_executor(self._pool, self.processor.convert, raws, holdable)
+            outcome = await loop.run_in_executor(self._export_pool, self.processor.export, converted,
+                                                 self._deadline())
             self.accounting.account(outcome)
             gc_tuning.after_batch()
             return self._policy(deliveries, outcome)

@@ -101,6 +101,7 @@ class DirectParser(nats_parser.Parser):
         self._client = nc
         self._served_reader: Any = None  # the connection's reader whose reads `serve_read` takes first
         self._reports: set[asyncio.Task[None]] = set()  # handler failures reported from `serve_read`
+        self.reads_served = 0  # reads served in the socket's callback (the rest: nats-py's read task)
 
     async def parse(self, data: bytes = b"") -> None:
         client = self._client
@@ -154,7 +155,7 @@ class DirectParser(nats_parser.Parser):
         The StreamReader's `feed_data` (what the transport calls with each read) is wrapped,
         for this connection only."""
         self._served_reader = reader
-        if reader is None or not _reader_servable(reader):
+        if not _reader_servable(reader):
             return
         feed = reader.feed_data
         client = self._client
@@ -192,9 +193,6 @@ class DirectParser(nats_parser.Parser):
             self._reports.add(report)
             report.add_done_callback(self._reports.discard)
         return b""
-
-    #: Reads served in the socket's callback (the rest went through nats-py's read task).
-    reads_served = 0
 
 
 def _stream_reader(client: Client) -> Any:

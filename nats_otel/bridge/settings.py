@@ -108,6 +108,12 @@ class BridgeSettings(_Model):
         js = self.jetstream
         return 2 * js.ack_wait + js.nak_delay_max + 2 * self.link.wait + 1.0
 
+    def read_interval_allowed(self) -> float:
+        """The longest `nats.read_interval` this link window allows: a report forwarded to its
+        owner is read twice on the way (at the bridge the queue group chose, then at the owner)
+        and waits a batch between, all inside `link.wait`; half the slack goes to the reads."""
+        return max(0.0, (self.link.wait - self.batch.max_delay) / 4)
+
     @model_validator(mode="after")
     def _check(self) -> BridgeSettings:
         names = [s.name for s in self.sources]
@@ -130,6 +136,14 @@ class BridgeSettings(_Model):
                                  "that late after a restart, and must still find its evidence")
             # The default, raised to what JetStream mode needs (frozen model: set as pydantic would).
             object.__setattr__(self, "link", self.link.model_copy(update={"retention": needed}))
+        paced = self.read_interval_allowed()
+        if self.nats.read_interval > paced:
+            if "read_interval" in self.nats.model_fields_set:
+                raise ValueError(f"nats.read_interval: at most {paced:g} s with link.wait {self.link.wait:g} s and "
+                                 f"batch.max_delay {self.batch.max_delay:g} s: a hop's two reports at two bridges "
+                                 "are each read up to one interval late and must still meet within the link window")
+            # The default, lowered to what this link window allows (frozen model: set as pydantic would).
+            object.__setattr__(self, "nats", self.nats.model_copy(update={"read_interval": paced}))
         if not self.export_otlp and self.output is None:
             raise ValueError("export_otlp: nothing to export to (no output file either)")
         subject = self.exchange_subject

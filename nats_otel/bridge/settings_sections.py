@@ -182,6 +182,9 @@ class NatsSettings(_Model):
     reconnect_wait_max: float = Field(10.0, gt=0, description="the cap of the wait between attempts")
     give_up_after: float | None = Field(None, gt=0, description="exit (code 3) once a source has been "
                                         "disconnected this many seconds, at start-up or later; None: never")
+    read_interval: float = Field(0.1, ge=0, description="seconds: at a low rate (reads under 64 KiB) a "
+                                 "connection is read at most this often, so that a sidecar wakes a few times a "
+                                 "second for its share, not at every message (read_pacing.py); 0: as data comes")
 
     @model_validator(mode="after")
     def _waits(self) -> NatsSettings:

@@ -22,7 +22,7 @@ import pytest
 from nats.aio.client import Client
 
 from nats_otel.bridge.intake import Intake
-from nats_otel.bridge.settings import BatchSettings, NatsSource
+from nats_otel.bridge.settings import BatchSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources import direct, stamp
 from nats_otel.bridge.sources.delivery import size_of
 from nats_otel.bridge.sources.headers import parse_headers
@@ -95,9 +95,10 @@ def header_block(pairs: list[tuple[str, str]]) -> bytes:
 
 
 def core_source(url: str, subjects: list[str], intake: Intake, metrics: Metrics, name: str = "default",
-                queue: str | None = None) -> CoreSource:
+                queue: str | None = None, read_interval: float = 0.0) -> CoreSource:
+    """A core source; its connection read as data comes unless `read_interval` (read_pacing.py)."""
     return CoreSource(NatsSource(name=name, urls=[url], subjects=subjects, queue=queue), BatchSettings(),
-                      intake, metrics)
+                      intake, metrics, NatsSettings(read_interval=read_interval))
 
 
 def taken(intake: Intake) -> list[Any]:

@@ -221,7 +221,8 @@ async def connect_source(
         link.attempting(ordered[0])
         callbacks = _Callbacks(link, settings, metrics, stopping, on_error, rng)
         direct_ok = direct and direct_dispatch.UNSUPPORTED is None
-        client = callbacks.client = direct_dispatch.DirectClient() if direct_ok else Client()
+        client = callbacks.client = (direct_dispatch.DirectClient(settings.read_interval) if direct_ok
+                                     else Client())
         options: dict[str, Any] = {
             "servers": ordered,
             "dont_randomize": True,

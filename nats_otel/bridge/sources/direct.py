@@ -37,6 +37,7 @@ from nats.protocol import parser as nats_parser
 
 from nats_otel.bridge.sources import frames, stamp
 from nats_otel.bridge.sources.headers import parse_headers
+from nats_otel.bridge.sources.read_pacing import ReadPacer
 
 __all__ = ["PARSER_UNSUPPORTED", "READ_UNSUPPORTED", "UNSUPPORTED", "DirectClient", "DirectHandler", "DirectParser",
            "Plain", "direct_unsupported", "parser_unsupported", "read_unsupported", "subscribe_plain"]
@@ -102,6 +103,7 @@ class DirectParser(nats_parser.Parser):
         self._served_reader: Any = None  # the connection's reader whose reads `serve_read` takes first
         self._reports: set[asyncio.Task[None]] = set()  # handler failures reported from `serve_read`
         self.reads_served = 0  # reads served in the socket's callback (the rest: nats-py's read task)
+        self.pacer: ReadPacer | None = None  # the current connection's (`read_pacing`)
 
     async def parse(self, data: bytes = b"") -> None:
         client = self._client
@@ -153,14 +155,17 @@ class DirectParser(nats_parser.Parser):
         eight reads its share, its peers' forwards and their heartbeats in many small reads,
         and that second step was the larger part of each (`docs/scale-out.md`, fourth round).
         The StreamReader's `feed_data` (what the transport calls with each read) is wrapped,
-        for this connection only."""
+        for this connection only; a small read pauses the connection until the next tick
+        of `DirectClient.read_interval` (`read_pacing`)."""
         self._served_reader = reader
         if not _reader_servable(reader):
             return
         feed = reader.feed_data
         client = self._client
+        pacer = self.pacer = ReadPacer(client.read_interval)
 
         def feed_data(data: bytes) -> None:
+            pacer.after_read(len(data), reader)  # a small read: the next waits for the next tick
             # Only when nothing of an earlier read waits for nats-py (its task parked in
             # `read`, its parser between frames, its reader's buffer empty): then this read
             # is the next in order. Else nats-py's path.
@@ -224,11 +229,14 @@ READ_UNSUPPORTED = PARSER_UNSUPPORTED or read_unsupported()
 
 
 class DirectClient(Client):
-    """A nats-py `Client` whose direct subscriptions skip `Msg`, queue and task."""
+    """A nats-py `Client` whose direct subscriptions skip `Msg`, queue and task; with a
+    `read_interval`, its connection is read at most that often while reads are small
+    (`read_pacing`; reads served in the socket's callback only, `READ_UNSUPPORTED`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_interval: float = 0.0) -> None:
         super().__init__()
         self._direct: dict[int, DirectHandler] = {}
+        self.read_interval = read_interval  # `read_pacing`: 0 reads as data comes
         if PARSER_UNSUPPORTED is None:
             self._ps = DirectParser(self)
 

@@ -1,0 +1,79 @@
+"""Small reads gathered: at a low rate a connection is read at most every `interval` seconds.
+
+Every read of a socket wakes the process: on this project's 2-core test machine a wake-up
+costs a Python process ~50 µs of CPU when a thread blocks in `recv`, ~115 µs through an
+asyncio callback, before any work (`bench/read_cost.py`). At a moderate rate a sidecar's
+share arrives in many small reads: one of eight bridges at 600 msgs/s read ~90 times a
+second (its share of the trace messages, its peers' forwards, their heartbeats), a few
+messages a read, and those wake-ups were most of what eight bridges cost beyond one
+(docs/scale-out.md, fifth round). So after a read smaller than `SMALL_READ_BYTES` the
+transport stops reading until the next multiple of `interval` on the loop's clock (every
+connection of a process resumes at the same instant: one wake-up for all), and what came
+meanwhile is read at once. Reads of that size or more (a burst, a high rate) go on as data
+comes: a pause never holds back more than what a low rate brings in one interval, far
+below what a server buffers for a client (`max_pending`, 64 MB by default).
+
+What it costs: a message waits at most `interval` more before the bridge reads it, and a
+PONG too (a flush returns up to `interval` later). A hop's two reports at two bridges meet
+at the owner within two intervals and a batch delay, inside the link window (`link.wait`,
+1 s; `NatsSettings.read_interval` is bounded to keep it so).
+
+The pause is asyncio's own flow control (`pause_reading`/`resume_reading`, as a
+StreamReader uses it when its buffer is full); a transport the StreamReader paused itself is
+left to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+__all__ = ["SMALL_READ_BYTES", "ReadPacer", "next_tick"]
+
+#: A read this size or larger means data is coming fast: read on, no pause. (asyncio reads
+#: up to 256 KiB at a time; 64 KiB in one interval of 0.1 s is ~640 KB/s.)
+SMALL_READ_BYTES = 64 * 1024
+
+
+def next_tick(now: float, interval: float) -> float:
+    """The first multiple of `interval` after `now` (strictly after: a read at a tick waits
+    for the next one)."""
+    return (math.floor(now / interval) + 1) * interval
+
+
+class ReadPacer:
+    """Pauses one connection's transport after a small read, until the next tick."""
+
+    __slots__ = ("_loop", "_resume", "interval", "pauses", "reads")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._resume: asyncio.TimerHandle | None = None
+        self.reads = 0  # reads of the connection
+        self.pauses = 0  # reads after which the transport paused
+
+    def after_read(self, size: int, reader: Any) -> None:
+        """A read of `size` bytes was handed to `reader` (an asyncio StreamReader): pause its
+        transport until the next tick when the read was small."""
+        self.reads += 1
+        if self.interval <= 0 or size >= SMALL_READ_BYTES or self._resume is not None:
+            return
+        transport = getattr(reader, "_transport", None)
+        if transport is None or not transport.is_reading():  # closing, or paused by the reader itself
+            return
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        transport.pause_reading()
+        self.pauses += 1
+        self._resume = self._loop.call_at(next_tick(self._loop.time(), self.interval), self._resume_reading,
+                                          transport, reader)
+
+    def _resume_reading(self, transport: Any, reader: Any) -> None:
+        self._resume = None
+        # A transport closing needs no reading; one whose StreamReader's buffer is full is
+        # resumed by the reader as its task reads (`StreamReader._maybe_resume_transport`).
+        if transport.is_closing() or getattr(reader, "_paused", False):
+            return
+        transport.resume_reading()

@@ -435,7 +435,8 @@ class LinkExchange:
         self._pending += 1
         future = asyncio.get_running_loop().run_in_executor(self._pool, self._record, batch.reports,
                                                             batch.latencies, batch)
-        future.add_done_callback(functools.partial(self._recorded, reports=len(batch.reports)))
+        future.add_done_callback(functools.partial(self._recorded, reports=len(batch.reports),
+                                                   result="received" if live else "replayed"))
         return future
 
     def _numbered(self, batch: PeerBatch, number: str | None) -> PeerBatch:
@@ -477,12 +478,12 @@ class LinkExchange:
             del self._numbers[sender]
             self._late.pop(sender, None)
 
-    def _recorded(self, future: asyncio.Future[None], *, reports: int) -> None:
+    def _recorded(self, future: asyncio.Future[None], *, reports: int, result: str) -> None:
         self._pending -= 1
         if future.cancelled() or future.exception() is not None:
             self._count("dropped", f"recording failed: {'cancelled' if future.cancelled() else future.exception()}")
             return
-        self._metrics.link_evidence.labels("received").inc()
+        self._metrics.link_evidence.labels(result).inc()  # heard live, or replayed from the kept stream
         self._metrics.link_evidence_reports.inc(reports)
 
     def _count(self, result: str, detail: str) -> None:

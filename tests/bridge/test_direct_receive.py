@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,13 +34,6 @@ from tests.bridge.bridge_helpers import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 RECEIVED = "nats_otel_messages_received_total"
-
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    """A client URL of one real nats-server shared by the tests of this module."""
-    with start_topology(single_server()) as running:
-        yield running.client_url("n1", "a")
 
 
 # (name, raw header lines or None, payload): what a plain subscription must agree with.

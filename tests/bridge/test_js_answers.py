@@ -11,7 +11,6 @@ refused."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,8 +27,6 @@ from nats_otel.bridge.sources.jetstream import Held
 from nats_otel.bridge.telemetry import Metrics
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.evidence import sign
-from nats_otel.devkit.processes import start_topology
-from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -37,12 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 BASE = "nats-otel.links.test"
 KEY = b"a shared key of the exchange, 32b"
 ME, PEER = "bridge-a", "bridge-b"
-
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with start_topology(single_server()) as topo:
-        yield topo.client_url("n1", "a")
 
 
 def _raw(i: int) -> RawTraceMessage:

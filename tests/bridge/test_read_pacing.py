@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import nats
 import pytest
@@ -16,19 +15,11 @@ import pytest
 from nats_otel.bridge.settings import SettingsError, load_settings
 from nats_otel.bridge.sources import direct
 from nats_otel.bridge.sources.read_pacing import SMALL_READ_BYTES, next_tick
-from nats_otel.devkit.processes import start_topology
-from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SUBJECT = "trace.paced"
-
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with start_topology(single_server()) as running:
-        yield running.client_url("n1", "a")
 
 
 @pytest.mark.parametrize(("now", "interval", "expected"), [

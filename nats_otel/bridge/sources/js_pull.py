@@ -59,6 +59,10 @@ class Puller:
         self._wake = asyncio.Event()
         self._want = 1
         self._sub: Any = None
+        # How long after a request's expiry its end (408) is still awaited: the way back, and
+        # the connection's read interval (`read_pacing`: a small read waits for the next tick).
+        # Awaited less, the end of an expired request came during the next round and ended it.
+        self._expiry_margin = 0.05 + getattr(nc, "read_interval", 0.0)
 
     @property
     def direct(self) -> bool:
@@ -134,15 +138,16 @@ class Puller:
             # What is there now, at once; else one lingering request until the first arrives.
             await self._round({"batch": batch, "no_wait": True}, batch, timeout)
             if not self.buffer:
-                expires = max(int(timeout * 1e9) - 50_000_000, 10_000_000)
-                await self._round({"batch": batch, "expires": expires}, 1, timeout)
+                expires_s = max(timeout - self._expiry_margin, 0.01)
+                await self._round({"batch": batch, "expires": int(expires_s * 1e9)}, 1, expires_s + self._expiry_margin)
                 open_request = True  # it goes on delivering up to `batch` until it expires
         if linger > 0 and 0 < len(self.buffer) < batch:
             if open_request:
                 await self._wait(batch, linger)
             else:
-                rest = {"batch": batch - len(self.buffer), "expires": max(int(linger * 1e9), 10_000_000)}
-                await self._round(rest, batch, linger + 0.05)
+                expires_s = max(linger, 0.01)
+                rest = {"batch": batch - len(self.buffer), "expires": int(expires_s * 1e9)}
+                await self._round(rest, batch, expires_s + self._expiry_margin)
         out: list[Pulled] = []
         while self.buffer and len(out) < batch:
             out.append(self.buffer.popleft())

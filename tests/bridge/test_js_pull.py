@@ -165,3 +165,34 @@ async def test_a_malformed_header_block_is_counted_and_the_rest_kept(url: str, c
     finally:
         await setup.close()
         await nc.close()
+
+
+async def test_an_idle_puller_on_a_paced_connection_waits_out_each_request() -> None:
+    """On a connection read once a tick (`read_pacing`), the end of an expired pull request
+    (408) may come up to a tick late: each round waits for its own end (the request expires
+    that much sooner), so an idle puller asks about once per `timeout`, never in a spin of
+    rounds ended early by another request's end."""
+    with start_topology(single_server(jetstream=True)) as topo:
+        url = topo.client_url("n1", "a")
+        setup = await nats.connect(url)
+        nc = direct.DirectClient(0.2)
+        await nc.connect(url)
+        try:
+            js = setup.jetstream()
+            await js.add_stream(StreamConfig(name="IDLE", subjects=["pull.idle"]))
+            await js.add_consumer("IDLE", ConsumerConfig(durable_name="idle", ack_policy=AckPolicy.EXPLICIT))
+            puller = Puller(nc, "IDLE", "idle", Metrics().issues.labels("malformed_header"))
+            await puller.start(pending_limit=1024)
+            timeout, seconds, rounds = 1.0, 4.0, 0
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            while loop.time() - started < seconds:
+                assert await puller.fetch(10, timeout) == []
+                rounds += 1
+            assert puller.consumer_gone is None
+            # Each fetch: an answer to `no_wait`, then a request expiring the margin (0.25 s)
+            # before `timeout`.
+            assert rounds <= seconds / (timeout - 0.25) + 1, f"{rounds} fetches in {seconds} s"
+        finally:
+            await nc.close()
+            await setup.close()

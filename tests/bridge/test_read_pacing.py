@@ -14,7 +14,7 @@ import pytest
 
 from nats_otel.bridge.settings import SettingsError, load_settings
 from nats_otel.bridge.sources import direct
-from nats_otel.bridge.sources.read_pacing import SMALL_READ_BYTES, next_tick
+from nats_otel.bridge.sources.read_pacing import RECENT_TICKS, SMALL_READ_BYTES, next_tick
 from tests.bridge.bridge_helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -73,10 +73,13 @@ async def test_a_trickle_is_read_once_a_tick_every_message_in_order(url: str) ->
     assert unpaced_reads > reads  # each message woke the unpaced client, not the paced one
 
 
-async def test_a_large_read_does_not_pause(url: str) -> None:
-    """A read of `SMALL_READ_BYTES` or more means data comes fast: reading goes on; a smaller
-    one pauses the connection until the next tick."""
-    client = direct.DirectClient(2.0)
+async def test_only_small_reads_that_come_often_pause(url: str) -> None:
+    """A read on its own (more than `RECENT_TICKS` intervals after the one before) does not
+    pause: the resume would be a wake-up of its own. A read of `SMALL_READ_BYTES` or more means
+    data comes fast: reading goes on. A small read soon after another pauses the connection
+    until the next tick."""
+    interval = 0.5
+    client = direct.DirectClient(interval)
     await client.connect(url)
     await client.subscribe_direct(SUBJECT, lambda _s, _r, _h, _payload: None)
     await client.flush()
@@ -86,9 +89,12 @@ async def test_a_large_read_does_not_pause(url: str) -> None:
         assert isinstance(parser, direct.DirectParser) and parser.pacer is not None and reader is not None
         pacer, transport = parser.pacer, reader._transport
         await wait_until(transport.is_reading, 10, "the start-up's pause ended at its tick")
+        await asyncio.sleep(RECENT_TICKS * interval + 0.1)  # an idle connection: no read since
         pauses = pacer.pauses
+        pacer.after_read(100, reader)
+        assert transport.is_reading() and pacer.pauses == pauses, "a read on its own paused"
         pacer.after_read(SMALL_READ_BYTES, reader)
-        assert transport.is_reading() and pacer.pauses == pauses
+        assert transport.is_reading() and pacer.pauses == pauses, "a large read paused"
         pacer.after_read(SMALL_READ_BYTES - 1, reader)
         assert not transport.is_reading() and pacer.pauses == pauses + 1
         await wait_until(transport.is_reading, 10, "reading again at the next tick")

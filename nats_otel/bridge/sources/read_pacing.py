@@ -5,13 +5,13 @@ costs a Python process ~50 µs of CPU when a thread blocks in `recv`, ~115 µs t
 asyncio callback, before any work (`bench/read_cost.py`). At a moderate rate a sidecar's
 share arrives in many small reads: one of eight bridges at 600 msgs/s read ~90 times a
 second (its share of the trace messages, its peers' forwards, their heartbeats), a few
-messages a read, and those wake-ups were most of what eight bridges cost beyond one
-(docs/scale-out.md, fifth round). So after a read smaller than `SMALL_READ_BYTES` the
-transport stops reading until the next multiple of `interval` on the loop's clock (every
-connection of a process resumes at the same instant: one wake-up for all), and what came
-meanwhile is read at once. Reads of that size or more (a burst, a high rate) go on as data
-comes: a pause never holds back more than what a low rate brings in one interval, far
-below what a server buffers for a client (`max_pending`, 64 MB by default).
+messages a read (docs/scale-out.md, fifth round). So after a small read (under
+`SMALL_READ_BYTES`) that follows another within `RECENT_TICKS` intervals, the transport stops
+reading until the next multiple of `interval` on the loop's clock (every connection of a
+process resumes at the same instant: one wake-up for all), and what came meanwhile is read
+at once. Reads of that size or more (a burst, a high rate) go on as data comes: a pause
+never holds back more than what a low rate brings in one interval, far below what a server
+buffers for a client (`max_pending`, 64 MB by default).
 
 What it costs: a message waits at most `interval` more before the bridge reads it, and a
 PONG too (a flush returns up to `interval` later). A hop's two reports at two bridges meet
@@ -29,11 +29,17 @@ import asyncio
 import math
 from typing import Any
 
-__all__ = ["SMALL_READ_BYTES", "ReadPacer", "next_tick"]
+__all__ = ["RECENT_TICKS", "SMALL_READ_BYTES", "ReadPacer", "next_tick"]
 
 #: A read this size or larger means data is coming fast: read on, no pause. (asyncio reads
 #: up to 256 KiB at a time; 64 KiB in one interval of 0.1 s is ~640 KB/s.)
 SMALL_READ_BYTES = 64 * 1024
+
+
+#: Reads come often when one came within this many intervals before: only then does a pause
+#: gather anything. The resume at the tick is a wake-up of its own, so a read on its own (an
+#: idle bridge's heartbeats and pull ends) is not paused; the read after a resume still is.
+RECENT_TICKS = 2
 
 
 def next_tick(now: float, interval: float) -> float:
@@ -45,12 +51,13 @@ def next_tick(now: float, interval: float) -> float:
 class ReadPacer:
     """Pauses one connection's transport after a small read, until the next tick."""
 
-    __slots__ = ("_loop", "_resume", "interval", "pauses", "reads")
+    __slots__ = ("_last_read", "_loop", "_resume", "interval", "pauses", "reads")
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resume: asyncio.TimerHandle | None = None
+        self._last_read = -math.inf  # the loop's time of the previous read
         self.reads = 0  # reads of the connection
         self.pauses = 0  # reads after which the transport paused
 
@@ -58,17 +65,22 @@ class ReadPacer:
         """A read of `size` bytes was handed to `reader` (an asyncio StreamReader): pause its
         transport until the next tick when the read was small."""
         self.reads += 1
-        if self.interval <= 0 or size >= SMALL_READ_BYTES or self._resume is not None:
-            return
-        transport = getattr(reader, "_transport", None)
-        if transport is None or not transport.is_reading():  # closing, or paused by the reader itself
+        if self.interval <= 0:
             return
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
+        now = self._loop.time()
+        previous, self._last_read = self._last_read, now
+        if size >= SMALL_READ_BYTES or self._resume is not None:
+            return
+        if now - previous > RECENT_TICKS * self.interval:
+            return  # a read on its own (a heartbeat, an idle pull's end): a pause would only add a wake-up
+        transport = getattr(reader, "_transport", None)
+        if transport is None or not transport.is_reading():  # closing, or paused by the reader itself
+            return
         transport.pause_reading()
         self.pauses += 1
-        self._resume = self._loop.call_at(next_tick(self._loop.time(), self.interval), self._resume_reading,
-                                          transport, reader)
+        self._resume = self._loop.call_at(next_tick(now, self.interval), self._resume_reading, transport, reader)
 
     def _resume_reading(self, transport: Any, reader: Any) -> None:
         self._resume = None

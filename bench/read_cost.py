@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,10 @@ import time
 from pathlib import Path
 
 import nats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scale_out import cpu_seconds
 
 from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.topology import single_server
@@ -78,11 +81,6 @@ async def main():
     print(got[0], flush=True)
 asyncio.run(main())
 '''
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one_kind(url: str, kind: str, messages: int, period: float, interval: float) -> tuple[int, float]:

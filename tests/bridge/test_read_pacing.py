@@ -91,11 +91,11 @@ async def test_only_small_reads_that_come_often_pause(url: str) -> None:
         await wait_until(transport.is_reading, 10, "the start-up's pause ended at its tick")
         await asyncio.sleep(RECENT_TICKS * interval + 0.1)  # an idle connection: no read since
         pauses = pacer.pauses
-        pacer.after_read(100, reader)
+        pacer.after_read(100)
         assert transport.is_reading() and pacer.pauses == pauses, "a read on its own paused"
-        pacer.after_read(SMALL_READ_BYTES, reader)
+        pacer.after_read(SMALL_READ_BYTES)
         assert transport.is_reading() and pacer.pauses == pauses, "a large read paused"
-        pacer.after_read(SMALL_READ_BYTES - 1, reader)
+        pacer.after_read(SMALL_READ_BYTES - 1)
         assert not transport.is_reading() and pacer.pauses == pauses + 1
         await wait_until(transport.is_reading, 10, "reading again at the next tick")
     finally:

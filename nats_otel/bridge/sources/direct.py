@@ -162,10 +162,10 @@ class DirectParser(nats_parser.Parser):
             return
         feed = reader.feed_data
         client = self._client
-        pacer = self.pacer = ReadPacer(client.read_interval)
+        pacer = self.pacer = ReadPacer(client.read_interval, reader)
 
         def feed_data(data: bytes) -> None:
-            pacer.after_read(len(data), reader)  # a small read: the next waits for the next tick
+            pacer.after_read(len(data))  # a small read: the next waits for the next tick
             # Only when nothing of an earlier read waits for nats-py (its task parked in
             # `read`, its parser between frames, its reader's buffer empty): then this read
             # is the next in order. Else nats-py's path.

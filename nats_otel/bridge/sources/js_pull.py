@@ -61,7 +61,8 @@ class Puller:
         self._sub: Any = None
         # How long after a request's expiry its end (408) is still awaited: the way back, and
         # the connection's read interval (`read_pacing`: a small read waits for the next tick).
-        # Awaited less, the end of an expired request came during the next round and ended it.
+        # Awaited less, a round stops waiting before its own end is read, and that end is read
+        # during the next round, where it may end that round early.
         self._expiry_margin = 0.05 + getattr(nc, "read_interval", 0.0)
 
     @property

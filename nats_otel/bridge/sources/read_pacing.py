@@ -49,43 +49,43 @@ def next_tick(now: float, interval: float) -> float:
 
 
 class ReadPacer:
-    """Pauses one connection's transport after a small read, until the next tick."""
+    """Pauses one connection's transport after a small read, until the next tick. Made on
+    the connection's event loop, for its asyncio StreamReader `reader`."""
 
-    __slots__ = ("_last_read", "_loop", "_resume", "interval", "pauses", "reads")
+    __slots__ = ("_last_read", "_loop", "_reader", "_resume", "interval", "pauses", "reads")
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, reader: Any) -> None:
         self.interval = interval
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader = reader
+        self._loop = asyncio.get_running_loop()
         self._resume: asyncio.TimerHandle | None = None
         self._last_read = -math.inf  # the loop's time of the previous read
         self.reads = 0  # reads of the connection
         self.pauses = 0  # reads after which the transport paused
 
-    def after_read(self, size: int, reader: Any) -> None:
-        """A read of `size` bytes was handed to `reader` (an asyncio StreamReader): pause its
-        transport until the next tick when the read was small."""
+    def after_read(self, size: int) -> None:
+        """A read of `size` bytes was handed to the reader: pause its transport until the
+        next tick when the read was small and came soon after another."""
         self.reads += 1
         if self.interval <= 0:
             return
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
         now = self._loop.time()
         previous, self._last_read = self._last_read, now
         if size >= SMALL_READ_BYTES or self._resume is not None:
             return
         if now - previous > RECENT_TICKS * self.interval:
             return  # a read on its own (a heartbeat, an idle pull's end): a pause would only add a wake-up
-        transport = getattr(reader, "_transport", None)
+        transport = getattr(self._reader, "_transport", None)
         if transport is None or not transport.is_reading():  # closing, or paused by the reader itself
             return
         transport.pause_reading()
         self.pauses += 1
-        self._resume = self._loop.call_at(next_tick(now, self.interval), self._resume_reading, transport, reader)
+        self._resume = self._loop.call_at(next_tick(now, self.interval), self._resume_reading, transport)
 
-    def _resume_reading(self, transport: Any, reader: Any) -> None:
+    def _resume_reading(self, transport: Any) -> None:
         self._resume = None
         # A transport closing needs no reading; one whose StreamReader's buffer is full is
         # resumed by the reader as its task reads (`StreamReader._maybe_resume_transport`).
-        if transport.is_closing() or getattr(reader, "_paused", False):
+        if transport.is_closing() or getattr(self._reader, "_paused", False):
             return
         transport.resume_reading()

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from nats_otel.bridge.routing import BYE_HEADER, VIEW_HEADER
 from nats_otel.bridge.sources.direct import subscribe_plain
+from nats_otel.bridge.sources.read_pacing import tick_at_or_after
 from nats_otel.core.evidence import (
     EvidenceError,
     HopEvidence,
@@ -182,7 +183,7 @@ class LinkExchange:
         if settings.mode == "jetstream":
             await self.keep(nc, f"NATS_OTEL_LINKS_{settings.jetstream.durable}", settings.link.retention)
         if streams is not None:
-            self._heartbeat = asyncio.create_task(self._beat(streams))
+            self._heartbeat = asyncio.create_task(self._beat(streams, settings.nats.read_interval))
         if self.router is not None:  # trace ownership rides on this connection and its heartbeats
             await self.router.start(nc)
         return True
@@ -204,9 +205,11 @@ class LinkExchange:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
 
-    async def _beat(self, streams: Callable[[], Streams]) -> None:
+    async def _beat(self, streams: Callable[[], Streams], tick_s: float) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.soon_s)
+            # On a read tick (`tick_at_or_after`): one wake-up with the reads the tick resumes.
+            await asyncio.sleep(tick_at_or_after(loop.time() + self.soon_s, tick_s) - loop.time())
             now = time.monotonic()
             if self.router is not None and now - self._ticked >= _TICK_S:
                 self._ticked = now

@@ -29,11 +29,13 @@ from nats_otel.bridge.intake import DELAYED_BATCHES, Intake
 from nats_otel.bridge.js_routing import JetStreamRouter
 from nats_otel.bridge.policy import NakBackoff, settle
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
+from nats_otel.bridge.processor_lane import INLINE_MESSAGES, ProcessorLane, run_on_lane
 from nats_otel.bridge.readiness import BackendReadiness
 from nats_otel.bridge.routing import Router
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSource
 from nats_otel.bridge.sources.nats_core import CoreSource, Delivery
+from nats_otel.bridge.sources.read_pacing import tick_at_or_after
 from nats_otel.bridge.telemetry import HealthServer, Metrics
 from nats_otel.bridge.wholeness import Wholeness, members_known
 from nats_otel.bridge.workers import WorkerDied, WorkerPool
@@ -75,7 +77,7 @@ class Bridge:
         self.processor = Processor(settings, self._exporters)
         self.accounting = BatchAccounting(self.metrics, settings.telemetry, self.backend,
                                           [e.name for e in [*self._exporters, *self._probe_only]])
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nats-otel-convert")
+        self._pool = ProcessorLane(thread_name_prefix="nats-otel-convert")
         self._export_pool = ThreadPoolExecutor(max_workers=settings.batch.exports_in_flight,
                                                thread_name_prefix="nats-otel-export")
         self.intake = Intake(settings.batch.queue_bytes, settings.batch.queue_size)
@@ -299,10 +301,10 @@ class Bridge:
                 self.processor.whole(self.wholeness.streams(),
                                      None if self.exchange is None else self.wholeness.departures(),
                                      () if self.router is None else self.router.take_states())
-            loop = asyncio.get_running_loop()
-            converted = await loop.run_in_executor(self._pool, self.processor.convert, raws, holdable)
-            outcome = await loop.run_in_executor(self._export_pool, self.processor.export, converted,
-                                                 self._deadline())
+            converted = await run_on_lane(self._pool, self.processor.convert, raws, holdable,
+                                          inline=len(raws) <= INLINE_MESSAGES)
+            outcome = await asyncio.get_running_loop().run_in_executor(
+                self._export_pool, self.processor.export, converted, self._deadline())
             self.accounting.account(outcome)
             gc_tuning.after_batch()
             return self._policy(deliveries, outcome)
@@ -407,13 +409,14 @@ class Bridge:
             if self.vouching:
                 received = [(d.source, d.breaks) if d.breaks >= 0 else None for d in deliveries]
                 streams = self.wholeness.streams(collected_ns) if sender is not None else None
-            shared = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self.processor.observe, raws, sender, received, streams)
+            shared = await run_on_lane(self._pool, self.processor.observe, raws, sender, received, streams,
+                                       inline=len(raws) <= INLINE_MESSAGES)
             if shared and self.exchange is not None:
                 await self.exchange.publish(shared)
         else:
             self.workers.observe(raws)
-        return time.monotonic() + self.settings.link.wait
+        # On a read tick: the window closes in a wake-up the reads need anyway.
+        return tick_at_or_after(time.monotonic() + self.settings.link.wait, self.settings.nats.read_interval)
 
     @property
     def _may_vouch(self) -> bool:
@@ -462,7 +465,8 @@ class Bridge:
         none). `on_first`: as the first is taken (core mode: `Wholeness.collecting`)."""
         b = self.settings.batch
         return await self.intake.collect(b.max_messages, lambda: 0 if self._intake_done else b.max_delay,
-                                         _IDLE_POLL_S, on_first or self.wholeness.collecting)
+                                         _IDLE_POLL_S, on_first or self.wholeness.collecting,
+                                         self.settings.nats.read_interval)
 
     # -- the error policy, in one place ------------------------------------------------------
 

@@ -111,8 +111,8 @@ def test_the_bridge_keeps_the_interval_inside_the_link_window() -> None:
                              env={}).nats.read_interval
 
     assert settings() == 0.1
-    assert settings(link={"wait": 0.4}) == pytest.approx((0.4 - 0.2) / 4)
-    assert settings(link={"wait": 0.2}) == 0.0
-    assert settings(nats={"read_interval": 0.2}) == 0.2
-    with pytest.raises(SettingsError, match=r"'nats.read_interval': at most 0.2 s with link.wait 1 s"):
-        settings(nats={"read_interval": 0.3})
+    assert settings(link={"wait": 0.6}) == pytest.approx((0.6 - 2 * 0.2) / 4)
+    assert settings(link={"wait": 0.4}) == 0.0
+    assert settings(nats={"read_interval": 0.15}) == 0.15
+    with pytest.raises(SettingsError, match=r"'nats.read_interval': at most 0.15 s with link.wait 1 s"):
+        settings(nats={"read_interval": 0.2})

@@ -29,7 +29,7 @@ import asyncio
 import math
 from typing import Any
 
-__all__ = ["RECENT_TICKS", "SMALL_READ_BYTES", "ReadPacer", "next_tick"]
+__all__ = ["RECENT_TICKS", "SMALL_READ_BYTES", "ReadPacer", "next_tick", "tick_at_or_after"]
 
 #: A read this size or larger means data is coming fast: read on, no pause. (asyncio reads
 #: up to 256 KiB at a time; 64 KiB in one interval of 0.1 s is ~640 KB/s.)
@@ -46,6 +46,18 @@ def next_tick(now: float, interval: float) -> float:
     """The first multiple of `interval` after `now` (strictly after: a read at a tick waits
     for the next one)."""
     return (math.floor(now / interval) + 1) * interval
+
+
+def tick_at_or_after(when: float, interval: float) -> float:
+    """`when` moved to the first multiple of `interval` at or after it (`interval` 0: `when`).
+
+    A process's timers on the ticks its reads resume at share their wake-ups: a batch's end,
+    its link window's, a heartbeat's, each a wake-up of its own otherwise, and a wake-up costs
+    more than most of what it does at a moderate rate (module docs). asyncio runs the timers
+    due within the millisecond it wakes at, so the same tick computed twice is one wake-up."""
+    if interval <= 0:
+        return when
+    return math.ceil(when / interval) * interval
 
 
 class ReadPacer:

@@ -1,7 +1,9 @@
 """The live loop: source -> Converter -> batch -> export -> ack (DESIGN §2, §6).
 
-The event loop only receives and settles; decoding, mapping and encoding run in one
-conversion thread (so the Converter's link state is touched by one thread only), exporting
+The event loop receives and settles; decoding, mapping and encoding run in one conversion
+thread (`processor_lane.ProcessorLane`: the Converter's link state is touched by one thread
+at a time, in the loop's order; a small batch runs on the loop's thread while the lane is
+idle, saving the trips' wake-ups), exporting
 in `batch.exports_in_flight` export threads (so the next batch is converted while earlier
 ones wait for the backend, and the NATS read path never waits on one), or with `batch.workers` > 1 in that
 many worker processes (`workers.py`: batches sharded by trace id, several batches in flight). The error

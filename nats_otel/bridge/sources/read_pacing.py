@@ -14,9 +14,11 @@ never holds back more than what a low rate brings in one interval, far below wha
 buffers for a client (`max_pending`, 64 MB by default).
 
 What it costs: a message waits at most `interval` more before the bridge reads it, and a
-PONG too (a flush returns up to `interval` later). A hop's two reports at two bridges meet
-at the owner within two intervals and a batch delay, inside the link window (`link.wait`,
-1 s; `NatsSettings.read_interval` is bounded to keep it so).
+PONG too (a flush returns up to `interval` later). The timers of a batch (its end, its link
+window's) and the heartbeats are moved to the ticks too (`tick_at_or_after`). A hop's two
+reports at two bridges meet at the owner within four intervals and two batch delays (two
+reads, two batches), inside the link window (`link.wait`, 1 s;
+`BridgeSettings.read_interval_allowed` bounds the interval to keep it so).
 
 The pause is asyncio's own flow control (`pause_reading`/`resume_reading`, as a
 StreamReader uses it when its buffer is full); a transport the StreamReader paused itself is

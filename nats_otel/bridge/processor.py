@@ -107,7 +107,9 @@ class ConvertedBatch:
 
 
 class Processor:
-    """Runs in the worker thread: archive, convert, export one batch. Never raises for input."""
+    """Archive, convert, export one batch: `observe` and `convert` in the conversion thread
+    (a small batch on the event loop's, while that thread is idle: `processor_lane`),
+    `export` in an export thread. Never raises for input."""
 
     def __init__(self, settings: BridgeSettings, exporters: Sequence[Exporter]) -> None:
         allow = DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in settings.allow_headers}

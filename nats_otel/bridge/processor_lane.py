@@ -15,7 +15,9 @@ So a small piece of work runs on the event loop's thread at once when nothing is
 or running in the lane's thread (`run_on_lane(..., inline=True)`): the processor is still
 touched by one thread at a time and in the loop's order, since only the loop submits and
 the lane is idle. Large batches (a lone bridge under load) still go to the thread, so the
-loop keeps reading while they are converted.
+loop keeps reading while they are converted. A small batch converted inline writes its
+`--archive` lines from the loop's thread too: one unbuffered write of at most
+`INLINE_MESSAGES` lines, as the thread would.
 """
 
 from __future__ import annotations

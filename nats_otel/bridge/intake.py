@@ -22,7 +22,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery, charge
-from nats_otel.bridge.sources.read_pacing import tick_at_or_after
 
 __all__ = ["DELAYED_BATCHES", "MESSAGE_OVERHEAD", "Intake", "charge"]
 
@@ -106,21 +105,21 @@ class Intake:
         return self.get_nowait()
 
     async def collect(self, max_messages: int, delay_s: Callable[[], float], idle_s: float,
-                      on_first: Callable[[], None], tick_s: float = 0.0) -> list[Delivery]:
+                      on_first: Callable[[], None]) -> list[Delivery]:
         """A batch: up to `max_messages` deliveries, taken at most `delay_s()` (read when the
-        first is taken) after the first one, that end moved to the next tick of `tick_s`
-        (`read_pacing.tick_at_or_after`: the batch ends in the wake-up that resumes the reads);
-        none when nothing came within `idle_s`. `on_first` runs as the first is taken
-        (`Wholeness.collecting`)."""
+        first is taken) after the first one; none when nothing came within `idle_s`.
+        `on_first` runs as the first is taken (`Wholeness.collecting`).
+
+        Its end is not moved to a read tick (as the link window's end and the heartbeats are,
+        `read_pacing.tick_at_or_after`): tried, an owner then left a stream of alike messages
+        under one traceparent `ambiguous` (450 of 1,200 hops) in 2 of 12 loaded runs of
+        `test_ownership.py::test_one_traceparent_for_a_stream_of_alike_bursts`, 0 of 16 without."""
         first = await self.get(idle_s)
         if first is None:
             return []
         on_first()
         batch = [first]
-        delay = delay_s()
-        flush_at = time.monotonic() + delay
-        if delay > 0:  # a drain's batches (no delay) end at once
-            flush_at = tick_at_or_after(flush_at, tick_s)
+        flush_at = time.monotonic() + delay_s()
         while True:
             batch += self.take(max_messages - len(batch))
             left = flush_at - time.monotonic()

@@ -467,8 +467,7 @@ class Bridge:
         none). `on_first`: as the first is taken (core mode: `Wholeness.collecting`)."""
         b = self.settings.batch
         return await self.intake.collect(b.max_messages, lambda: 0 if self._intake_done else b.max_delay,
-                                         _IDLE_POLL_S, on_first or self.wholeness.collecting,
-                                         self.settings.nats.read_interval)
+                                         _IDLE_POLL_S, on_first or self.wholeness.collecting)
 
     # -- the error policy, in one place ------------------------------------------------------
 

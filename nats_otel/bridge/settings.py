@@ -110,10 +110,9 @@ class BridgeSettings(_Model):
 
     def read_interval_allowed(self) -> float:
         """The longest `nats.read_interval` this link window allows: a report forwarded to its
-        owner is read twice on the way and waits two batches (at the bridge the queue group
-        chose, then at the owner), each read up to an interval late and each batch's end moved
-        up to an interval to a read tick (`Intake.collect`), all inside `link.wait`:
-        4 intervals + 2 batch delays."""
+        owner is read twice on the way, each read up to an interval late, and waits two
+        batches (at the bridge the queue group chose, then at the owner), all inside
+        `link.wait`; half the slack left by the two batch delays goes to the reads."""
         return max(0.0, (self.link.wait - 2 * self.batch.max_delay) / 4)
 
     @model_validator(mode="after")
@@ -143,7 +142,7 @@ class BridgeSettings(_Model):
             if "read_interval" in self.nats.model_fields_set:
                 raise ValueError(f"nats.read_interval: at most {paced:g} s with link.wait {self.link.wait:g} s and "
                                  f"batch.max_delay {self.batch.max_delay:g} s: a hop's two reports at two bridges "
-                                 "are each read, and each batched, up to one interval late and must still meet "
+                                 "are each read up to one interval late, and batched twice, and must still meet "
                                  "within the link window")
             # The default, lowered to what this link window allows (frozen model: set as pydantic would).
             object.__setattr__(self, "nats", self.nats.model_copy(update={"read_interval": paced}))

@@ -197,8 +197,7 @@ class BatchSettings(_Model):
     """Batching and the bounded intake (core mode)."""
 
     max_messages: int = Field(512, ge=1, description="trace messages per export batch")
-    max_delay: float = Field(0.2, gt=0, description="seconds a message may wait for its batch (its end "
-                             "moved to the next read tick: up to nats.read_interval more)")
+    max_delay: float = Field(0.2, gt=0, description="seconds a message may wait for its batch")
     # Sized for bursts: 60,000 trace messages of ~1 KB (a second of one busy publisher) take
     # ~90 MB here. Bytes, not a count, bound the memory whatever the messages' size.
     queue_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="bytes of received messages waiting "

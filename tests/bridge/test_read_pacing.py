@@ -12,10 +12,8 @@ import time
 import nats
 import pytest
 
-from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.settings import SettingsError, load_settings
 from nats_otel.bridge.sources import direct
-from nats_otel.bridge.sources.delivery import Delivery
 from nats_otel.bridge.sources.read_pacing import RECENT_TICKS, SMALL_READ_BYTES, next_tick, tick_at_or_after
 from tests.bridge.bridge_helpers import wait_until
 
@@ -35,23 +33,6 @@ def test_the_next_tick_is_the_first_multiple_strictly_after_now(now: float, inte
     (0.0, 0.1, 0.0), (0.05, 0.1, 0.1), (0.1, 0.1, 0.1), (12.34, 0.25, 12.5), (7.3, 0.0, 7.3)])
 def test_a_timer_moves_to_the_first_tick_at_or_after_it(when: float, interval: float, expected: float) -> None:
     assert tick_at_or_after(when, interval) == pytest.approx(expected)
-
-
-def test_a_batch_ends_on_a_read_tick_and_a_drains_batch_at_once() -> None:
-    """The intake's batch ends at the first tick after its delay (one wake-up with the reads
-    the tick resumes); with no delay (a drain) it ends at once."""
-    async def ends(delay_s: float, tick_s: float) -> float:
-        intake = Intake(1 << 20)
-        intake.offer(Delivery(None, "s", 100))  # type: ignore[arg-type]
-        await intake.collect(10, lambda: delay_s, 1.0, lambda: None, tick_s)
-        return time.monotonic()
-
-    for _ in range(3):
-        ended = asyncio.run(ends(0.05, 0.1))
-        assert abs(ended - round(ended / 0.1) * 0.1) < 0.03, ended  # on a tick (wake-ups run late by ~1 ms)
-    started = time.monotonic()
-    asyncio.run(ends(0.0, 0.1))
-    assert time.monotonic() - started < 0.05
 
 
 async def trickle(url: str, interval: float, count: int = 40, gap_s: float = 0.01) -> tuple[int, int, int, float]:

@@ -14,11 +14,11 @@ never holds back more than what a low rate brings in one interval, far below wha
 buffers for a client (`max_pending`, 64 MB by default).
 
 What it costs: a message waits at most `interval` more before the bridge reads it, and a
-PONG too (a flush returns up to `interval` later). The timers of a batch (its end, its link
-window's) and the heartbeats are moved to the ticks too (`tick_at_or_after`). A hop's two
-reports at two bridges meet at the owner within four intervals and two batch delays (two
-reads, two batches), inside the link window (`link.wait`, 1 s;
-`BridgeSettings.read_interval_allowed` bounds the interval to keep it so).
+PONG too (a flush returns up to `interval` later). A batch's link window's end and the
+heartbeats are moved to the ticks too (`tick_at_or_after`). A hop's two reports at two
+bridges meet at the owner within two intervals and two batch delays (two reads, two
+batches), inside the link window (`link.wait`, 1 s; `BridgeSettings.read_interval_allowed`
+bounds the interval to keep it so).
 
 The pause is asyncio's own flow control (`pause_reading`/`resume_reading`, as a
 StreamReader uses it when its buffer is full); a transport the StreamReader paused itself is
@@ -53,8 +53,8 @@ def next_tick(now: float, interval: float) -> float:
 def tick_at_or_after(when: float, interval: float) -> float:
     """`when` moved to the first multiple of `interval` at or after it (`interval` 0: `when`).
 
-    A process's timers on the ticks its reads resume at share their wake-ups: a batch's end,
-    its link window's, a heartbeat's, each a wake-up of its own otherwise, and a wake-up costs
+    A process's timers on the ticks its reads resume at share their wake-ups: a batch's link
+    window's end, a heartbeat's, each a wake-up of its own otherwise, and a wake-up costs
     more than most of what it does at a moderate rate (module docs). asyncio runs the timers
     due within the millisecond it wakes at, so the same tick computed twice is one wake-up."""
     if interval <= 0:

@@ -42,14 +42,16 @@ class Intake:
         self.bytes = 0
         self.held = 0
         self._items: deque[Delivery] = deque()
-        # Set exactly while `_items` is not empty (set on the first offer, cleared by the take
-        # that empties it): offers into a non-empty line skip the call.
-        self._nonempty = asyncio.Event()
-        # Set when `_wanted` deliveries wait (`wait_count`): a batch being collected wakes once
-        # when it can fill or its time is up, not at every message that trickles in (from a
-        # queue group's share, or forwarded by the other bridges a few at a time).
-        self._wanted: int | None = None
-        self._filled = asyncio.Event()
+        # The one collector waiting (`_wait`), woken when `_wanted` deliveries wait: a batch
+        # being collected wakes once when it can fill or its time is up, not at every message
+        # that trickles in (from a queue group's share, or forwarded by the other bridges a
+        # few at a time). A bare future and a timer, not `asyncio.wait_for` on an Event:
+        # that made a task per wait and three more callbacks per wake-up, each ~20-100 µs
+        # of the event loop's CPU on the test machine, several times a batch (docs/scale-out.md,
+        # seventh round).
+        self._waiter: asyncio.Future[None] | None = None
+        self._wanted = 1
+        self._stopped = False  # `stop_waiting`: no wait for a first delivery any more
 
     def offer(self, delivery: Delivery) -> bool:
         """Queue `delivery`; False (nothing queued) when it does not fit."""
@@ -58,23 +60,18 @@ class Intake:
         if self.bytes + size > self.max_bytes or (
                 self.max_messages is not None and len(items) >= self.max_messages):
             return False
-        if not items:
-            self._nonempty.set()
         items.append(delivery)
         self.bytes += size
         self.held += 1
-        if self._wanted is not None and len(items) >= self._wanted:
-            self._filled.set()
+        if self._waiter is not None and len(items) >= self._wanted:
+            _wake(self._waiter)
         return True
 
     def get_nowait(self) -> Delivery | None:
         """The oldest delivery, or None when empty. It stays charged until `release`d."""
         if not self._items:
             return None
-        delivery = self._items.popleft()
-        if not self._items:
-            self._nonempty.clear()
-        return delivery
+        return self._items.popleft()
 
     def take(self, limit: int) -> list[Delivery]:
         """Up to `limit` of the oldest deliveries, at once (a batch is collected with one call,
@@ -86,8 +83,6 @@ class Intake:
         else:
             popleft = items.popleft
             taken = [popleft() for _ in range(limit)]
-        if not items:
-            self._nonempty.clear()
         return taken
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
@@ -95,19 +90,25 @@ class Intake:
         self.bytes -= sum([delivery.size for delivery in deliveries])
         self.held -= len(deliveries)
 
-    async def get(self, timeout: float) -> Delivery | None:
-        """The oldest delivery, waiting at most `timeout` seconds for one (then None)."""
-        if not self._items:
-            try:
-                await asyncio.wait_for(self._nonempty.wait(), timeout)
-            except TimeoutError:
-                return None
+    async def get(self, timeout: float | None) -> Delivery | None:
+        """The oldest delivery, waiting at most `timeout` seconds for one (None: until one
+        comes or `stop_waiting`); None when none came."""
+        if not self._items and not self._stopped:
+            await self._wait(1, timeout)
         return self.get_nowait()
 
-    async def collect(self, max_messages: int, delay_s: Callable[[], float], idle_s: float,
+    def stop_waiting(self) -> None:
+        """The drain: a collector waiting for a first delivery returns empty-handed, and none
+        waits for one again (what is offered still queues, and is collected)."""
+        self._stopped = True
+        if self._waiter is not None:
+            _wake(self._waiter)
+
+    async def collect(self, max_messages: int, delay_s: Callable[[], float], idle_s: float | None,
                       on_first: Callable[[], None]) -> list[Delivery]:
         """A batch: up to `max_messages` deliveries, taken at most `delay_s()` (read when the
-        first is taken) after the first one; none when nothing came within `idle_s`.
+        first is taken) after the first one; none when nothing came within `idle_s` (None:
+        until something comes, or `stop_waiting`).
         `on_first` runs as the first is taken (`Wholeness.collecting`).
 
         Its end is not moved to a read tick (as the link window's end and the heartbeats are,
@@ -129,16 +130,23 @@ class Intake:
 
     async def wait_count(self, count: int, timeout: float) -> None:
         """Wait until `count` deliveries wait, or `timeout` seconds passed (whichever first)."""
-        if len(self._items) >= count:
-            return
+        if len(self._items) < count:
+            await self._wait(count, timeout)
+
+    async def _wait(self, count: int, timeout: float | None) -> None:
+        """Until `count` deliveries wait, `timeout` seconds pass (None: no limit) or
+        `stop_waiting`. One collector at a time (the batcher)."""
+        assert self._waiter is None, "one collector at a time"
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
         self._wanted = count
-        self._filled.clear()
+        timer = None if timeout is None else loop.call_later(max(0.0, timeout), _wake, waiter)
         try:
-            await asyncio.wait_for(self._filled.wait(), timeout)
-        except TimeoutError:
-            pass
+            await waiter
         finally:
-            self._wanted = None
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     def qsize(self) -> int:
         """Deliveries waiting to be taken (not those taken and not yet released)."""
@@ -146,3 +154,8 @@ class Intake:
 
     def empty(self) -> bool:
         return not self._items
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -49,7 +49,6 @@ __all__ = ["Bridge"]
 
 log = logging.getLogger("nats_otel.bridge")
 
-_IDLE_POLL_S = 0.25  # how often an idle loop looks at the stop flag
 _GIVE_UP_CHECK_S = 0.25
 # After the drain deadline, for the batch in flight to be counted exported or failed, not lost.
 _DRAIN_GRACE_S = 2.0
@@ -265,6 +264,7 @@ class Bridge:
             if isinstance(source, CoreSource):
                 await source.stop_intake()
         self._intake_done = True
+        self.intake.stop_waiting()  # the batcher, waiting for a first delivery, stops waiting
         remaining = max(0.1, self._drain_deadline - time.monotonic())
         done, pending = await asyncio.wait(workers, timeout=remaining + _DRAIN_GRACE_S)
         for task in pending:
@@ -464,10 +464,12 @@ class Bridge:
 
     async def _collect(self, on_first: Callable[[], None] | None = None) -> list[Delivery]:
         """Up to `max_messages` deliveries; waits at most `max_delay` after the first (draining:
-        none). `on_first`: as the first is taken (core mode: `Wholeness.collecting`)."""
+        none), and for the first until it comes or the drain begins (`Intake.stop_waiting`: an
+        idle bridge does not poll). `on_first`: as the first is taken (core mode:
+        `Wholeness.collecting`)."""
         b = self.settings.batch
         return await self.intake.collect(b.max_messages, lambda: 0 if self._intake_done else b.max_delay,
-                                         _IDLE_POLL_S, on_first or self.wholeness.collecting)
+                                         None, on_first or self.wholeness.collecting)
 
     # -- the error policy, in one place ------------------------------------------------------
 

@@ -147,3 +147,36 @@ async def test_intake_take_gives_the_oldest_at_once_and_keeps_them_charged() -> 
     assert intake.held == 5
     intake.release(first + rest)
     assert intake.bytes == 0 and intake.held == 0
+
+
+async def test_intake_collect_waits_without_polling_until_the_drain_stops_it() -> None:
+    intake = Intake(max_bytes=1 << 20)
+    firsts: list[str] = []
+    collecting = asyncio.create_task(intake.collect(10, lambda: 5.0, None, lambda: firsts.append("first")))
+    await asyncio.sleep(0.05)
+    assert not collecting.done() and firsts == []  # no first delivery, no time limit: still waiting
+    intake.stop_waiting()  # the drain begins
+    assert await asyncio.wait_for(collecting, 1.0) == [] and firsts == []
+    assert await asyncio.wait_for(intake.get(None), 1.0) is None  # it never waits for a first again
+    assert intake.offer(_delivery(7))  # what still arrives is queued, and collected
+    batch = await asyncio.wait_for(intake.collect(10, lambda: 0.0, None, lambda: None), 1.0)
+    assert [len(d.raw.payload) for d in batch] == [7]
+
+
+async def test_intake_batch_wakes_when_it_can_fill_not_at_each_delivery() -> None:
+    intake = Intake(max_bytes=1 << 20)
+    intake.offer(_delivery(0))
+    collecting = asyncio.create_task(intake.collect(3, lambda: 30.0, None, lambda: None))
+    await asyncio.sleep(0.01)
+    intake.offer(_delivery(1))
+    await asyncio.sleep(0.01)
+    assert not collecting.done()  # two of three, its time not up: it waits on
+    intake.offer(_delivery(2))  # the third fills it: at once, not 30 s later
+    batch = await asyncio.wait_for(collecting, 1.0)
+    assert [len(d.raw.payload) for d in batch] == [0, 1, 2]
+    # A wait whose time ran out leaves no waiter behind: the next one waits and wakes alike.
+    await intake.wait_count(1, 0.01)
+    waiting = asyncio.create_task(intake.wait_count(1, 30.0))
+    await asyncio.sleep(0.01)
+    intake.offer(_delivery(3))
+    await asyncio.wait_for(waiting, 1.0)

@@ -7,6 +7,10 @@ called), its CPU milliseconds, calls and microseconds a call, with the thread's 
 
 Two thread-CPU readings a callback (~1 µs): for comparing runs, not for figures. The loop's
 own work between callbacks (the selector's wait, timers) is the total less the callbacks.
+
+A window of the run: SIGUSR1 starts the counts anew, SIGUSR2 writes them so far to
+`<dir>/<pid>.window.txt` (bench/scale_out.py sends both around the traffic, so that the
+figures are the traffic's alone, without the start, the idle spell and the drain).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio.events
 import atexit
 import os
 import runpy
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -45,13 +50,25 @@ def _timed_run(self: Any) -> None:
         entry[1] += time.thread_time_ns() - started
 
 
-def _write(started_ns: int) -> None:
+def _write(started_ns: int, suffix: str = "") -> None:
     directory = Path(os.environ.get("LOOP_CALLBACKS_DIR", "."))
     directory.mkdir(parents=True, exist_ok=True)
     lines = [f"main thread total {(time.thread_time_ns() - started_ns) / 1e6:.1f} ms"]
     for name, (calls, ns) in sorted(_stats.items(), key=lambda item: -item[1][1]):
         lines.append(f"{ns / 1e6:9.1f} ms {calls:7d} {ns / max(calls, 1) / 1e3:8.1f} us  {name}")
-    (directory / f"{os.getpid()}.txt").write_text("\n".join(lines) + "\n")
+    (directory / f"{os.getpid()}{suffix}.txt").write_text("\n".join(lines) + "\n")
+
+
+_window_started = [0]
+
+
+def _start_window(*_: Any) -> None:
+    _stats.clear()
+    _window_started[0] = time.thread_time_ns()
+
+
+def _write_window(*_: Any) -> None:
+    _write(_window_started[0], ".window")
 
 
 def main() -> None:
@@ -59,6 +76,8 @@ def main() -> None:
         raise SystemExit("usage: loop_callbacks.py -m MODULE [ARGS...]")
     asyncio.events.Handle._run = _timed_run  # type: ignore[method-assign]
     atexit.register(_write, time.thread_time_ns())
+    signal.signal(signal.SIGUSR1, _start_window)
+    signal.signal(signal.SIGUSR2, _write_window)
     sys.argv = sys.argv[2:]
     runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 

@@ -143,6 +143,13 @@ async def create_stream(topo: RunningTopology, subjects: list[str]) -> None:
         await nc.close()
 
 
+def _signal_wrapped(bridges: list[Bridge], signum: int) -> None:
+    """Signal bridges run under bench/loop_callbacks.py (`BRIDGE_WRAP`); no others."""
+    if "loop_callbacks" in os.environ.get("BRIDGE_WRAP", ""):
+        for bridge in bridges:
+            bridge.proc.send_signal(signum)
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds by thread name (threads of one name summed): where a bridge's CPU goes."""
     out: dict[str, float] = {}
@@ -221,6 +228,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         await asyncio.sleep(args.idle_s)
         idle_after = [cpu_seconds(b.proc.pid) for b in bridges]
         run.idle_cpu_per_20s = (sum(idle_after) - sum(idle_before)) * 20.0 / args.idle_s
+        _signal_wrapped(bridges, signal.SIGUSR1)  # bench/loop_callbacks.py: the counts start anew
         before = [cpu_seconds(b.proc.pid) for b in bridges]
         threads_before = thread_cpu(bridges[0].proc.pid)
         spy = None
@@ -240,6 +248,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
                              f"for {run.trace_messages} trace messages")
         after = [cpu_seconds(b.proc.pid) for b in bridges]
         threads_after = thread_cpu(bridges[0].proc.pid)
+        _signal_wrapped(bridges, signal.SIGUSR2)  # ... and are written: the traffic's alone
         run.facts.append("bridge 0's CPU by thread: " + ", ".join(
             f"{name} {threads_after[name] - threads_before.get(name, 0.0):.2f} s" for name in sorted(threads_after)))
         if spy is not None:

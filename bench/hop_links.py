@@ -128,7 +128,7 @@ class Bridge:
     """`nats-otel bridge` as its own process on one server, writing OTLP/JSON lines."""
 
     def __init__(self, workdir: Path, server: str, url: str, subjects: list[str], queue: str | None,
-                 workers: int = 1, extra: Sequence[str] = ()) -> None:
+                 workers: int = 1, extra: Sequence[str] = (), otlp_endpoint: str | None = None) -> None:
         self.server = server
         self.output = workdir / f"spans-{server}.otlp.jsonl"
         self.port = free_ports(1)[0]
@@ -141,8 +141,10 @@ class Bridge:
         # bench/loop_callbacks.py (its event loop's CPU by callback).
         if os.environ.get("BRIDGE_WRAP"):
             wrap = [os.environ["BRIDGE_WRAP"]]
+        # `otlp_endpoint`: OTLP/gRPC to that receiver instead of OTLP/JSON lines to `output`.
+        exporting = ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else ["--output", str(self.output)]
         argv = [sys.executable, *wrap, "-m", "nats_otel.cli", "bridge", "--nats-url", url, "--user", USER,
-                "--password", PASSWORD, "--output", str(self.output), "--metrics-port", str(self.port),
+                "--password", PASSWORD, *exporting, "--metrics-port", str(self.port),
                 "--log-level", "WARNING", "--log-format", "text"]
         for subject in subjects:
             argv += ["--subject", subject]

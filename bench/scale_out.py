@@ -6,7 +6,11 @@ account A traced to `trace.a`, a subscriber on every server; one publisher on ea
 `--messages` messages of 200 bytes at `--rate` msgs/s in bursts of `--burst` back to back
 (by default each with its own traceparent: three trace messages and two hops a message).
 Bridge i connects to server i mod 3 (east-1, east-2, leaf-1), all in one queue group
-(`--queue nats-otel`, the evidence exchange on by default), and writes OTLP/JSON lines.
+(`--queue nats-otel`, the evidence exchange on by default), and writes OTLP/JSON lines
+(`--otlp`: exports OTLP/gRPC to one real receiver in this process instead, as users run it;
+the file exporter maps into span records in Python and renders JSON, several times the
+per-message work of the compiled path straight to protobuf, so the efficiency reads higher
+with files than with OTLP).
 
 Per N it prints: the trace messages archived by an independent subscriber, each bridge's
 CPU seconds (user + system, children included, from /proc) from just before the traffic to
@@ -86,9 +90,11 @@ from nats_otel.devkit.hop_truth import (
     WRONG,
     compute_truth,
     read_otlp_json_lines,
+    read_otlp_spans,
     score,
 )
 from nats_otel.devkit.processes import RunningTopology, start_topology
+from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.topology import (
     DEFAULT_ACCOUNTS,
     LEAF_ACCOUNTS,
@@ -203,6 +209,9 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
                              batch_gap_ms=1000.0 * args.burst / args.rate, burst=args.burst, payload_size=200,
                              seed=args.seed, numbered=not args.unnumbered)
     subjects = [TRACE_SUBJECT] + ([options.adhoc_dest] if args.mode.startswith("adhoc") else [])
+    # `--otlp`: every bridge exports OTLP/gRPC to one real receiver in this process (its CPU
+    # is not theirs), the exporter users run; else OTLP/JSON lines, one file each.
+    receiver = OTLPGrpcReceiver(max_workers=8).start() if args.otlp else None
     run = Run(n)
     jetstream = getattr(args, "jetstream", False)
     topo = start_topology(scale_topology(args.deny_exchange, jetstream), workdir / "nats")
@@ -219,7 +228,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         for i in range(n):
             server = servers[i % len(servers)]
             bridges.append(Bridge(workdir, f"{server}-b{i}", topo.client_url(server, USER), subjects,
-                                  queue, 1, extra))
+                                  queue, 1, extra, receiver.endpoint if receiver else None))
         for bridge in bridges:
             bridge.wait_ready()
         probes.update(await probe_interest(topo, {*servers, ARCHIVER}))
@@ -243,9 +252,11 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
             run.notes.append(f"subscribers missed messages: {report.received}")
         run.trace_messages = await archived(archiver, report.published * len(topo.names), run.notes)
         # The last span: poll the outputs (the CPU of the polling is this process's, not theirs).
-        if not await _wait_until(lambda: server_spans(bridges) >= run.trace_messages, 60, 0.2):
-            run.notes.append(f"the bridges wrote {server_spans(bridges)} server spans "
-                             f"for {run.trace_messages} trace messages")
+        def written() -> int:
+            return server_spans(bridges) if receiver is None else len(received_server_spans(receiver))
+
+        if not await _wait_until(lambda: written() >= run.trace_messages, 60, 0.2):
+            run.notes.append(f"the bridges wrote {written()} server spans for {run.trace_messages} trace messages")
         after = [cpu_seconds(b.proc.pid) for b in bridges]
         threads_after = thread_cpu(bridges[0].proc.pid)
         _signal_wrapped(bridges, signal.SIGUSR2)  # ... and are written: the traffic's alone
@@ -264,18 +275,29 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
                              if k.startswith('nats_otel_link_evidence_total{result="published"'))
     finally:
         codes = await stop_all(bridges, probes, archiver, topo)
+        if receiver is not None:
+            receiver.stop()
     if any(code != 0 for code in codes):
         run.notes.append(f"bridge exit codes {codes}")
     truth = compute_truth(read_raws(archiver.path))
-    outputs = [line for b in bridges if b.output.exists() for line in b.output.read_bytes().splitlines()]
-    result = score(truth, read_otlp_json_lines(outputs))
-    written = [span_id for b in bridges for span_id, _ in output_spans(b.output)]
-    run.spans_written, run.distinct_spans = len(written), len(set(written))
+    if receiver is None:
+        outputs = [line for b in bridges if b.output.exists() for line in b.output.read_bytes().splitlines()]
+        result = score(truth, read_otlp_json_lines(outputs))
+        span_ids = [span_id for b in bridges for span_id, _ in output_spans(b.output)]
+    else:
+        result = score(truth, read_otlp_spans(receiver.spans()))
+        span_ids = [bytes(span.span_id) for span in received_server_spans(receiver)]
+    run.spans_written, run.distinct_spans = len(span_ids), len(set(span_ids))
     run.hops = result.hops
     run.counts = {k: result.counts[k] for k in (RIGHT, WRONG, UNMATCHED, AMBIGUOUS, MISSING)}
     if result.conflicting_duplicates:
         run.notes.append(f"{result.conflicting_duplicates} span ids output twice with different parents")
     return run
+
+
+def received_server_spans(receiver: OTLPGrpcReceiver) -> list[Any]:
+    """The server (CONSUMER) spans `receiver` got so far, a span sent twice twice."""
+    return [span for _, span in receiver.spans() if span.kind == 5]
 
 
 def output_spans(path: Path) -> list[tuple[bytes, bytes]]:
@@ -338,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.call([sys.executable, str(churn), *(arg for arg in argv if arg != "--churn")])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     traffic_arguments(parser)
+    parser.add_argument("--otlp", action="store_true", help="the bridges export OTLP/gRPC to one real receiver "
+                        "in this process (the exporter users run) instead of writing OTLP/JSON lines")
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle measured this long before the traffic")
     parser.add_argument("--profile", action="store_true", help="py-spy (on PATH) records bridge 0 over the traffic")
     parser.add_argument("--jetstream", action="store_true", help=f"JetStream mode: the bridges share the durable "

@@ -64,6 +64,7 @@ __all__ = [
     "TruthSettings",
     "compute_truth",
     "read_otlp_json_lines",
+    "read_otlp_spans",
     "score",
     "spans_from_records",
 ]
@@ -416,6 +417,17 @@ def read_otlp_json_lines(lines: Iterable[bytes | str]) -> Iterator[SpanView]:
                             link = attribute.get("value", {}).get("stringValue", "")
                     yield SpanView(bytes.fromhex(span["spanId"]), bytes.fromhex(span.get("parentSpanId", "")),
                                    SpanKind.CONSUMER, link)
+
+
+def read_otlp_spans(spans: Iterable[tuple[Any, Any]]) -> Iterator[SpanView]:
+    """The server spans (CONSUMER) of OTLP protobuf spans as a receiver recorded them
+    (`receivers.OTLPGrpcReceiver.spans()`: (resource, span) pairs)."""
+    for _resource, span in spans:
+        if span.kind != SpanKind.CONSUMER:
+            continue
+        link = next((attribute.value.string_value for attribute in span.attributes
+                     if attribute.key == _LINK_ATTRIBUTE), "")
+        yield SpanView(bytes(span.span_id), bytes(span.parent_span_id), SpanKind.CONSUMER, link)
 
 
 def spans_from_records(records: Iterable[SpanRecord]) -> Iterator[SpanView]:

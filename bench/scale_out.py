@@ -211,7 +211,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
     subjects = [TRACE_SUBJECT] + ([options.adhoc_dest] if args.mode.startswith("adhoc") else [])
     # `--otlp`: every bridge exports OTLP/gRPC to one real receiver in this process (its CPU
     # is not theirs), the exporter users run; else OTLP/JSON lines, one file each.
-    receiver = OTLPGrpcReceiver(max_workers=8).start() if args.otlp else None
+    receiver = OTLPGrpcReceiver(max_workers=8).start() if getattr(args, "otlp", False) else None
     run = Run(n)
     jetstream = getattr(args, "jetstream", False)
     topo = start_topology(scale_topology(args.deny_exchange, jetstream), workdir / "nats")

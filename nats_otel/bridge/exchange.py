@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nats_otel.bridge.beat_timing import Alarm, next_beat_at
+from nats_otel.bridge.kept_evidence import ensure_stream, replay_stream
 from nats_otel.bridge.routing import BYE_HEADER, VIEW_HEADER
 from nats_otel.bridge.sources.direct import subscribe_plain
 from nats_otel.bridge.sources.read_pacing import tick_at_or_after
@@ -240,24 +241,9 @@ class LinkExchange:
         kept subject if an earlier release made it), and its last `retention_s` replayed into
         the link window (`replay`). Returns the batches replayed; a stream that cannot be used
         is logged (links then rest on the live exchange alone)."""
-        from nats.js.api import StorageType, StreamConfig
-        from nats.js.errors import NotFoundError
-
-        js = nc.jetstream()
         try:
-            subjects = [self.subject] + ([self.kept_subject] if self.kept_subject else [])
-            try:
-                info = await js.stream_info(stream)
-                if not set(subjects) <= set(info.config.subjects or ()):  # kept by an earlier release
-                    config = info.config
-                    config.subjects = sorted({*(config.subjects or ()), *subjects})
-                    await js.update_stream(config)
-                    log.info("link evidence stream updated", extra={"fields": {"stream": stream,
-                                                                               "subjects": config.subjects}})
-            except NotFoundError:
-                await js.add_stream(StreamConfig(name=stream, subjects=subjects, storage=StorageType.FILE,
-                                                 max_age=retention_s))
-                log.info("link evidence stream created", extra={"fields": {"stream": stream}})
+            await ensure_stream(nc, stream, [self.subject] + ([self.kept_subject] if self.kept_subject else []),
+                                retention_s)
         except Exception as exc:  # noqa: BLE001 - the bridge runs on without what was kept
             self._count("unkept", f"stream {stream}: {type(exc).__name__}: {exc}; a restarted bridge starts "
                         "without it")
@@ -306,46 +292,15 @@ class LinkExchange:
         """The kept stream's last `link.retention` of evidence into the link window, each
         batch recorded before the next (never dropped); the batches replayed. What is replayed
         says nothing of who is a member now: the router does not hear it."""
-        import datetime
-
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
         if self._kept_in is None or self._nc is None:
             return 0
         stream, retention_s = self._kept_in
-        since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=retention_s)
-        try:
-            consumer = await self._nc.jetstream().pull_subscribe(
-                self.kept_subject or self.subject, stream=stream,
-                config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since,
-                                      ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True))
-        except Exception as exc:  # noqa: BLE001 - the bridge runs on without what was kept
+
+        def failed(exc: BaseException) -> None:
             self._count("unkept", f"replaying stream {stream}: {type(exc).__name__}: {exc}")
-            return 0
-        replayed = 0
-        try:
-            while True:
-                try:
-                    msgs = await consumer.fetch(256, timeout=1.0)
-                except TimeoutError:  # nats-py's, or asyncio's from inside its fetch
-                    break  # nothing (more) to replay
-                except Exception as exc:  # noqa: BLE001 - the bridge runs on with what it has
-                    self._count("unkept", f"replaying stream {stream}: {type(exc).__name__}: {exc}")
-                    break
-                for msg in msgs:
-                    recording = self._accept(msg, live=False)
-                    if recording is not None:
-                        await recording  # one batch at a time, never dropped
-                    replayed += 1
-                if msgs and msgs[-1].metadata.num_pending == 0:
-                    break
-        finally:
-            try:
-                await consumer.unsubscribe()
-            except Exception:  # noqa: BLE001 - an ephemeral consumer goes by itself
-                pass
-        log.info("link evidence replayed", extra={"fields": {"stream": stream, "batches": replayed}})
-        return replayed
+
+        return await replay_stream(self._nc, stream, self.kept_subject or self.subject, retention_s,
+                                   functools.partial(self._accept, live=False), failed)
 
     def note_data(self) -> None:
         """This bridge observed data (with trace ownership it publishes no evidence): say how

@@ -45,7 +45,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nats_otel.bridge.beat_timing import Alarm, next_beat_at
 from nats_otel.bridge.kept_evidence import ensure_stream, replay_stream
 from nats_otel.bridge.routing import BYE_HEADER, VIEW_HEADER
 from nats_otel.bridge.sources.direct import subscribe_plain
@@ -154,7 +153,6 @@ class LinkExchange:
         # conversion (`Processor.whole`) instead of a trip to its thread for each.
         self.router: Router | None = None
         self._ticked = 0.0
-        self._alarm = Alarm()  # the heartbeat loop's sleep (`beat_timing`)
         # How often it says how long it has been whole after data (`route_with`: less often).
         self.soon_s = _HEARTBEAT_SOON_S
         # JetStream mode with trace ownership (`js_routing`): each trace's evidence stays with
@@ -211,14 +209,8 @@ class LinkExchange:
     async def _beat(self, streams: Callable[[], Streams], tick_s: float) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            # Until something is due (`beat_timing`), on a read tick (`tick_at_or_after`): one
-            # wake-up with the reads the tick resumes.
-            router = self.router
-            due = next_beat_at(last_published=self._last_published, last_data=self._last_data,
-                               heartbeat_s=_HEARTBEAT_S, after_data_s=_AFTER_DATA_S, soon_s=self.soon_s,
-                               ticked=None if router is None else self._ticked, tick_s=_TICK_S,
-                               told_until=None if router is None else router.told_until())
-            await self._alarm.sleep(tick_at_or_after(max(due, loop.time()), tick_s) - loop.time())
+            # On a read tick (`tick_at_or_after`): one wake-up with the reads the tick resumes.
+            await asyncio.sleep(tick_at_or_after(loop.time() + self.soon_s, tick_s) - loop.time())
             now = time.monotonic()
             if self.router is not None and now - self._ticked >= _TICK_S:
                 self._ticked = now
@@ -305,13 +297,7 @@ class LinkExchange:
     def note_data(self) -> None:
         """This bridge observed data (with trace ownership it publishes no evidence): say how
         long it has been whole soon after, as after a data batch."""
-        self._data_came(time.monotonic())
-
-    def _data_came(self, now: float) -> None:
-        """Data at `now`: after a quiet spell, a heartbeat is due soon (wake the loop for it)."""
-        quiet, self._last_data = now - self._last_data > _AFTER_DATA_S, now
-        if quiet:
-            self._alarm.sooner(self._last_published + self.soon_s)
+        self._last_data = time.monotonic()
 
     async def bye(self) -> None:
         """Say goodbye (trace ownership: the peers take this bridge off the ring at once)."""
@@ -353,7 +339,7 @@ class LinkExchange:
         else:
             self._last_published = time.monotonic()
             if data_batch:
-                self._data_came(self._last_published)
+                self._last_data = self._last_published
         headers = {SENDER_HEADER: self.sender, BATCH_HEADER: str(self._published)}
         if self.router is not None:
             headers[VIEW_HEADER] = self.router.view
@@ -388,7 +374,6 @@ class LinkExchange:
             bye = BYE_HEADER in headers
             if self.router.heard(sender, bye):
                 self._last_published = 0.0  # a newcomer: tell it who is here at once
-                self._alarm.sooner(0.0)
             if bye:
                 return None
             if not batch.reports:  # a heartbeat: its state waits for the next batch

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -351,12 +350,6 @@ class Router:
         """Whether every peer got a forward (and with it this bridge's state) since `since`."""
         told = self._told
         return all(told.get(member, 0.0) >= since for member in self.ring.members if member != self.me)
-
-    def told_until(self) -> float:
-        """The earliest of the peers' last forwards from this bridge (`told_all(since)` holds
-        while `since` is at most that); no peer: never false (inf)."""
-        told = self._told
-        return min((told.get(member, 0.0) for member in self.ring.members if member != self.me), default=math.inf)
 
     def _numbered(self, sender: str, current: int) -> int:
         """The forwards of `sender` to this bridge that never arrived, so far."""

@@ -35,9 +35,10 @@ def test_a_timer_moves_to_the_first_tick_at_or_after_it(when: float, interval: f
     assert tick_at_or_after(when, interval) == pytest.approx(expected)
 
 
-async def trickle(url: str, interval: float, count: int = 40, gap_s: float = 0.01) -> tuple[int, int, int, float]:
+async def trickle(url: str, interval: float, count: int = 40, gap_s: float = 0.01
+                  ) -> tuple[int, int, int, float, int]:
     """`count` small messages `gap_s` apart to a DirectClient with `interval`: (reads, pauses,
-    messages got in order, seconds the publishing took)."""
+    messages got in order, seconds the publishing took, reads done at a tick while paused)."""
     client = direct.DirectClient(interval)
     await client.connect(url)
     got: list[bytes] = []
@@ -51,7 +52,7 @@ async def trickle(url: str, interval: float, count: int = 40, gap_s: float = 0.0
         await asyncio.sleep(0.3)  # start-up's reads are over
         pacer = parser.pacer
         assert pacer is not None
-        reads, pauses = pacer.reads, pacer.pauses
+        reads, pauses, tick_reads = pacer.reads, pacer.pauses, pacer.tick_reads
         sent = [f"m{i}".encode() for i in range(count)]
         started = time.monotonic()
         for payload in sent:
@@ -61,7 +62,7 @@ async def trickle(url: str, interval: float, count: int = 40, gap_s: float = 0.0
         took = time.monotonic() - started
         await wait_until(lambda: len(got) == count, 30, "every message")
         assert got == sent
-        return pacer.reads - reads, pacer.pauses - pauses, len(got), took
+        return pacer.reads - reads, pacer.pauses - pauses, len(got), took, pacer.tick_reads - tick_reads
     finally:
         await publisher.close()
         await client.close()
@@ -70,12 +71,15 @@ async def trickle(url: str, interval: float, count: int = 40, gap_s: float = 0.0
 async def test_a_trickle_is_read_once_a_tick_every_message_in_order(url: str) -> None:
     """40 messages 10 ms apart: with an interval of 0.2 s, at most one read per tick of the
     time they took (and the one that started the first pause); without, one read each."""
-    reads, pauses, got, took = await trickle(url, 0.2)
+    reads, pauses, got, took, tick_reads = await trickle(url, 0.2)
     assert got == 40
     assert pauses >= 1
     assert reads <= took / 0.2 + 3, f"{reads} reads in {took:.2f} s: not one per tick"
-    unpaced_reads, unpaced_pauses, _, _ = await trickle(url, 0.0)
-    assert unpaced_pauses == 0
+    # While the trickle lasts, a tick reads what came in the timer's own callback and the
+    # connection stays paused (no resume, no wake-up for the read, no pause again).
+    assert 1 <= tick_reads <= pauses
+    unpaced_reads, unpaced_pauses, _, _, unpaced_tick_reads = await trickle(url, 0.0)
+    assert unpaced_pauses == 0 and unpaced_tick_reads == 0
     assert unpaced_reads > reads  # each message woke the unpaced client, not the paced one
 
 

@@ -156,11 +156,31 @@ class Bridge:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         # BRIDGE_CHECKOUT=DIR: the bridges run that checkout's package (a baseline build, its
         # kernel built in place), the harness this one's: paired A/B runs of the same scenario.
-        env = dict(os.environ)
+        self._env = dict(os.environ)
         if os.environ.get("BRIDGE_CHECKOUT"):
-            env["PYTHONPATH"] = os.environ["BRIDGE_CHECKOUT"]
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=env, cwd=os.environ.get("BRIDGE_CHECKOUT") or None)
+            self._env["PYTHONPATH"] = os.environ["BRIDGE_CHECKOUT"]
+        self._argv = argv
+        self._relaunches = 0
+        self.proc = self._launch()
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self._argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=self._env, cwd=os.environ.get("BRIDGE_CHECKOUT") or None)
+
+    def _relaunched_on_a_new_port(self) -> bool:
+        """The metrics port `free_ports` chose was taken before the bridge bound it (another
+        process's connection or listener got it meanwhile: the tests run in parallel): start
+        it again on another, at most twice. False when that was not why it exited."""
+        if self._relaunches >= 2 or "Address already in use" not in self.log_tail():
+            return False
+        self._relaunches += 1
+        at = self._argv.index("--metrics-port") + 1
+        self.port = free_ports(1)[0]
+        self._argv[at] = str(self.port)
+        self._log.write(f"\n[harness] metrics port taken: relaunched on {self.port}\n".encode())
+        self._log.flush()
+        self.proc = self._launch()
+        return True
 
     def get(self, path: str) -> tuple[int, str]:
         try:
@@ -175,6 +195,8 @@ class Bridge:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._relaunched_on_a_new_port():
+                    continue
                 raise RuntimeError(f"bridge on {self.server} exited: {self.log_tail()}")
             if self.get("/readyz")[0] == 200:
                 return

@@ -94,3 +94,27 @@ def test_sidecars_with_worker_processes_link_as_without(hop_links, tmp_path):
     assert counts["wrong"] == 0 and counts["missing"] == 0, counts
     published = row.metrics["nats_otel_link_evidence_total{result=\"published\"}"]
     assert published > 0, row.metrics
+
+
+def test_a_bridge_whose_metrics_port_was_taken_meanwhile_is_started_again_on_another(hop_links, url, tmp_path,
+                                                                                      monkeypatch):
+    """The harness picks a free port, then the bridge binds it a second later: in between,
+    another process of the parallel tests may take it (it failed a run of the membership
+    test so: "Address already in use"). The harness then starts it again on another port."""
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    real = hop_links.free_ports
+    ports = iter([[busy]])
+    monkeypatch.setattr(hop_links, "free_ports", lambda count: next(ports, None) or real(count))
+    bridge = hop_links.Bridge(tmp_path, "n1", url, ["trace.port"], None)
+    try:
+        bridge.wait_ready()
+        assert bridge.port != busy and bridge.get("/readyz")[0] == 200
+        assert "relaunched on" in bridge.log_tail() and "Address already in use" in bridge.log_tail()
+    finally:
+        assert bridge.stop() == 0
+        taken.close()

@@ -252,8 +252,8 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
             run.notes.append(f"subscribers missed messages: {report.received}")
         run.trace_messages = await archived(archiver, report.published * len(topo.names), run.notes)
         # The last span: poll the outputs (the CPU of the polling is this process's, not theirs).
-        def written() -> int:
-            return server_spans(bridges) if receiver is None else len(received_server_spans(receiver))
+        def written() -> int:  # distinct server spans, as `server_spans` counts the files'
+            return server_spans(bridges) if receiver is None else len(set(received_span_ids(receiver)))
 
         if not await _wait_until(lambda: written() >= run.trace_messages, 60, 0.2):
             run.notes.append(f"the bridges wrote {written()} server spans for {run.trace_messages} trace messages")
@@ -285,8 +285,9 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         result = score(truth, read_otlp_json_lines(outputs))
         span_ids = [span_id for b in bridges for span_id, _ in output_spans(b.output)]
     else:
-        result = score(truth, read_otlp_spans(receiver.spans()))
-        span_ids = [bytes(span.span_id) for span in received_server_spans(receiver)]
+        received = list(read_otlp_spans(receiver.spans()))
+        result = score(truth, received)
+        span_ids = [span.span_id for span in received]
     run.spans_written, run.distinct_spans = len(span_ids), len(set(span_ids))
     run.hops = result.hops
     run.counts = {k: result.counts[k] for k in (RIGHT, WRONG, UNMATCHED, AMBIGUOUS, MISSING)}
@@ -295,9 +296,9 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
     return run
 
 
-def received_server_spans(receiver: OTLPGrpcReceiver) -> list[Any]:
-    """The server (CONSUMER) spans `receiver` got so far, a span sent twice twice."""
-    return [span for _, span in receiver.spans() if span.kind == 5]
+def received_span_ids(receiver: OTLPGrpcReceiver) -> list[bytes]:
+    """The ids of the server (CONSUMER) spans `receiver` got so far, a span sent twice twice."""
+    return [span.span_id for span in read_otlp_spans(receiver.spans())]
 
 
 def output_spans(path: Path) -> list[tuple[bytes, bytes]]:

@@ -141,11 +141,13 @@ class Bridge:
         # bench/loop_callbacks.py (its event loop's CPU by callback).
         if os.environ.get("BRIDGE_WRAP"):
             wrap = [os.environ["BRIDGE_WRAP"]]
+        # BRIDGE_LOG_LEVEL=INFO: the bridges' logs (`bridge-<server>.log` in the run's folder)
+        # say more than their warnings, e.g. when each heard its peers (a failed run's why).
         # `otlp_endpoint`: OTLP/gRPC to that receiver instead of OTLP/JSON lines to `output`.
         exporting = ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else ["--output", str(self.output)]
         argv = [sys.executable, *wrap, "-m", "nats_otel.cli", "bridge", "--nats-url", url, "--user", USER,
                 "--password", PASSWORD, *exporting, "--metrics-port", str(self.port),
-                "--log-level", "WARNING", "--log-format", "text"]
+                "--log-level", os.environ.get("BRIDGE_LOG_LEVEL", "WARNING"), "--log-format", "text"]
         for subject in subjects:
             argv += ["--subject", subject]
         if queue:
@@ -212,6 +214,12 @@ class Bridge:
                 out[name] = float(value)  # type: ignore[assignment]
         return out
 
+    def members(self) -> int | None:
+        """The trace owners this bridge knows (`nats_otel_route_members`), itself included;
+        None without trace ownership (0: worker processes, the exchange off) or an answer."""
+        value = self.metrics().get("nats_otel_route_members")
+        return int(value) if value else None
+
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -241,6 +249,20 @@ def _whole_lines(data: bytes) -> list[bytes]:
 
 def _sum(metrics: list[Counter[str]], prefix: str) -> float:
     return sum(v for m in metrics for k, v in m.items() if k.startswith(prefix))
+
+
+async def wait_members(bridges: Sequence[Bridge], timeout: float = 30.0) -> bool:
+    """Every bridge of a queue group knows all of them as trace owners. A group just started
+    agrees within a second or two (each hears a newcomer's first heartbeat); until then two
+    of them may give one trace two owners, and its hops across them go unlinked, as for any
+    membership change mid-traffic. A deployment's bridges run long before the traffic they
+    trace: so do the runs', traffic once the group agrees, not after a fixed wait that a
+    loaded machine outlasts."""
+    def agreed() -> bool:
+        members = [b.members() for b in bridges]
+        return all(m is None for m in members) or all(m == len(bridges) for m in members)
+
+    return await _wait_until(agreed, timeout, 0.2)
 
 
 async def _wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
@@ -312,12 +334,16 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
                                   getattr(args, "workers", 1)))
         for bridge in bridges:
             bridge.wait_ready()
+        if len(bridges) > 1 and not await wait_members(bridges):
+            notes.append(f"the bridges never agreed on their members: {[b.members() for b in bridges]}")
         probes.update(await probe_interest(topo, {*bridge_servers, ARCHIVER}))
         # Bridges run before the traffic they trace, as deployed: a bridge vouches for its
         # stream from `_INTEREST_MARGIN_NS` after it subscribed, and a stretch of alike
         # messages from its first one needs a hop window (`link.max_hop_latency`) before it
         # (`sequences`); a run started at once has its first cluster left ambiguous.
         await asyncio.sleep(getattr(args, "warm_s", 1.0))
+        if getattr(args, "before_traffic", None) is not None:  # a test's change to the group (a stall)
+            notes += await args.before_traffic(bridges)
         traffic_started = time.monotonic()
         urls = {name: topo.client_url(name, USER) for name in topo.names}
         report = await run_traffic(urls[PUBLISHER], urls, options)

@@ -79,6 +79,7 @@ from hop_links import (
     read_raws,
     server_spans,
     stop_all,
+    wait_members,
 )
 
 from nats_otel.devkit.hop_traffic import MODES, TrafficOptions, run_traffic
@@ -231,6 +232,8 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
                                   queue, 1, extra, receiver.endpoint if receiver else None))
         for bridge in bridges:
             bridge.wait_ready()
+        if n > 1 and not await wait_members(bridges):
+            run.notes.append(f"the bridges never agreed on their members: {[b.members() for b in bridges]}")
         probes.update(await probe_interest(topo, {*servers, ARCHIVER}))
         await asyncio.sleep(args.warm_s)
         idle_before = [cpu_seconds(b.proc.pid) for b in bridges]

@@ -19,6 +19,9 @@ What it rests on, all NATS's own:
   `MEMBER_SILENCE_S`; one that says goodbye (SIGTERM) leaves at once; one whose subject has
   no subscriber (NATS answers a forward with status 503, no responders: its connection is
   gone, a SIGKILL) leaves when that answer comes, and the forward goes to the next owner.
+  One heard again is a member again: at once after a silence (its process, its connection
+  or this bridge stalled), `REJOIN_AFTER_S` after a 503 (it reconnected); never after its
+  goodbye.
 - Ownership: the members' consistent-hash ring (`ownership.Ring`); every bridge computes it
   from what it heard, no election and no consensus. Two bridges may briefly hold different
   views (one heard a join or a leave first): the view's id goes with every heartbeat and
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -59,6 +63,10 @@ MEMBER_SILENCE_S = 3.5
 # After joining the exchange, how long a new bridge listens before it routes: every member
 # answers a newcomer's first heartbeat at once, and all say so every second anyway.
 SETTLE_S = 1.2
+# A member that left for a 503 (its connection gone) is heard again only this long after:
+# a heartbeat it sent before its connection went may still reach a peer after NATS's answer;
+# one sent later is from a new connection (it reconnected) and brings it back.
+REJOIN_AFTER_S = 1.0
 # A forward is kept this long for its 503 (no responders) to come back and re-route it (NATS
 # answers within a round trip): what a bridge holds for it is its last second of forwards.
 _KEEP_FORWARD_S = 1.0
@@ -78,7 +86,9 @@ class Router:
         self._intake, self._metrics = intake, metrics
         self._on_view_change = on_view_change
         self._peers: dict[str, float] = {}  # member -> when last heard (monotonic)
-        self._gone: dict[str, float] = {}  # members that left (bye, 503): their late heartbeats are ignored
+        # Members that left -> (when, heard again after): a goodbye is never taken back (the
+        # bridge drains and exits); a 503 is after `REJOIN_AFTER_S`; silence at once (`heard`).
+        self._gone: dict[str, tuple[float, float]] = {}
         self.ring = Ring([me])
         self._leaving = False
         self._routed = False  # a batch was split: a view change breaks this bridge's streams
@@ -113,6 +123,7 @@ class Router:
             forwards = await nc.subscribe(own, cb=on_msg, pending_msgs_limit=65_536)
         self._subs = [forwards, await subscribe_plain(nc, f"{self._ack_prefix}.>", self._on_answer, 65_536)]
         await nc.flush()
+        self._metrics.route_members.set(len(self.ring))
         self._settled_at = time.monotonic() + SETTLE_S
         log.info("trace ownership on", extra={"fields": {"subject": self.subject_of(self.me)}})
 
@@ -125,17 +136,26 @@ class Router:
     # -- membership --------------------------------------------------------------------
 
     def heard(self, sender: str, bye: bool) -> bool:
-        """A peer's heartbeat (or goodbye); True when it is new (answer it with ours at once)."""
+        """A peer's heartbeat (or goodbye); True when it is new (answer it with ours at once).
+
+        A member that fell silent (a stall of its process or of its connection, or of this
+        bridge's: it ticked before it read what waited) and is heard again is a member again at
+        once, as one that reconnected after a 503 is: left out, it would go on owning its
+        share by its own view while the others forwarded that share elsewhere, every hop
+        across the two unlinked until it restarted."""
         now = time.monotonic()
         if bye:
             self._leave(sender, "said goodbye")
             return False
-        if sender in self._gone:
-            return False
+        gone = self._gone.get(sender)
+        if gone is not None:
+            if now < gone[1]:
+                return False
+            del self._gone[sender]
         new = sender not in self._peers
         self._peers[sender] = now
         if new:
-            self._rebuild(f"{sender} joined")
+            self._rebuild(f"{sender} {'came back' if gone is not None else 'joined'}")
         return new
 
     def tick(self) -> None:
@@ -144,7 +164,7 @@ class Router:
         for sender in [s for s, heard in self._peers.items() if now - heard > MEMBER_SILENCE_S]:
             self._leave(sender, "silent")
         self._expire(now)
-        for sender in [s for s, at in self._gone.items() if now - at > 600.0]:
+        for sender in [s for s, (at, _) in self._gone.items() if now - at > 600.0]:
             del self._gone[sender]
         for owner in [o for o in self._told if o not in self._peers]:
             del self._told[owner]
@@ -157,7 +177,9 @@ class Router:
             del self._kept[subject]
 
     def _leave(self, sender: str, why: str) -> None:
-        self._gone[sender] = time.monotonic()
+        now = time.monotonic()
+        again = {"said goodbye": math.inf, "no responders": now + REJOIN_AFTER_S}.get(why, now)
+        self._gone[sender] = (now, again)
         if self._peers.pop(sender, None) is not None:
             self._rebuild(f"{sender} left ({why})")
 
@@ -170,6 +192,7 @@ class Router:
         members = list(self._peers) if self._leaving else [self.me, *self._peers]
         self.ring = Ring(members)
         self._metrics.route_views.inc()
+        self._metrics.route_members.set(len(members))
         log.info("trace ownership view changed", extra={"fields": {"why": why, "members": len(members),
                                                                    "view": self.ring.view}})
         if self._routed:  # before its first batch nothing was routed by the old view

@@ -106,6 +106,9 @@ class Metrics:
             "received from another bridge, rerouted (the owner was gone), unforwarded (publish failed), malformed "
             "or oversized (a forward dropped whole)", ["result"], registry=r)
         self.route_views = Counter("nats_otel_route_views", "Changes of the members that own the traces", registry=r)
+        self.route_members = Gauge(
+            "nats_otel_route_members", "Members that own the traces as this bridge sees them, itself included "
+            "(every bridge of a queue group should say the same)", registry=r)
         self.link_evidence_reports = Counter(
             "nats_otel_link_evidence_reports", "Reports' hop evidence recorded from other bridges", registry=r)
         self.link_held = Counter(

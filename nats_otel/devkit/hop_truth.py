@@ -449,6 +449,11 @@ class Score:
     wrong_examples: list[tuple[Hop, bytes]] = field(default_factory=list)
     #: Of the wrong ones: how far (in messages along the connection) the chosen egress was.
     wrong_offsets: Counter[int] = field(default_factory=Counter)
+    #: The hops left unmatched or ambiguous, (result, hop): where in the traffic a failed
+    #: run lost its links (its start, a stretch of one connection, its end) says why.
+    unlinked: list[tuple[str, Hop]] = field(default_factory=list)
+    #: The first hop's arrival (ns): the traffic's start, for `describe_unlinked`.
+    first_arrival_ns: int = 0
 
     @property
     def hops(self) -> int:
@@ -457,6 +462,22 @@ class Score:
     @property
     def present(self) -> int:
         return self.hops - self.counts[MISSING]
+
+    def describe_unlinked(self, limit: int = 6) -> str:
+        """Where the unlinked hops were: per result and connection, the messages' positions
+        along it (first and last few) and their arrivals in ms from the traffic's first."""
+        if not self.unlinked:
+            return "none unlinked"
+        groups: dict[tuple[str, str], list[Hop]] = {}
+        for result, hop in self.unlinked:
+            groups.setdefault((result, hop.link.label()), []).append(hop)
+        parts = []
+        for (result, label), hops in sorted(groups.items()):
+            hops.sort(key=lambda hop: hop.index)
+            shown = hops if len(hops) <= limit else hops[:limit // 2] + hops[-(limit // 2):]
+            where = ", ".join(f"#{hop.index} @{(hop.arrival_ts_ns - self.first_arrival_ns) / 1e6:.0f}" for hop in shown)
+            parts.append(f"{len(hops)} {result} on {label}: {where}")
+        return "; ".join(parts)
 
     def fraction(self, result: str) -> float:
         """Of the hops whose span is present: what fraction had this result."""
@@ -483,6 +504,7 @@ def score(truth: Truth, spans: Iterable[SpanView], only: Collection[bytes] | Non
             if owner is not None and seen.parent_span_id == owner.parent_span_id:
                 parents[span.span_id] = span  # keep the worse copy: a wrong or lost link must show
     egress_index = {hop.parent_span_id: hop for hop in truth.hops.values()}
+    result.first_arrival_ns = min((hop.arrival_ts_ns for hop in truth.hops.values()), default=0)
     for ident, hop in truth.hops.items():
         if only is not None and ident not in only:
             continue
@@ -493,6 +515,7 @@ def score(truth: Truth, spans: Iterable[SpanView], only: Collection[bytes] | Non
             result.counts[RIGHT] += 1
         elif output.link in (UNMATCHED, AMBIGUOUS):
             result.counts[output.link] += 1
+            result.unlinked.append((output.link, hop))
         else:
             result.counts[WRONG] += 1
             chosen = egress_index.get(output.parent_span_id)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -35,7 +37,8 @@ def test_sidecars_link_a_traceparent_per_message_as_one_bridge(hop_links, tmp_pa
     row, truth, _ = _run(hop_links, tmp_path)
     assert not truth.problems and not row.notes, (truth.problems, row.notes)
     counts = row.result.counts
-    assert counts["right"] == row.result.hops == 900, counts  # 300 messages, 3 hops each
+    # 300 messages, 3 hops each; where any went unlinked says why (the run's start, a stretch, its end)
+    assert counts["right"] == row.result.hops == 900, (counts, row.result.describe_unlinked())
     # The network view, summed over the bridges, counts each crossing once (as one bridge does):
     # only the bridge that maps a downstream report records its hop.
     crossings = sum(v for k, v in row.metrics.items() if k.startswith("nats_otel_hop_latency_seconds_count"))
@@ -118,3 +121,29 @@ def test_a_bridge_whose_metrics_port_was_taken_meanwhile_is_started_again_on_ano
     finally:
         assert bridge.stop() == 0
         taken.close()
+
+
+def test_a_sidecar_stalled_past_the_silence_is_a_member_again(hop_links, tmp_path):
+    """One of the three stopped (SIGSTOP: a long GC pause, a throttled container, a frozen
+    VM) for longer than the peers' `MEMBER_SILENCE_S`: they take it off the ring, and it, on
+    waking before it reads their heartbeats, may take them off its own. Heard again, each is a
+    member again (before, they ignored one another for ten minutes, each owning by its own
+    view: the hops across them unlinked). Then every hop is linked, as before the stall."""
+    from nats_otel.bridge.routing import MEMBER_SILENCE_S
+
+    async def stall(bridges):
+        stalled, peers = bridges[1], [bridges[0], bridges[2]]
+        os.kill(stalled.proc.pid, signal.SIGSTOP)
+        try:
+            dropped = await hop_links._wait_until(lambda: all(p.members() == 2 for p in peers),
+                                                  MEMBER_SILENCE_S + 10, 0.2)
+        finally:
+            os.kill(stalled.proc.pid, signal.SIGCONT)
+        back = await hop_links.wait_members(bridges, 15)
+        return ([] if dropped else ["the peers never dropped the stalled bridge"]) + (
+            [] if back else [f"not all members again: {[b.members() for b in bridges]}"])
+
+    row, truth, _ = _run(hop_links, tmp_path, before_traffic=stall)
+    assert not truth.problems and not row.notes, (truth.problems, row.notes)
+    counts = row.result.counts
+    assert counts["right"] == row.result.hops == 900, (counts, row.result.describe_unlinked())

@@ -336,14 +336,14 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
             bridge.wait_ready()
         if len(bridges) > 1 and not await wait_members(bridges):
             notes.append(f"the bridges never agreed on their members: {[b.members() for b in bridges]}")
+        if getattr(args, "before_traffic", None) is not None:  # a test's change to the group (a stall)
+            notes += await args.before_traffic(bridges, topo)
         probes.update(await probe_interest(topo, {*bridge_servers, ARCHIVER}))
         # Bridges run before the traffic they trace, as deployed: a bridge vouches for its
         # stream from `_INTEREST_MARGIN_NS` after it subscribed, and a stretch of alike
         # messages from its first one needs a hop window (`link.max_hop_latency`) before it
         # (`sequences`); a run started at once has its first cluster left ambiguous.
         await asyncio.sleep(getattr(args, "warm_s", 1.0))
-        if getattr(args, "before_traffic", None) is not None:  # a test's change to the group (a stall)
-            notes += await args.before_traffic(bridges)
         traffic_started = time.monotonic()
         urls = {name: topo.client_url(name, USER) for name in topo.names}
         report = await run_traffic(urls[PUBLISHER], urls, options)

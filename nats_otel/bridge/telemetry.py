@@ -152,6 +152,8 @@ class Metrics:
             ["source"], registry=r)
         self.connected = Gauge("nats_otel_nats_connected", "1 while the source's connection is up",
                                ["source"], registry=r)
+        self.reconnects = Counter("nats_otel_nats_reconnects", "Times the source's connection came back after "
+                                  "a loss (to the same server or another of its cluster)", ["source"], registry=r)
         # What /readyz says, for alerts (config/prometheus/alerts.yml): read at scrape time
         # (`HealthServer` gives it the bridge's `ready`), 0 until then.
         self.ready = Gauge("nats_otel_ready", "1 while /readyz says ready: every source connected, every "

@@ -131,7 +131,7 @@ def test_a_sidecar_stalled_past_the_silence_is_a_member_again(hop_links, tmp_pat
     view: the hops across them unlinked). Then every hop is linked, as before the stall."""
     from nats_otel.bridge.routing import MEMBER_SILENCE_S
 
-    async def stall(bridges):
+    async def stall(bridges, topo):
         stalled, peers = bridges[1], [bridges[0], bridges[2]]
         os.kill(stalled.proc.pid, signal.SIGSTOP)
         try:
@@ -144,6 +144,34 @@ def test_a_sidecar_stalled_past_the_silence_is_a_member_again(hop_links, tmp_pat
             [] if back else [f"not all members again: {[b.members() for b in bridges]}"])
 
     row, truth, _ = _run(hop_links, tmp_path, before_traffic=stall)
+    assert not truth.problems and not row.notes, (truth.problems, row.notes)
+    counts = row.result.counts
+    assert counts["right"] == row.result.hops == 900, (counts, row.result.describe_unlinked())
+
+
+def test_a_sidecar_whose_server_restarted_links_as_before(hop_links, tmp_path):
+    """The server of one of the three killed (a crash, or a rolling upgrade's restart), then
+    started again: its bridge reconnects to another server of the cluster (nats-py learns
+    them from the servers), its peers hear it again if they had dropped it, and every hop of
+    the traffic after is linked as before."""
+
+    async def restart(bridges, topo):
+        cut = bridges[2]
+        assert cut.server == "east-3"
+
+        def reconnects() -> float:
+            return cut.metrics().get('nats_otel_nats_reconnects_total{source="default"}', 0.0)
+
+        await asyncio.to_thread(topo.kill, "east-3")
+        try:
+            reconnected = await hop_links._wait_until(lambda: reconnects() >= 1, 30, 0.2)
+        finally:
+            await asyncio.to_thread(topo.restart, "east-3")
+        back = await hop_links.wait_members(bridges, 30)
+        return ([] if reconnected else ["the cut-off bridge never reconnected"]) + (
+            [] if back else [f"not all members again: {[b.members() for b in bridges]}"])
+
+    row, truth, _ = _run(hop_links, tmp_path, before_traffic=restart)
     assert not truth.problems and not row.notes, (truth.problems, row.notes)
     counts = row.result.counts
     assert counts["right"] == row.result.hops == 900, (counts, row.result.describe_unlinked())

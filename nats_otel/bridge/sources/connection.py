@@ -86,6 +86,7 @@ class _Callbacks:
         self.link = link
         self.settings = settings
         self.gauge = metrics.connected.labels(link.name)
+        self.reconnects = metrics.reconnects.labels(link.name)
         self.stopping = stopping
         self.on_error = on_error
         self.rng = rng
@@ -149,6 +150,7 @@ class _Callbacks:
         url = self.client.connected_url.geturl() if self.client and self.client.connected_url else None
         self.link.up(url)
         self.gauge.set(1)
+        self.reconnects.inc()
         log.info("NATS reconnected", extra={"fields": {"source": self.link.name, "url": self.link.url}})
 
     async def closed(self) -> None:

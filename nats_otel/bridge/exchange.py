@@ -372,7 +372,10 @@ class LinkExchange:
         batch = self._numbered(batch, headers.get(BATCH_HEADER))
         if self.router is not None and live:
             bye = BYE_HEADER in headers
-            if self.router.heard(sender, bye):
+            # Only a bridge that owns traces says its view; one that does not (ownership off,
+            # worker processes, a build from before it) is no member: a forward there would
+            # only come back 503, and with it heard again the ring would change at each.
+            if (bye or VIEW_HEADER in headers) and self.router.heard(sender, bye):
                 self._last_published = 0.0  # a newcomer: tell it who is here at once
             if bye:
                 return None

@@ -55,3 +55,33 @@ async def test_a_queue_group_bridge_vouches_only_once_it_hears_itself_on_the_exc
         finally:
             assert await stop_bridge(bridge, task) == 0
         assert (_unheard(bridge) == 0) is hears
+
+
+async def test_a_bridge_that_owns_no_traces_is_no_member_of_the_ring(tmp_path: Path) -> None:
+    """Two bridges in queue group `g`, one with trace ownership (the default), one without
+    (`link.ownership` off, as a build from before it): the second's heartbeats carry no view,
+    so the first never takes it for an owner (it would forward it a share, answered 503, and
+    take it back at its next heartbeat: the ring changing every second)."""
+    users = f'      {{ user: bridge, password: "{PASSWORD}", permissions: {ALLOWED} }}'
+    with nats_server(tmp_path, users) as hostport:
+        def settings(name: str, ownership: bool):
+            return load_settings(env={}, overrides={
+                "sources": [{"urls": [f"nats://{hostport}"], "subjects": ["trace.a"], "queue": "g",
+                             "user": "bridge", "password": PASSWORD}],
+                "export_otlp": False, "output": str(tmp_path / f"{name}.otlp.jsonl"),
+                "link": {"ownership": ownership},
+            })
+        owner, owner_task = await start_bridge(settings("owner", True))
+        other, other_task = await start_bridge(settings("other", False))
+        try:
+            assert owner.router is not None and other.router is None
+            # The owner hears the other's heartbeats (it heard its own: the exchange works)...
+            await wait_until(lambda: owner.exchange.heard_itself and other.exchange.heard_itself, 10, "heartbeats")
+            heard = owner.exchange._numbers  # every sender's batches followed, heartbeats too
+            await wait_until(lambda: heard.get(other.exchange.sender, (0,))[0] >= 2, 10, "the other's heartbeats")
+            # ... and keeps owning alone.
+            assert owner.metrics.value("nats_otel_route_members") == 1
+            assert list(owner.router.ring.members) == [owner.exchange.sender]
+        finally:
+            assert await stop_bridge(other, other_task) == 0
+            assert await stop_bridge(owner, owner_task) == 0

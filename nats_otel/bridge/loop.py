@@ -55,6 +55,11 @@ _DRAIN_GRACE_S = 2.0
 EXIT_GAVE_UP = 3
 # A batch waiting out `link.wait`: when it may be mapped, its deliveries, their raw messages.
 _Waiting = tuple[float, list[Delivery], list[RawTraceMessage]]
+# A batch of fewer trace messages than this waits `batch.coalesce` more once ripe, and the
+# small batches that ripened meanwhile join it (`_coalesce`): a batch this small is converted
+# on the event loop's thread (`processor_lane`), where its fixed costs weigh the most.
+COALESCE_BELOW = INLINE_MESSAGES
+_NOTHING = object()
 
 
 class Bridge:
@@ -90,6 +95,7 @@ class Bridge:
         self.health: HealthServer | None = None
         self._stopping: asyncio.Event | None = None
         self._intake_done = False
+        self._carried: object = _NOTHING  # a waiting batch taken for `_coalesce` and left for the next turn
         self._started = False
         self._gave_up: str | None = None
         self._drain_overran = False
@@ -239,7 +245,8 @@ class Bridge:
         if s.mode == "core":
             delayed: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=DELAYED_BATCHES)
             workers = [asyncio.create_task(self._core_intake(delayed))]
-            workers += [asyncio.create_task(self._core_worker(delayed)) for _ in range(self._inflight)]
+            ripening = asyncio.Lock()
+            workers += [asyncio.create_task(self._core_worker(delayed, ripening)) for _ in range(self._inflight)]
         else:
             js_sources = [src for src in self.sources if isinstance(src, JetStreamSource)]
             workers = [asyncio.create_task(jetstream_loop.run(self, src)) for src in js_sources]
@@ -376,17 +383,48 @@ class Bridge:
                 await delayed.put(None)
             return
 
-    async def _core_worker(self, delayed: asyncio.Queue[_Waiting | None]) -> None:
-        while (item := await delayed.get()) is not None:
-            ripe_at, batch, raws = item
-            try:
+    async def _core_worker(self, delayed: asyncio.Queue[_Waiting | None], ripening: asyncio.Lock) -> None:
+        while True:
+            async with ripening:  # one worker at a time takes batches, in order, and ripens them
+                item = await self._next_waiting(delayed)
+                if item is None:
+                    return
+                ripe_at, batch, raws = item
                 if self._past_deadline():  # the drain ran out of time: counted, not exported
                     self._count_drain_lost(len(batch))
+                    self.intake.release(batch)
                     continue
-                await self._until(ripe_at)
+                coalesce = self.settings.batch.coalesce
+                small = coalesce > 0 and len(batch) < COALESCE_BELOW and not self._intake_done  # draining: no more
+                await self._until(ripe_at + (coalesce if small else 0.0))
+                if small:
+                    batch, raws = self._coalesce(delayed, batch, raws)
+            try:
                 await self._process(batch, raws)
             finally:
                 self.intake.release(batch)
+
+    async def _next_waiting(self, delayed: asyncio.Queue[_Waiting | None]) -> _Waiting | None:
+        carried, self._carried = self._carried, _NOTHING
+        return await delayed.get() if carried is _NOTHING else carried  # type: ignore[return-value]
+
+    def _coalesce(self, delayed: asyncio.Queue[_Waiting | None], batch: list[Delivery],
+                  raws: list[RawTraceMessage]) -> tuple[list[Delivery], list[RawTraceMessage]]:
+        """The small batches that ripened while `batch` waited `batch.coalesce` join it, up
+        to `batch.max_messages`: one conversion and one export for them all. Their hops were
+        decided no earlier than at their own link window's end, so never on less evidence."""
+        limit = self.settings.batch.max_messages
+        now = time.monotonic()
+        while len(batch) < limit:
+            try:
+                item = delayed.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            if item is None or item[0] > now or len(batch) + len(item[1]) > limit:
+                self._carried = item  # the next turn's (the end, not ripe yet, or too many)
+                break
+            batch, raws = batch + item[1], raws + item[2]
+        return batch, raws
 
     # -- the link window: observe on arrival, map `link.wait` later ------------------------
 

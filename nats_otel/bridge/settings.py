@@ -137,6 +137,10 @@ class BridgeSettings(_Model):
                                  "that late after a restart, and must still find its evidence")
             # The default, raised to what JetStream mode needs (frozen model: set as pydantic would).
             object.__setattr__(self, "link", self.link.model_copy(update={"retention": needed}))
+        if self.mode == "core" and self.link.retention <= self.link.wait + self.batch.coalesce:
+            raise ValueError(f"link.retention ({self.link.retention:g}) must exceed link.wait plus batch.coalesce "
+                             f"({self.link.wait + self.batch.coalesce:g}): a small batch is mapped that long after "
+                             "it arrived, and its hops' evidence must still be there")
         paced = self.read_interval_allowed()
         if self.nats.read_interval > paced:
             if "read_interval" in self.nats.model_fields_set:

@@ -195,3 +195,15 @@ def test_jetstream_mode_keeps_hop_evidence_as_long_as_a_partner_may_come_back() 
     assert core.link.retention == 30.0  # core mode: nothing is redelivered
     with pytest.raises(SettingsError, match=r"link.retention.*at least 68 s in JetStream mode"):
         load_settings(overrides={**js, "link": {"retention": 60.0}}, env={})
+
+
+def test_small_batches_coalesce_within_the_link_windows_memory() -> None:
+    """`batch.coalesce` (0.8 s; 0 off) maps a small batch that much after its link window
+    closed: the window must remember its hops' evidence that long (`link.retention`)."""
+    source = {"sources": [{"name": "a", "subjects": ["trace.a"]}]}
+    assert load_settings(overrides=source, env={}).batch.coalesce == 0.8
+    assert load_settings(overrides=source, env={"NATS_OTEL_BATCH__COALESCE": "0"}).batch.coalesce == 0.0
+    with pytest.raises(SettingsError, match=r"link.retention \(1.5\) must exceed link.wait plus batch.coalesce"):
+        load_settings(overrides={**source, "link": {"retention": 1.5}}, env={})
+    assert load_settings(overrides={**source, "link": {"retention": 1.5}, "batch": {"coalesce": 0}},
+                         env={}).link.retention == 1.5

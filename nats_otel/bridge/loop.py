@@ -55,9 +55,9 @@ _DRAIN_GRACE_S = 2.0
 EXIT_GAVE_UP = 3
 # A batch waiting out `link.wait`: when it may be mapped, its deliveries, their raw messages.
 _Waiting = tuple[float, list[Delivery], list[RawTraceMessage]]
-# A batch of fewer trace messages than this waits `batch.coalesce` more once ripe, and the
-# small batches that ripened meanwhile join it (`_coalesce`): a batch this small is converted
-# on the event loop's thread (`processor_lane`), where its fixed costs weigh the most.
+# A batch of fewer trace messages than this, once ripe, takes in the batches waiting behind it
+# that ripen within `batch.coalesce` (`_coalesce`): a batch this small is converted on the
+# event loop's thread (`processor_lane`), where its fixed costs weigh the most.
 COALESCE_BELOW = INLINE_MESSAGES
 _NOTHING = object()
 
@@ -395,10 +395,9 @@ class Bridge:
                     self.intake.release(batch)
                     continue
                 coalesce = self.settings.batch.coalesce
-                small = coalesce > 0 and len(batch) < COALESCE_BELOW and not self._intake_done  # draining: no more
-                await self._until(ripe_at + (coalesce if small else 0.0))
-                if small:
-                    batch, raws = self._coalesce(delayed, batch, raws)
+                await self._until(ripe_at)
+                if coalesce > 0 and len(batch) < COALESCE_BELOW and not self._intake_done:  # draining: no more
+                    batch, raws = await self._coalesce(delayed, batch, raws, ripe_at + coalesce)
             try:
                 await self._process(batch, raws)
             finally:
@@ -408,21 +407,23 @@ class Bridge:
         carried, self._carried = self._carried, _NOTHING
         return await delayed.get() if carried is _NOTHING else carried  # type: ignore[return-value]
 
-    def _coalesce(self, delayed: asyncio.Queue[_Waiting | None], batch: list[Delivery],
-                  raws: list[RawTraceMessage]) -> tuple[list[Delivery], list[RawTraceMessage]]:
-        """The small batches that ripened while `batch` waited `batch.coalesce` join it, up
-        to `batch.max_messages`: one conversion and one export for them all. Their hops were
-        decided no earlier than at their own link window's end, so never on less evidence."""
+    async def _coalesce(self, delayed: asyncio.Queue[_Waiting | None], batch: list[Delivery],
+                        raws: list[RawTraceMessage], until: float) -> tuple[list[Delivery], list[RawTraceMessage]]:
+        """The batches already waiting that ripen by `until` join `batch`, each once ripe, up
+        to `batch.max_messages`: one conversion and one export for them all. Only what is
+        waiting is waited for: a burst's last batch, or a lone one, is not held back. Their
+        hops are decided no earlier than at their own link window's end, never on less
+        evidence."""
         limit = self.settings.batch.max_messages
-        now = time.monotonic()
-        while len(batch) < limit:
+        while len(batch) < limit and not self._past_deadline():  # past the drain's: each is counted lost
             try:
                 item = delayed.get_nowait()
             except asyncio.QueueEmpty:
                 break
-            if item is None or item[0] > now or len(batch) + len(item[1]) > limit:
-                self._carried = item  # the next turn's (the end, not ripe yet, or too many)
+            if item is None or item[0] > until or len(batch) + len(item[1]) > limit:
+                self._carried = item  # the next turn's (the end, too late, or too many)
                 break
+            await self._until(item[0])
             batch, raws = batch + item[1], raws + item[2]
         return batch, raws
 

@@ -33,6 +33,7 @@ from nats_otel.bridge.policy import NakBackoff, settle
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
 from nats_otel.bridge.processor_lane import INLINE_MESSAGES, ProcessorLane, run_on_lane
 from nats_otel.bridge.readiness import BackendReadiness
+from nats_otel.bridge.ripening import Ripening, Waiting
 from nats_otel.bridge.routing import Router
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSource
@@ -53,13 +54,6 @@ _GIVE_UP_CHECK_S = 0.25
 # After the drain deadline, for the batch in flight to be counted exported or failed, not lost.
 _DRAIN_GRACE_S = 2.0
 EXIT_GAVE_UP = 3
-# A batch waiting out `link.wait`: when it may be mapped, its deliveries, their raw messages.
-_Waiting = tuple[float, list[Delivery], list[RawTraceMessage]]
-# A batch of fewer trace messages than this, once ripe, takes in the batches waiting behind it
-# that ripen within `batch.coalesce` (`_coalesce`): a batch this small is converted on the
-# event loop's thread (`processor_lane`), where its fixed costs weigh the most.
-COALESCE_BELOW = INLINE_MESSAGES
-_NOTHING = object()
 
 
 class Bridge:
@@ -95,7 +89,6 @@ class Bridge:
         self.health: HealthServer | None = None
         self._stopping: asyncio.Event | None = None
         self._intake_done = False
-        self._carried: object = _NOTHING  # a waiting batch taken for `_coalesce` and left for the next turn
         self._started = False
         self._gave_up: str | None = None
         self._drain_overran = False
@@ -243,10 +236,10 @@ class Bridge:
                                                      "mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
         if s.mode == "core":
-            delayed: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=DELAYED_BATCHES)
+            delayed: asyncio.Queue[Waiting | None] = asyncio.Queue(maxsize=DELAYED_BATCHES)
             workers = [asyncio.create_task(self._core_intake(delayed))]
-            ripening = asyncio.Lock()
-            workers += [asyncio.create_task(self._core_worker(delayed, ripening)) for _ in range(self._inflight)]
+            ripening = Ripening(delayed, s.batch.max_messages, s.batch.coalesce)
+            workers += [asyncio.create_task(self._core_worker(ripening)) for _ in range(self._inflight)]
         else:
             js_sources = [src for src in self.sources if isinstance(src, JetStreamSource)]
             workers = [asyncio.create_task(jetstream_loop.run(self, src)) for src in js_sources]
@@ -351,7 +344,7 @@ class Bridge:
 
     # -- core mode -------------------------------------------------------------------------
 
-    async def _core_intake(self, delayed: asyncio.Queue[_Waiting | None]) -> None:
+    async def _core_intake(self, delayed: asyncio.Queue[Waiting | None]) -> None:
         """Collect batches, keep the trace messages of the traces this bridge owns (the
         others go to their owners), record their hop evidence at once, hand them on to wait."""
         if self.router is not None:
@@ -383,10 +376,10 @@ class Bridge:
                 await delayed.put(None)
             return
 
-    async def _core_worker(self, delayed: asyncio.Queue[_Waiting | None], ripening: asyncio.Lock) -> None:
+    async def _core_worker(self, ripening: Ripening) -> None:
         while True:
-            async with ripening:  # one worker at a time takes batches, in order, and ripens them
-                item = await self._next_waiting(delayed)
+            async with ripening.turn:  # one worker at a time takes batches, in order, and ripens them
+                item = await ripening.take()
                 if item is None:
                     return
                 ripe_at, batch, raws = item
@@ -394,38 +387,13 @@ class Bridge:
                     self._count_drain_lost(len(batch))
                     self.intake.release(batch)
                     continue
-                coalesce = self.settings.batch.coalesce
                 await self._until(ripe_at)
-                if coalesce > 0 and len(batch) < COALESCE_BELOW and not self._intake_done:  # draining: no more
-                    batch, raws = await self._coalesce(delayed, batch, raws, ripe_at + coalesce)
+                if ripening.worth_coalescing(batch) and not self._intake_done:  # draining: no more waits
+                    _, batch, raws = await ripening.coalesce(item, self._until, self._past_deadline)
             try:
                 await self._process(batch, raws)
             finally:
                 self.intake.release(batch)
-
-    async def _next_waiting(self, delayed: asyncio.Queue[_Waiting | None]) -> _Waiting | None:
-        carried, self._carried = self._carried, _NOTHING
-        return await delayed.get() if carried is _NOTHING else carried  # type: ignore[return-value]
-
-    async def _coalesce(self, delayed: asyncio.Queue[_Waiting | None], batch: list[Delivery],
-                        raws: list[RawTraceMessage], until: float) -> tuple[list[Delivery], list[RawTraceMessage]]:
-        """The batches already waiting that ripen by `until` join `batch`, each once ripe, up
-        to `batch.max_messages`: one conversion and one export for them all. Only what is
-        waiting is waited for: a burst's last batch, or a lone one, is not held back. Their
-        hops are decided no earlier than at their own link window's end, never on less
-        evidence."""
-        limit = self.settings.batch.max_messages
-        while len(batch) < limit and not self._past_deadline():  # past the drain's: each is counted lost
-            try:
-                item = delayed.get_nowait()
-            except asyncio.QueueEmpty:
-                break
-            if item is None or item[0] > until or len(batch) + len(item[1]) > limit:
-                self._carried = item  # the next turn's (the end, too late, or too many)
-                break
-            await self._until(item[0])
-            batch, raws = batch + item[1], raws + item[2]
-        return batch, raws
 
     # -- the link window: observe on arrival, map `link.wait` later ------------------------
 

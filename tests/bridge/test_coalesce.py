@@ -1,4 +1,4 @@
-"""Small batches converted and exported together (`batch.coalesce`, bridge/loop.py): a
+"""Small batches converted and exported together (`batch.coalesce`, bridge/ripening.py): a
 trickle of trace messages into one bridge makes a batch every `batch.max_delay`, a few each;
 with coalescing those that ripen within `batch.coalesce` of the first are exported in one
 request. Real nats-server, real OTLP/gRPC receiver; the same trickle with coalescing off is

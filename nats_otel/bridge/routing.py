@@ -63,6 +63,9 @@ MEMBER_SILENCE_S = 3.5
 # After joining the exchange, how long a new bridge listens before it routes: every member
 # answers a newcomer's first heartbeat at once, and all say so every second anyway.
 SETTLE_S = 1.2
+# Ticks come every half second or so (`exchange._TICK_S`); one this much later than the one
+# before means this bridge's loop stalled (`tick`).
+STALL_S = 1.5
 # A member that left for a 503 (its connection gone) is heard again only this long after:
 # a heartbeat it sent before its connection went may still reach a peer after NATS's answer;
 # one sent later is from a new connection (it reconnected) and brings it back.
@@ -95,6 +98,7 @@ class Router:
         self._nc: Any = None
         self._subs: list[Any] = []
         self._settled_at = 0.0
+        self._ticked_at = 0.0  # the last `tick` (monotonic)
         self._sent: dict[str, int] = {}  # owner -> forwards numbered so far
         self._heard: dict[str, tuple[int, int]] = {}  # sender -> (last forward number, forwards missed)
         self._kept: dict[str, tuple[float, str, list[Delivery]]] = {}  # ack subject -> (when, owner, what it carried)
@@ -159,8 +163,18 @@ class Router:
         return new
 
     def tick(self) -> None:
-        """Peers silent for `MEMBER_SILENCE_S` left; kept forwards past their time go."""
+        """Peers silent for `MEMBER_SILENCE_S` left; kept forwards past their time go.
+
+        Silent while this bridge listened: a tick more than `STALL_S` after the one before
+        means its own event loop stalled (a GC pause, a throttled container), what its peers
+        said meanwhile still waits unread, and the stall does not count against them (else it
+        would drop them all on waking, and take them back a read later: two view changes)."""
         now = time.monotonic()
+        stalled = now - self._ticked_at - STALL_S if self._ticked_at else 0.0
+        self._ticked_at = now
+        if stalled > 0:
+            for sender in self._peers:
+                self._peers[sender] += stalled
         for sender in [s for s, heard in self._peers.items() if now - heard > MEMBER_SILENCE_S]:
             self._leave(sender, "silent")
         self._expire(now)

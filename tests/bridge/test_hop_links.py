@@ -142,21 +142,27 @@ def _every_hop_linked_after(hop_links, tmp_path, change) -> None:
 
 def test_a_sidecar_stalled_past_the_silence_is_a_member_again(hop_links, tmp_path):
     """One of the three stopped (SIGSTOP: a long GC pause, a throttled container, a frozen
-    VM) for longer than the peers' `MEMBER_SILENCE_S`: they take it off the ring, and it, on
-    waking before it reads their heartbeats, may take them off its own. Heard again, each is a
-    member again (before, they ignored one another for ten minutes, each owning by its own
-    view: the hops across them unlinked). Then every hop is linked, as before the stall."""
+    VM) for longer than the peers' `MEMBER_SILENCE_S`: they take it off the ring; heard again,
+    it is a member again (before, they ignored it for ten minutes while it owned by its own
+    view: the hops across them unlinked). It, waking, does not count its own stall as its
+    peers' silence: its view never changed. Then every hop is linked, as before the stall."""
     from nats_otel.bridge.routing import MEMBER_SILENCE_S
 
     async def stall(bridges, topo):
         stalled, peers = bridges[1], [bridges[0], bridges[2]]
+
+        def views() -> float:
+            return stalled.metrics()["nats_otel_route_views_total"]
+
+        before = views()
         os.kill(stalled.proc.pid, signal.SIGSTOP)
         try:
             dropped = await hop_links._wait_until(lambda: all(p.members() == 2 for p in peers),
                                                   MEMBER_SILENCE_S + 10, 0.2)
         finally:
             os.kill(stalled.proc.pid, signal.SIGCONT)
-        return dropped, "the peers never dropped the stalled bridge"
+        await hop_links.wait_members(bridges, 30)
+        return dropped and views() == before, f"dropped by its peers {dropped}; its views {before} -> {views()}"
 
     _every_hop_linked_after(hop_links, tmp_path, stall)
 

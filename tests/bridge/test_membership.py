@@ -82,3 +82,16 @@ def test_every_leave_and_return_changes_the_view_once(why, monkeypatch):
     router.heard(PEER, bye=False)
     changes = metrics.registry.get_sample_value("nats_otel_route_views_total") - views
     assert changes == (1 if why == "said goodbye" else 2), changes
+
+
+def test_this_bridges_own_stall_is_not_its_peers_silence():
+    """A tick long after the one before (this bridge's loop stalled: what its peers said waits
+    unread) does not count the stall against them; a peer silent while it listened leaves."""
+    router, metrics = _router()
+    router.tick()
+    router._ticked_at -= MEMBER_SILENCE_S + 2  # the loop stalled that long since the last tick
+    router._peers[PEER] = time.monotonic() - MEMBER_SILENCE_S - 1  # last heard just before it
+    router.tick()
+    assert _members(router, metrics) == [ME, PEER]
+    _fall_silent(router, PEER)  # silent while it listened (ticks on time)
+    assert _members(router, metrics) == [ME]

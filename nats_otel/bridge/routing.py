@@ -19,8 +19,9 @@ What it rests on, all NATS's own:
   `MEMBER_SILENCE_S`; one that says goodbye (SIGTERM) leaves at once; one whose subject has
   no subscriber (NATS answers a forward with status 503, no responders: its connection is
   gone, a SIGKILL) leaves when that answer comes, and the forward goes to the next owner.
-  One heard again is a member again: at once after a silence (its process, its connection
-  or this bridge stalled), `REJOIN_AFTER_S` after a 503 (it reconnected); never after its
+  One heard again is a member again: at once after a silence (its process or its connection
+  stalled; this bridge's own stall is not counted, `tick`), `REJOIN_AFTER_S` after a 503 (it
+  reconnected); never after its
   goodbye.
 - Ownership: the members' consistent-hash ring (`ownership.Ring`); every bridge computes it
   from what it heard, no election and no consensus. Two bridges may briefly hold different
@@ -142,9 +143,8 @@ class Router:
     def heard(self, sender: str, bye: bool) -> bool:
         """A peer's heartbeat (or goodbye); True when it is new (answer it with ours at once).
 
-        A member that fell silent (a stall of its process or of its connection, or of this
-        bridge's: it ticked before it read what waited) and is heard again is a member again at
-        once, as one that reconnected after a 503 is: left out, it would go on owning its
+        A member that fell silent (a stall of its process or of its connection) and is heard
+        again is a member again at once, as one that reconnected after a 503 is: left out, it would go on owning its
         share by its own view while the others forwarded that share elsewhere, every hop
         across the two unlinked until it restarted."""
         now = time.monotonic()

@@ -21,8 +21,7 @@ What it rests on, all NATS's own:
   gone, a SIGKILL) leaves when that answer comes, and the forward goes to the next owner.
   One heard again is a member again: at once after a silence (its process or its connection
   stalled; this bridge's own stall is not counted, `tick`), `REJOIN_AFTER_S` after a 503 (it
-  reconnected); never after its
-  goodbye.
+  reconnected); never after its goodbye.
 - Ownership: the members' consistent-hash ring (`ownership.Ring`); every bridge computes it
   from what it heard, no election and no consensus. Two bridges may briefly hold different
   views (one heard a join or a leave first): the view's id goes with every heartbeat and

@@ -251,8 +251,9 @@ def _sum(metrics: list[Counter[str]], prefix: str) -> float:
     return sum(v for m in metrics for k, v in m.items() if k.startswith(prefix))
 
 
-async def wait_members(bridges: Sequence[Bridge], timeout: float = 30.0) -> bool:
-    """Every bridge of a queue group knows all of them as trace owners. A group just started
+async def wait_members(bridges: Sequence[Bridge], timeout: float = 30.0) -> list[str]:
+    """Until every bridge of a queue group knows all of them as trace owners: [] then, else
+    a note of what each knows. A group just started
     agrees within a second or two (each hears a newcomer's first heartbeat); until then two
     of them may give one trace two owners, and its hops across them go unlinked, as for any
     membership change mid-traffic. A deployment's bridges run long before the traffic they
@@ -262,7 +263,9 @@ async def wait_members(bridges: Sequence[Bridge], timeout: float = 30.0) -> bool
         members = [b.members() for b in bridges]
         return all(m is None for m in members) or all(m == len(bridges) for m in members)
 
-    return await _wait_until(agreed, timeout, 0.2)
+    if await _wait_until(agreed, timeout, 0.2):
+        return []
+    return [f"the bridges never agreed on their members: {[b.members() for b in bridges]}"]
 
 
 async def _wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
@@ -334,8 +337,7 @@ async def live_run(args: argparse.Namespace, workdir: Path) -> tuple[Row, Truth,
                                   getattr(args, "workers", 1)))
         for bridge in bridges:
             bridge.wait_ready()
-        if len(bridges) > 1 and not await wait_members(bridges):
-            notes.append(f"the bridges never agreed on their members: {[b.members() for b in bridges]}")
+        notes += await wait_members(bridges)
         if getattr(args, "before_traffic", None) is not None:  # a test's change to the group (a stall)
             notes += await args.before_traffic(bridges, topo)
         probes.update(await probe_interest(topo, {*bridge_servers, ARCHIVER}))

@@ -387,9 +387,13 @@ class Bridge:
                     self._count_drain_lost(len(batch))
                     self.intake.release(batch)
                     continue
-                await self._until(ripe_at)
-                if ripening.worth_coalescing(batch) and not self._intake_done:  # draining: no more waits
-                    _, batch, raws = await ripening.coalesce(item, self._until, self._past_deadline)
+                try:
+                    await self._until(ripe_at)
+                    if ripening.worth_coalescing(batch) and not self._intake_done:  # draining: no more waits
+                        batch, raws = await ripening.coalesce(item, self._until, self._past_deadline)
+                except BaseException:  # cancelled while it waited: its room is free all the same
+                    self.intake.release(batch)
+                    raise
             try:
                 await self._process(batch, raws)
             finally:

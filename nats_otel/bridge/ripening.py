@@ -52,7 +52,7 @@ class Ripening:
         return self.coalesce_s > 0 and len(batch) < COALESCE_BELOW
 
     async def coalesce(self, first: Waiting, until: Callable[[float], Awaitable[None]],
-                       stop: Callable[[], bool]) -> Waiting:
+                       stop: Callable[[], bool]) -> tuple[list[Delivery], list[RawTraceMessage]]:
         """`first` (ripe) with the batches waiting behind it whose windows close within
         `coalesce_s` of its own, each awaited (`until`) before it joins, up to `max_messages`;
         none more once `stop()` (the drain's deadline passed: each left is counted lost).
@@ -70,4 +70,4 @@ class Ripening:
                 break
             await until(item[0])
             batch, raws = batch + item[1], raws + item[2]
-        return ripe_at, batch, raws
+        return batch, raws

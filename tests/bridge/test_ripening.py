@@ -33,9 +33,9 @@ async def _coalesced(ripening: Ripening, stop=lambda: False):
 
     first = await ripening.take()
     assert ripening.worth_coalescing(first[1])
-    ripe_at, batch, raws = await ripening.coalesce(first, until, stop)
+    batch, raws = await ripening.coalesce(first, until, stop)
     assert [d.raw for d in batch] == raws  # the deliveries and their raw messages stay aligned
-    return ripe_at, [raw.payload.decode() for raw in raws], waited
+    return first[0], [raw.payload.decode() for raw in raws], waited
 
 
 async def test_batches_whose_windows_close_within_the_coalesce_join_each_once_ripe():

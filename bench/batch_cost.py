@@ -23,8 +23,8 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bridge_process import Bridge
 from corpus_replay import replicate
-from hop_links import Bridge
 from scale_out import thread_cpu
 
 from nats_otel.devkit.processes import start_topology

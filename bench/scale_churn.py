@@ -41,18 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hop_links import (
-    TRACE_SUBJECT,
-    USER,
-    Archiver,
-    Bridge,
-    _whole_lines,
-    archived,
-    probe_interest,
-    read_raws,
-    server_spans,
-    wait_members,
-)
+from bridge_process import USER, Bridge, server_spans, wait_members, whole_lines
+from hop_links import TRACE_SUBJECT, Archiver, archived, probe_interest, read_raws
 from scale_out import (
     ARCHIVER,
     BRIDGE_SERVERS,
@@ -70,17 +60,17 @@ from nats_otel.bridge.ownership import Ring
 from nats_otel.bridge.sharding import shard_key
 from nats_otel.core.decode import decode
 from nats_otel.core.ids import identity
-from nats_otel.devkit.hop_traffic import TrafficOptions, run_traffic
-from nats_otel.devkit.hop_truth import (
+from nats_otel.devkit.hop_score import (
     AMBIGUOUS,
     MISSING,
     RIGHT,
     UNMATCHED,
     WRONG,
-    compute_truth,
     read_otlp_json_lines,
     score,
 )
+from nats_otel.devkit.hop_traffic import TrafficOptions, run_traffic
+from nats_otel.devkit.hop_truth import compute_truth
 from nats_otel.devkit.processes import start_topology
 
 EXCHANGE_SUBJECT = "nats-otel.links.nats-otel"  # `link.exchange` auto for the queue group nats-otel
@@ -262,7 +252,7 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
     raws = read_raws(archiver.path)
     truth = compute_truth(raws)
     lines = [line for m in run.members if m.bridge.output.exists()
-             for line in _whole_lines(m.bridge.output.read_bytes())]
+             for line in whole_lines(m.bridge.output.read_bytes())]
     spans = list(read_otlp_json_lines(lines))
     written_ids = {span.span_id for span in spans}
     run.written = len(written_ids)

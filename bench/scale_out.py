@@ -67,33 +67,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import nats
 import orjson
-from hop_links import (
-    TRACE_SUBJECT,
-    USER,
-    Archiver,
-    Bridge,
-    _wait_until,
-    _whole_lines,
-    archived,
-    probe_interest,
-    read_raws,
-    server_spans,
-    stop_all,
-    wait_members,
-)
+from bridge_process import USER, Bridge, server_spans, wait_members, wait_until, whole_lines
+from hop_links import TRACE_SUBJECT, Archiver, archived, probe_interest, read_raws, stop_all
 
-from nats_otel.devkit.hop_traffic import MODES, TrafficOptions, run_traffic
-from nats_otel.devkit.hop_truth import (
+from nats_otel.devkit.hop_score import (
     AMBIGUOUS,
     MISSING,
     RIGHT,
     UNMATCHED,
     WRONG,
-    compute_truth,
     read_otlp_json_lines,
     read_otlp_spans,
     score,
 )
+from nats_otel.devkit.hop_traffic import MODES, TrafficOptions, run_traffic
+from nats_otel.devkit.hop_truth import compute_truth
 from nats_otel.devkit.processes import RunningTopology, start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.topology import (
@@ -257,7 +245,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         def written() -> int:  # distinct server spans, as `server_spans` counts the files'
             return server_spans(bridges) if receiver is None else len(set(received_span_ids(receiver)))
 
-        if not await _wait_until(lambda: written() >= run.trace_messages, 60, 0.2):
+        if not await wait_until(lambda: written() >= run.trace_messages, 60, 0.2):
             run.notes.append(f"the bridges wrote {written()} server spans for {run.trace_messages} trace messages")
         after = [cpu_seconds(b.proc.pid) for b in bridges]
         threads_after = thread_cpu(bridges[0].proc.pid)
@@ -308,7 +296,7 @@ def output_spans(path: Path) -> list[tuple[bytes, bytes]]:
     out: list[tuple[bytes, bytes]] = []
     if not path.exists():
         return out
-    for line in _whole_lines(path.read_bytes()):
+    for line in whole_lines(path.read_bytes()):
         for resource_spans in orjson.loads(line).get("resourceSpans", ()):
             for scope_spans in resource_spans.get("scopeSpans", ()):
                 for span in scope_spans.get("spans", ()):

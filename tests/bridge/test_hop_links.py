@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def hop_links():
     return load_bench("hop_links")
+
+
+@pytest.fixture(scope="module")
+def bridge_process(hop_links):
+    """bench/bridge_process.py as hop_links imported it (its `Bridge` reads `free_ports` there)."""
+    return sys.modules[hop_links.Bridge.__module__]
 
 
 def _run(hop_links, tmp_path: Path, **options):
@@ -99,7 +106,7 @@ def test_sidecars_with_worker_processes_link_as_without(hop_links, tmp_path):
     assert published > 0, row.metrics
 
 
-def test_a_bridge_whose_metrics_port_was_taken_meanwhile_is_started_again_on_another(hop_links, url, tmp_path,
+def test_a_bridge_whose_metrics_port_was_taken_meanwhile_is_started_again_on_another(bridge_process, url, tmp_path,
                                                                                       monkeypatch):
     """The harness picks a free port, then the bridge binds it a second later: in between,
     another process of the parallel tests may take it (it failed a run of the membership
@@ -110,10 +117,10 @@ def test_a_bridge_whose_metrics_port_was_taken_meanwhile_is_started_again_on_ano
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     busy = taken.getsockname()[1]
-    real = hop_links.free_ports
+    real = bridge_process.free_ports
     ports = iter([[busy]])
-    monkeypatch.setattr(hop_links, "free_ports", lambda count: next(ports, None) or real(count))
-    bridge = hop_links.Bridge(tmp_path, "n1", url, ["trace.port"], None)
+    monkeypatch.setattr(bridge_process, "free_ports", lambda count: next(ports, None) or real(count))
+    bridge = bridge_process.Bridge(tmp_path, "n1", url, ["trace.port"], None)
     try:
         bridge.wait_ready()
         assert bridge.port != busy and bridge.get("/readyz")[0] == 200
@@ -155,8 +162,8 @@ def test_a_sidecar_stalled_past_the_silence_is_a_member_again(hop_links, tmp_pat
         before = views()
         os.kill(stalled.proc.pid, signal.SIGSTOP)
         try:
-            dropped = await hop_links._wait_until(lambda: all(p.members() == 2 for p in peers),
-                                                  MEMBER_SILENCE_S + 10, 0.2)
+            dropped = await hop_links.wait_until(lambda: all(p.members() == 2 for p in peers),
+                                                 MEMBER_SILENCE_S + 10, 0.2)
         finally:
             os.kill(stalled.proc.pid, signal.SIGCONT)
         await hop_links.wait_members(bridges, 30)
@@ -180,7 +187,7 @@ def test_a_sidecar_whose_server_restarted_links_as_before(hop_links, tmp_path):
 
         await asyncio.to_thread(topo.kill, "east-3")
         try:
-            reconnected = await hop_links._wait_until(lambda: reconnects() >= 1, 30, 0.2)
+            reconnected = await hop_links.wait_until(lambda: reconnects() >= 1, 30, 0.2)
         finally:
             await asyncio.to_thread(topo.restart, "east-3")
         return reconnected, "the cut-off bridge never reconnected"

@@ -28,8 +28,9 @@ import yaml
 from nats_otel.archive import archive_record
 from nats_otel.bridge.settings import load_settings
 from nats_otel.core.decode import RawTraceMessage
+from nats_otel.devkit.hop_score import SpanView, score
 from nats_otel.devkit.hop_traffic import TrafficOptions, run_traffic
-from nats_otel.devkit.hop_truth import SpanView, compute_truth, score
+from nats_otel.devkit.hop_truth import compute_truth
 from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.server_config import free_ports

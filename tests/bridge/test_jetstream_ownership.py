@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from nats_otel.devkit.hop_score import score
 from nats_otel.devkit.hop_traffic import TrafficOptions, run_traffic
-from nats_otel.devkit.hop_truth import compute_truth, score
+from nats_otel.devkit.hop_truth import compute_truth
 from nats_otel.devkit.processes import start_topology
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.server_config import free_ports

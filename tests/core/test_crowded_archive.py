@@ -26,7 +26,8 @@ import pytest
 from nats_otel.core.decode import RawTraceMessage, decode, parse_archive_line
 from nats_otel.core.ids import identity
 from nats_otel.core.pipeline import Converted
-from nats_otel.devkit.hop_truth import RIGHT, WRONG, compute_truth, score, spans_from_records
+from nats_otel.devkit.hop_score import RIGHT, WRONG, score, spans_from_records
+from nats_otel.devkit.hop_truth import compute_truth
 from tests.archives import without_header
 
 ARCHIVE = Path(__file__).parent.parent / "data" / "hop_batches" / "batches_2ms.jsonl.gz"

@@ -22,7 +22,8 @@ from nats_otel.core.encode import split_by_trace, to_otlp_json_line
 from nats_otel.core.ids import identity
 from nats_otel.core.pipeline import Converted
 from nats_otel.core.shapes import RELEASE_HEADERS, SERVER_HEADERS, message_shape
-from nats_otel.devkit.hop_truth import compute_truth, score, spans_from_records
+from nats_otel.devkit.hop_score import score, spans_from_records
+from nats_otel.devkit.hop_truth import compute_truth
 from nats_otel.devkit.server_releases import RELEASES
 from tests.checks import check_span_model, parse_otlp_json_lines
 from tests.conftest import read_raws

@@ -13,19 +13,18 @@ from nats_otel.core.ids import event_span_id, identity, server_span_id, trace_co
 from nats_otel.core.model import Egress
 from nats_otel.core.pipeline import Converted, convert_batch
 from nats_otel.core.records import SpanRecord
-from nats_otel.devkit.hop_statistics import QUANTILES, link_statistics
-from nats_otel.devkit.hop_truth import (
+from nats_otel.devkit.hop_score import (
     AMBIGUOUS,
     MISSING,
     RIGHT,
-    SEQUENCE_HEADER,
     UNMATCHED,
     WRONG,
-    compute_truth,
     read_otlp_json_lines,
     score,
     spans_from_records,
 )
+from nats_otel.devkit.hop_statistics import QUANTILES, link_statistics
+from nats_otel.devkit.hop_truth import SEQUENCE_HEADER, compute_truth
 from tests.conftest import CORPUS, corpus_files, read_raws
 from tests.core.factories import egress, ingress, message, raw
 

@@ -2,8 +2,11 @@
 convert, export, settle.
 
 Each source has one fetcher and `_inflight` settlers; each batch waits `link.wait` after its
-hop evidence was recorded, then is converted, exported and settled on its own
-(`max_ack_pending` bounds what is in flight). With trace ownership (`js_routing`) the
+hop evidence was recorded, then is converted, exported and settled (`max_ack_pending` bounds
+what is in flight). The settlers take the batches as core mode's workers do (`ripening`): in
+order, one at a time, and a small one takes in those ripening within `batch.coalesce` behind
+it, so that they are converted, exported and settled together: the acks come that much
+later, never before the spans were exported. With trace ownership (`js_routing`) the
 fetcher keeps what this bridge owns and forwards the rest, and one more loop takes the trace
 messages the other bridges forwarded here from the intake (core mode's, unused otherwise)
 and settles them by answering their senders.
@@ -19,6 +22,7 @@ from nats_otel.bridge.exchange import LinkExchange
 from nats_otel.bridge.intake import DELAYED_BATCHES, Intake
 from nats_otel.bridge.js_routing import ACK, HOLD, NAK, TERM, ForwardedMsg, JetStreamRouter
 from nats_otel.bridge.policy import NakBackoff
+from nats_otel.bridge.ripening import Ripening, Waiting
 from nats_otel.bridge.routing import Router
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.delivery import Delivery
@@ -27,7 +31,6 @@ from nats_otel.bridge.sources.jetstream import Held, JetStreamSource
 __all__ = ["answer", "catch_up", "owners_changed", "run", "settle_fetched"]
 
 _FETCH_TIMEOUT_S = 1.0
-_Waiting = tuple[float, list[Delivery], list[Any]]
 
 
 class Bridge(Protocol):
@@ -53,6 +56,8 @@ class Bridge(Protocol):
 
     async def _until(self, ripe_at: float) -> None: ...
 
+    def _past_deadline(self) -> bool: ...
+
     async def _collect(self, on_first: Callable[[], None] | None = None) -> list[Delivery]: ...
 
 
@@ -60,8 +65,9 @@ async def run(bridge: Bridge, source: JetStreamSource, forwarded: bool = False) 
     """Fetch from `source` (or, `forwarded`, take what other bridges forwarded here) until
     the intake is done; hand each batch to the settlers after recording its evidence."""
     assert bridge._stopping is not None
-    batches: asyncio.Queue[_Waiting | None] = asyncio.Queue(maxsize=DELAYED_BATCHES)
-    settlers = [asyncio.create_task(_settler(bridge, source, batches, forwarded)) for _ in range(bridge._inflight)]
+    batches: asyncio.Queue[Waiting | None] = asyncio.Queue(maxsize=DELAYED_BATCHES)
+    ripening = Ripening(batches, bridge.settings.batch.max_messages, bridge.settings.batch.coalesce)
+    settlers = [asyncio.create_task(_settler(bridge, source, ripening, forwarded)) for _ in range(bridge._inflight)]
     router = bridge.router if isinstance(bridge.router, JetStreamRouter) else None
     if router is not None and not forwarded:
         await router.settled()  # a newcomer listens for the members before it routes
@@ -90,12 +96,16 @@ async def run(bridge: Bridge, source: JetStreamSource, forwarded: bool = False) 
         await asyncio.gather(*settlers)
 
 
-async def _settler(
-    bridge: Bridge, source: JetStreamSource, batches: asyncio.Queue[_Waiting | None], forwarded: bool
-) -> None:
-    while (item := await batches.get()) is not None:
-        ripe_at, deliveries, raws = item
-        await bridge._until(ripe_at)
+async def _settler(bridge: Bridge, source: JetStreamSource, ripening: Ripening, forwarded: bool) -> None:
+    while True:
+        async with ripening.turn:  # one settler at a time takes batches, in order, and ripens them
+            item = await ripening.take()
+            if item is None:
+                return
+            ripe_at, deliveries, raws = item
+            await bridge._until(ripe_at)
+            if ripening.worth_coalescing(deliveries) and not bridge._intake_done:  # draining: no more waits
+                deliveries, raws = await ripening.coalesce(item, bridge._until, bridge._past_deadline)
         if forwarded:  # held as fetched ones are: the sender holds what the answer says is held
             ack, nak, term, hold = await bridge._process(deliveries, raws, source.holdable(deliveries))
             fetched = answer(source.held, ack, nak, term, hold)

@@ -2,7 +2,9 @@
 trickle of trace messages into one bridge makes a batch every `batch.max_delay`, a few each;
 with coalescing those that ripen within `batch.coalesce` of the first are exported in one
 request. Real nats-server, real OTLP/gRPC receiver; the same trickle with coalescing off is
-the comparison, and every span arrives either way."""
+the comparison, and every span arrives either way. In both modes: JetStream mode's settlers
+take their batches the same way, and settle what they exported together (nothing is left
+unacked)."""
 
 from __future__ import annotations
 
@@ -25,24 +27,58 @@ MESSAGES = 60
 
 @pytest.fixture(scope="module")
 def topo() -> Iterator:
-    with start_topology(single_server()) as running:
+    with start_topology(single_server(jetstream=True)) as running:
         yield running
 
 
-async def _trickle(topo, coalesce: float) -> tuple[float, int, int]:
+async def _unsettled(url: str, stream: str, durable: str) -> tuple[int, int]:
+    """(messages not yet delivered, delivered but not acked) of the bridge's durable."""
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().consumer_info(stream, durable)
+        return info.num_pending, info.num_ack_pending
+    finally:
+        await nc.close()
+
+
+async def _drop_stream(url: str, stream: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().delete_stream(stream)
+    finally:
+        await nc.close()
+
+
+async def _trickle(topo, coalesce: float, mode: str) -> tuple[float, int, int]:
     """(export requests, spans received, trace ids received of the trickle's) for one bridge
-    fed `MESSAGES` traced messages 30 ms apart (a batch of ~6 every 0.2 s)."""
+    fed `MESSAGES` traced messages 30 ms apart (a batch of ~6 every 0.2 s). JetStream mode:
+    a stream of its own for the run, and every message acked by the end."""
     receiver = OTLPGrpcReceiver().start()
-    settings = load_settings(overrides={
-        "sources": [{"name": "a", "urls": [topo.client_url("n1", "a")], "subjects": ["trace.a"]}],
+    url = topo.client_url("n1", "a")
+    overrides = {
+        "sources": [{"name": "a", "urls": [url], "subjects": ["trace.a"]}],
         "otlp": {"endpoint": receiver.endpoint, "protocol": "grpc"},
         "batch": {"coalesce": coalesce},
-    }, env={})
+    }
+    if mode == "jetstream":
+        overrides |= {"mode": "jetstream", "jetstream": {"stream": "TRICKLE", "durable": "trickle",
+                                                         "create_stream": True}}
+    settings = load_settings(overrides=overrides, env={})
     bridge, task = await start_bridge(settings)
     try:
-        publisher = await nats.connect(topo.client_url("n1", "a"))
+        publisher = await nats.connect(url)
         subscriber = await publisher.subscribe("app.trickle")
         await wait_for_interest(publisher, bridge.sources[0].nc)
+        # The bridge is taking trace messages before the trickle (JetStream mode: its durable
+        # set up and pulling; else the trickle waits in the stream and comes as one batch):
+        # one message first, its spans awaited, its export not counted.
+        tp, first_trace, _ = traceparent()
+        await publisher.publish("app.trickle", b"work", headers={"traceparent": tp})
+        await subscriber.next_msg(timeout=5)
+        await wait_until(lambda: first_trace in {span.trace_id.hex() for _, span in receiver.spans()}, 30,
+                         "the first message's spans")
+        before = bridge.metrics.value("nats_otel_export_duration_seconds_count", {"exporter": "otlp-grpc"})
+        spans_before = receiver.span_count
         trace_ids = set()
         for _ in range(MESSAGES):
             tp, trace_id, _ = traceparent()
@@ -58,16 +94,26 @@ async def _trickle(topo, coalesce: float) -> tuple[float, int, int]:
             return {span.trace_id.hex() for _, span in receiver.spans()} & trace_ids
 
         await wait_until(lambda: len(traces()) == MESSAGES, 30, "every trace's spans")
-        exports = bridge.metrics.value("nats_otel_export_duration_seconds_count", {"exporter": "otlp-grpc"})
-        return exports, receiver.span_count, len(traces())
+        exports = bridge.metrics.value("nats_otel_export_duration_seconds_count", {"exporter": "otlp-grpc"}) - before
+        if mode == "jetstream":  # what was exported together was settled together: nothing left
+            settled = False
+            for _ in range(50):
+                if settled := await _unsettled(url, "TRICKLE", "trickle") == (0, 0):
+                    break
+                await asyncio.sleep(0.1)
+            assert settled, await _unsettled(url, "TRICKLE", "trickle")
+        return exports, receiver.span_count - spans_before, len(traces())
     finally:
         assert await stop_bridge(bridge, task) == 0
         receiver.stop()
+        if mode == "jetstream":
+            await _drop_stream(url, "TRICKLE")
 
 
-async def test_a_trickle_is_exported_in_fewer_larger_requests(topo) -> None:
-    off_exports, off_spans, off_traces = await _trickle(topo, 0.0)
-    on_exports, on_spans, on_traces = await _trickle(topo, 0.8)  # the default
+@pytest.mark.parametrize("mode", ["core", "jetstream"])
+async def test_a_trickle_is_exported_in_fewer_larger_requests(topo, mode) -> None:
+    off_exports, off_spans, off_traces = await _trickle(topo, 0.0, mode)
+    on_exports, on_spans, on_traces = await _trickle(topo, 0.8, mode)  # the default
     assert off_traces == on_traces == MESSAGES
     assert on_spans == off_spans  # the same spans, in fewer requests
     # ~2 s of trickle: off, a request every 0.2 s or so (a batch closes 0.2 s after its first

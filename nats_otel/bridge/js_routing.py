@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from nats_otel.bridge.routing import Router
+from nats_otel.bridge.routing import Leaving, Router
 from nats_otel.bridge.sources.delivery import Delivery, size_of
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.evidence import sign
@@ -187,11 +187,11 @@ class JetStreamRouter(Router):
         self._foreign_views.clear()  # judged anew against this view
         super()._rebuild(why)
 
-    def _leave(self, sender: str, why: str) -> None:
+    def _leave(self, sender: str, why: Leaving) -> None:
         super()._leave(sender, why)
-        if why == "said goodbye":  # a SIGTERM: it drains, and answers what it was sent
+        if why is Leaving.GOODBYE:  # a SIGTERM: it drains, and answers what it was sent
             self._draining[sender] = time.monotonic()
-        elif why == "silent" or sender not in self._draining:  # gone (a SIGKILL): no answer comes
+        elif why is Leaving.SILENT or sender not in self._draining:  # gone (a SIGKILL): no answer comes
             for subject in [s for s, (_, owner, _) in self._kept.items() if owner == sender]:
                 self._nak_kept(subject, f"owner gone ({why})")
 

@@ -39,6 +39,7 @@ get a 503 and go to the next owner), forwards what it still receives and drains 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import math
 import time
@@ -70,6 +71,17 @@ STALL_S = 1.5
 # a heartbeat it sent before its connection went may still reach a peer after NATS's answer;
 # one sent later is from a new connection (it reconnected) and brings it back.
 REJOIN_AFTER_S = 1.0
+
+
+class Leaving(enum.StrEnum):
+    """Why a member left this bridge's ring, which says when it may be a member again
+    (`Router.heard`); the text is the log's."""
+
+    GOODBYE = "said goodbye"  # it stopped (SIGTERM): never again under this name
+    SILENT = "silent"  # not heard for MEMBER_SILENCE_S (a stall): heard again, at once
+    NO_RESPONDERS = "no responders"  # a 503 to a forward: after REJOIN_AFTER_S
+
+
 # A forward is kept this long for its 503 (no responders) to come back and re-route it (NATS
 # answers within a round trip): what a bridge holds for it is its last second of forwards.
 _KEEP_FORWARD_S = 1.0
@@ -148,7 +160,7 @@ class Router:
         across the two unlinked until it restarted."""
         now = time.monotonic()
         if bye:
-            self._leave(sender, "said goodbye")
+            self._leave(sender, Leaving.GOODBYE)
             return False
         gone = self._gone.get(sender)
         if gone is not None:
@@ -175,7 +187,7 @@ class Router:
             for sender in self._peers:
                 self._peers[sender] += stalled
         for sender in [s for s, heard in self._peers.items() if now - heard > MEMBER_SILENCE_S]:
-            self._leave(sender, "silent")
+            self._leave(sender, Leaving.SILENT)
         self._expire(now)
         for sender in [s for s, (at, _) in self._gone.items() if now - at > 600.0]:
             del self._gone[sender]
@@ -189,9 +201,14 @@ class Router:
         for subject in [s for s, (at, _, _) in self._kept.items() if now - at > _KEEP_FORWARD_S]:
             del self._kept[subject]
 
-    def _leave(self, sender: str, why: str) -> None:
+    def _leave(self, sender: str, why: Leaving) -> None:
         now = time.monotonic()
-        again = {"said goodbye": math.inf, "no responders": now + REJOIN_AFTER_S}.get(why, now)
+        if why is Leaving.GOODBYE:
+            again = math.inf
+        elif why is Leaving.NO_RESPONDERS:
+            again = now + REJOIN_AFTER_S
+        else:
+            again = now
         self._gone[sender] = (now, again)
         if self._peers.pop(sender, None) is not None:
             self._rebuild(f"{sender} left ({why})")
@@ -305,7 +322,7 @@ class Router:
 
     async def _reroute(self, owner: str, part: list[Delivery]) -> None:
         """NATS answered a forward to `owner` with 503: it is gone; `part` goes to the owners now."""
-        self._leave(owner, "no responders")
+        self._leave(owner, Leaving.NO_RESPONDERS)
         self._metrics.routed.labels("rerouted").inc(len(part))
         own, others = self.split(part)
         for owner_now, again_part in others.items():

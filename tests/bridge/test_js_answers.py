@@ -21,6 +21,7 @@ from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.jetstream_loop import answer
 from nats_otel.bridge.js_routing import ACK, HOLD, NAK, SIGNATURE_HEADER, TERM, ForwardedMsg, JetStreamRouter
 from nats_otel.bridge.ownership import Ring, decode_forward, encode_forward
+from nats_otel.bridge.routing import Leaving
 from nats_otel.bridge.sharding import shard_key
 from nats_otel.bridge.sources.delivery import Delivery, delivery
 from nats_otel.bridge.sources.jetstream import Held
@@ -121,7 +122,7 @@ async def test_a_forward_never_answered_is_naked_and_so_is_one_to_a_silent_membe
         assert settled.calls == [([], part, [], [])] and _value(router._metrics, "unanswered") == 2
         router._answer_wait = 30.0
         later, _ = await _forward_to_peer(router, nc, 2)
-        router._leave(PEER, "silent")  # as `tick` finds it after MEMBER_SILENCE_S
+        router._leave(PEER, Leaving.SILENT)  # as `tick` finds it after MEMBER_SILENCE_S
         await wait_until(lambda: len(settled.calls) == 2, 5, "the forward to the silent member naked")
         assert settled.calls[1] == ([], later, [], [])
     finally:

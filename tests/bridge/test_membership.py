@@ -13,7 +13,7 @@ import pytest
 
 from nats_otel.bridge import routing
 from nats_otel.bridge.intake import Intake
-from nats_otel.bridge.routing import MEMBER_SILENCE_S, Router
+from nats_otel.bridge.routing import MEMBER_SILENCE_S, Leaving, Router
 from nats_otel.bridge.telemetry import Metrics
 
 ME, PEER = "bridge-a", "bridge-b"
@@ -52,7 +52,7 @@ def test_a_peer_whose_connection_went_is_heard_again_only_after_its_late_heartbe
     after the answer (ignored); one later is from its new connection (it reconnected)."""
     monkeypatch.setattr(routing, "REJOIN_AFTER_S", 0.2)
     router, metrics = _router()
-    router._leave(PEER, "no responders")
+    router._leave(PEER, Leaving.NO_RESPONDERS)
     assert not router.heard(PEER, bye=False)
     assert _members(router, metrics) == [ME]
     time.sleep(0.25)
@@ -69,19 +69,19 @@ def test_a_peer_that_said_goodbye_stays_gone():
     assert _members(router, metrics) == [ME]
 
 
-@pytest.mark.parametrize("why", ["silent", "no responders", "said goodbye"])
+@pytest.mark.parametrize("why", list(Leaving))
 def test_every_leave_and_return_changes_the_view_once(why, monkeypatch):
     monkeypatch.setattr(routing, "REJOIN_AFTER_S", 0.0)
     router, metrics = _router()
     views = metrics.registry.get_sample_value("nats_otel_route_views_total")
-    if why == "silent":
+    if why is Leaving.SILENT:
         _fall_silent(router, PEER)
     else:
         router._leave(PEER, why)
     router.heard(PEER, bye=False)
     router.heard(PEER, bye=False)
     changes = metrics.registry.get_sample_value("nats_otel_route_views_total") - views
-    assert changes == (1 if why == "said goodbye" else 2), changes
+    assert changes == (1 if why is Leaving.GOODBYE else 2), changes
 
 
 def test_this_bridges_own_stall_is_not_its_peers_silence():

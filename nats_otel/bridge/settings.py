@@ -126,9 +126,14 @@ class BridgeSettings(_Model):
             if self.mode == "jetstream" and source.queue:
                 raise ValueError(f"sources.{i}.queue: queue groups are for core mode; "
                                  "JetStream bridges share one durable consumer instead")
-        if self.mode == "jetstream" and self.otlp.retry_max_elapsed + self.otlp.timeout >= self.jetstream.ack_wait:
-            raise ValueError("jetstream.ack_wait: must exceed otlp.retry_max_elapsed + otlp.timeout, "
-                             "or batches are redelivered while still being exported")
+        # A fetched message stays unacked through its link window, the small batches' wait to
+        # be exported together, and the export with its retries: the server must not
+        # redeliver it meanwhile (a duplicate, and the work twice).
+        held = self.link.wait + self.batch.coalesce + self.otlp.retry_max_elapsed + self.otlp.timeout
+        if self.mode == "jetstream" and held >= self.jetstream.ack_wait:
+            raise ValueError(f"jetstream.ack_wait: must exceed link.wait + batch.coalesce + otlp.retry_max_elapsed "
+                             f"+ otlp.timeout ({held:g} s; it is {self.jetstream.ack_wait:g} s), or batches are "
+                             "redelivered while still waiting or being exported")
         if self.mode == "jetstream" and self.link.retention < self.jetstream_link_retention():
             needed = self.jetstream_link_retention()
             if "retention" in self.link.model_fields_set:

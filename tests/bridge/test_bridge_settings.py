@@ -207,3 +207,14 @@ def test_small_batches_coalesce_within_the_link_windows_memory() -> None:
         load_settings(overrides={**source, "link": {"retention": 1.5}}, env={})
     assert load_settings(overrides={**source, "link": {"retention": 1.5}, "batch": {"coalesce": 0}},
                          env={}).link.retention == 1.5
+
+
+def test_jetstream_ack_wait_covers_the_link_window_and_coalescing() -> None:
+    """A fetched message is unacked through its link window, the small batches' wait to be
+    exported together and the export's retries: an ack_wait shorter than all of them would
+    have the server redeliver it meanwhile (before, only the export was counted)."""
+    js = {"sources": [{"subjects": ["t"]}], "mode": "jetstream"}  # retries 10 s + timeout 10 s
+    with pytest.raises(SettingsError, match=r"'jetstream.ack_wait': must exceed .* \(21.8 s; it is 21.5 s\)"):
+        load_settings(overrides={**js, "jetstream": {"ack_wait": 21.5}}, env={})
+    assert load_settings(overrides={**js, "jetstream": {"ack_wait": 21.5}, "batch": {"coalesce": 0}},
+                         env={}).jetstream.ack_wait == 21.5

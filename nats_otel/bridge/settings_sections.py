@@ -202,10 +202,11 @@ class BatchSettings(_Model):
     # and exported on its own: a conversion, an export request and their hand-offs per fifth
     # of a second, the most of what eight sidecars cost beyond one (docs/scale-out.md, eighth
     # round). Merged once ripe, they cost one of each; spans reach the backend that much later.
-    coalesce: float = Field(0.8, ge=0, le=5, description="core mode: a batch of fewer than 128 trace messages, "
-                            "once its link window closed, takes in the batches waiting behind it that ripen "
-                            "within this many seconds: converted and exported together (fewer, larger exports "
-                            "at a low rate); a SIGKILLed bridge loses that much more of its own share; 0: off")
+    coalesce: float = Field(0.8, ge=0, le=5, description="a batch of fewer than 128 trace messages, once its "
+                            "link window closed, takes in the batches waiting behind it that ripen within this "
+                            "many seconds: converted and exported together (fewer, larger exports at a low "
+                            "rate); core mode: a SIGKILLed bridge loses that much more of its own share; "
+                            "JetStream mode: they are acked that much later; 0: off")
     # Sized for bursts: 60,000 trace messages of ~1 KB (a second of one busy publisher) take
     # ~90 MB here. Bytes, not a count, bound the memory whatever the messages' size.
     queue_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="bytes of received messages waiting "

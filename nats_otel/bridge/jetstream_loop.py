@@ -58,6 +58,8 @@ class Bridge(Protocol):
 
     def _past_deadline(self) -> bool: ...
 
+    def _draining(self) -> bool: ...
+
     async def _collect(self, on_first: Callable[[], None] | None = None) -> list[Delivery]: ...
 
 
@@ -102,10 +104,7 @@ async def _settler(bridge: Bridge, source: JetStreamSource, ripening: Ripening, 
             item = await ripening.take()
             if item is None:
                 return
-            ripe_at, deliveries, raws = item
-            await bridge._until(ripe_at)
-            if ripening.worth_coalescing(deliveries) and not bridge._intake_done:  # draining: no more waits
-                deliveries, raws = await ripening.coalesce(item, bridge._until, bridge._past_deadline)
+            deliveries, raws = await ripening.ripen(item, bridge._until, bridge._past_deadline, bridge._draining)
         if forwarded:  # held as fetched ones are: the sender holds what the answer says is held
             ack, nak, term, hold = await bridge._process(deliveries, raws, source.holdable(deliveries))
             fetched = answer(source.held, ack, nak, term, hold)

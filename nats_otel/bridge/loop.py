@@ -382,15 +382,13 @@ class Bridge:
                 item = await ripening.take()
                 if item is None:
                     return
-                ripe_at, batch, raws = item
+                _, batch, raws = item
                 if self._past_deadline():  # the drain ran out of time: counted, not exported
                     self._count_drain_lost(len(batch))
                     self.intake.release(batch)
                     continue
                 try:
-                    await self._until(ripe_at)
-                    if ripening.worth_coalescing(batch) and not self._intake_done:  # draining: no more waits
-                        batch, raws = await ripening.coalesce(item, self._until, self._past_deadline)
+                    batch, raws = await ripening.ripen(item, self._until, self._past_deadline, self._draining)
                 except BaseException:  # cancelled while it waited: its room is free all the same
                     self.intake.release(batch)
                     raise
@@ -454,6 +452,10 @@ class Bridge:
                 await asyncio.wait_for(self._stopping.wait(), left)
             except TimeoutError:
                 pass
+
+    def _draining(self) -> bool:
+        """The intake is done (stopping): what waits goes out without waiting for more."""
+        return self._intake_done
 
     def _past_deadline(self) -> bool:
         deadline = self._deadline()

@@ -51,6 +51,17 @@ class Ripening:
     def worth_coalescing(self, batch: list[Delivery]) -> bool:
         return self.coalesce_s > 0 and len(batch) < COALESCE_BELOW
 
+    async def ripen(self, item: Waiting, until: Callable[[float], Awaitable[None]], stop: Callable[[], bool],
+                    draining: Callable[[], bool]) -> tuple[list[Delivery], list[RawTraceMessage]]:
+        """`item`'s batch and raw messages once its window closed (`until`), with the batches
+        behind it when it is small (`coalesce`), unless `draining()` by then (no more waits:
+        what is left goes out as it is). Within `turn`."""
+        ripe_at, batch, raws = item
+        await until(ripe_at)
+        if self.worth_coalescing(batch) and not draining():
+            return await self.coalesce(item, until, stop)
+        return batch, raws
+
     async def coalesce(self, first: Waiting, until: Callable[[float], Awaitable[None]],
                        stop: Callable[[], bool]) -> tuple[list[Delivery], list[RawTraceMessage]]:
         """`first` (ripe) with the batches waiting behind it whose windows close within

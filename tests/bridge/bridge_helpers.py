@@ -219,6 +219,15 @@ async def wait_jetstream_answers(nc, timeout: float = 20) -> None:
             await asyncio.sleep(0.2)
 
 
+async def delete_stream(url: str, stream: str) -> None:
+    """Delete a JetStream stream (a test's own, so that the next starts empty)."""
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().delete_stream(stream)
+    finally:
+        await nc.close()
+
+
 async def start_bridge(settings, timeout: float = 20) -> tuple[Bridge, asyncio.Task]:
     """Run a Bridge in this event loop; returns once it is ready (or fails the test)."""
     bridge = Bridge(settings)

@@ -25,6 +25,7 @@ from nats_otel.devkit.server_config import free_ports
 from nats_otel.devkit.topology import single_server
 from tests.bridge.bridge_helpers import (
     archived,
+    delete_stream,
     expected_from_archive,
     metric,
     publish_traced,
@@ -102,14 +103,6 @@ async def test_backend_outage_then_back_loses_nothing(server, tmp_path: Path) ->
             bridge.request_stop()
             assert await asyncio.wait_for(task, 15) == 0
             await delete_stream(url, "OUTAGE")
-
-
-async def delete_stream(url: str, stream: str) -> None:
-    nc = await nats.connect(url)
-    try:
-        await nc.jetstream().delete_stream(stream)
-    finally:
-        await nc.close()
 
 
 def start_bridge_process(config: Path, port: int, log: Path) -> subprocess.Popen:

@@ -18,7 +18,7 @@ from nats_otel.bridge.settings import load_settings
 from nats_otel.devkit.processes import start_topology, wait_for_interest
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
 from nats_otel.devkit.topology import single_server
-from tests.bridge.bridge_helpers import start_bridge, stop_bridge, traceparent, wait_until
+from tests.bridge.bridge_helpers import delete_stream, start_bridge, stop_bridge, traceparent, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -37,14 +37,6 @@ async def _unsettled(url: str, stream: str, durable: str) -> tuple[int, int]:
     try:
         info = await nc.jetstream().consumer_info(stream, durable)
         return info.num_pending, info.num_ack_pending
-    finally:
-        await nc.close()
-
-
-async def _drop_stream(url: str, stream: str) -> None:
-    nc = await nats.connect(url)
-    try:
-        await nc.jetstream().delete_stream(stream)
     finally:
         await nc.close()
 
@@ -107,7 +99,7 @@ async def _trickle(topo, coalesce: float, mode: str) -> tuple[float, int, int]:
         assert await stop_bridge(bridge, task) == 0
         receiver.stop()
         if mode == "jetstream":
-            await _drop_stream(url, "TRICKLE")
+            await delete_stream(url, "TRICKLE")
 
 
 @pytest.mark.parametrize("mode", ["core", "jetstream"])

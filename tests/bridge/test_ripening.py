@@ -74,3 +74,19 @@ def test_only_small_batches_and_only_when_on():
     assert line.worth_coalescing(_batch(0, COALESCE_BELOW - 1, "a")[1])
     assert not line.worth_coalescing(_batch(0, COALESCE_BELOW, "a")[1])
     assert not _line(coalesce_s=0.0).worth_coalescing(_batch(0, 1, "a")[1])
+
+
+async def test_ripen_waits_for_its_own_window_and_coalesces_only_small_batches_while_not_draining():
+    """`ripen`, as core mode's workers and JetStream mode's settlers call it: the batch's own
+    window first; then, small and not draining, the batches behind it."""
+    for size, draining, expected in [(2, False, ["a0", "a1", "b0"]), (2, True, ["a0", "a1"]),
+                                     (COALESCE_BELOW, False, [f"a{i}" for i in range(COALESCE_BELOW)])]:
+        line = _line(_batch(3.0, size, "a"), _batch(3.1, 1, "b"), max_messages=1000)
+        waited: list[float] = []
+
+        async def until(when: float, waited=waited) -> None:
+            waited.append(when)
+
+        batch, raws = await line.ripen(await line.take(), until, lambda: False, lambda draining=draining: draining)
+        assert [raw.payload.decode() for raw in raws] == expected and [d.raw for d in batch] == raws
+        assert waited == ([3.0, 3.1] if len(expected) == size + 1 else [3.0]), (size, draining, waited)

@@ -389,8 +389,7 @@ class Bridge:
                     continue
                 try:
                     batch, raws = await ripening.ripen(item, self._until, self._past_deadline, self._draining)
-                except BaseException:  # cancelled while it waited (the drain ran out): counted, its room freed
-                    self._count_drain_lost(len(batch))
+                except BaseException:  # cancelled while it waited: its room is free all the same
                     self.intake.release(batch)
                     raise
             try:

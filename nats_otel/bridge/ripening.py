@@ -68,10 +68,7 @@ class Ripening:
         `coalesce_s` of its own, each awaited (`until`) before it joins, up to `max_messages`;
         none more once `stop()` (the drain's deadline passed: each left is counted lost).
         Their hops are decided no earlier than at their own window's end: never on less
-        evidence. Within `turn`.
-
-        Each joins `first`'s lists (in place) as it is taken, before its wait: a worker
-        cancelled while it waits then releases, and counts, all it had taken."""
+        evidence. Within `turn`."""
         ripe_at, batch, raws = first
         last = ripe_at + self.coalesce_s
         while len(batch) < self.max_messages and not stop():
@@ -82,7 +79,6 @@ class Ripening:
             if item is None or item[0] > last or len(batch) + len(item[1]) > self.max_messages:
                 self._carried = item  # the next turn's (the end, too late, or too many)
                 break
-            batch += item[1]
-            raws += item[2]
             await until(item[0])
+            batch, raws = batch + item[1], raws + item[2]
         return batch, raws

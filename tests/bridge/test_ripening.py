@@ -90,23 +90,3 @@ async def test_ripen_waits_for_its_own_window_and_coalesces_only_small_batches_w
         batch, raws = await line.ripen(await line.take(), until, lambda: False, lambda draining=draining: draining)
         assert [raw.payload.decode() for raw in raws] == expected and [d.raw for d in batch] == raws
         assert waited == ([3.0, 3.1] if len(expected) == size + 1 else [3.0]), (size, draining, waited)
-
-
-async def test_a_worker_cancelled_while_it_waits_holds_all_it_took_in_its_first_batch():
-    """Cancelled (the drain ran out) while it waits for a batch it took in: that batch is in
-    the first one's lists already, so the worker releases and counts all it had taken."""
-    line = _line(_batch(1.0, 2, "a"), _batch(1.2, 1, "b"), _batch(1.3, 1, "c"))
-    first = await line.take()
-
-    async def until(when: float) -> None:
-        if when > 1.0:
-            raise asyncio.CancelledError
-
-    try:
-        await line.ripen(first, until, lambda: False, lambda: False)
-    except asyncio.CancelledError:
-        pass
-    else:
-        raise AssertionError("not cancelled")
-    assert [raw.payload.decode() for raw in first[2]] == ["a0", "a1", "b0"] and len(first[1]) == 3
-    assert (await line.take())[0] == 1.3  # not taken: still the next turn's

@@ -1,16 +1,16 @@
-"""The batches waiting out their link window (core mode), taken in order, and the small ones
-exported together (`batch.coalesce`).
+"""The batches waiting out their link window, taken in order, and the small ones exported
+together (`batch.coalesce`): core mode's workers and JetStream mode's settlers alike.
 
-The intake hands each batch on with the time its link window closes (`ripe_at`). Workers
-take them in that order, one worker at a time (`turn`), so that a worker can take in the
-batches behind the one it holds: a ripe batch of fewer than `COALESCE_BELOW` trace messages
-takes the batches already waiting whose windows close within `batch.coalesce` of its own,
-each once ripe, up to `batch.max_messages`. At a moderate rate a sidecar's batches hold tens
-of trace messages each, five a second, and each conversion, export request and round of
-accounting has a cost of its own whatever it holds (docs/scale-out.md, eighth round):
-together, four or five cost one. Only what already waits is waited for: a burst's last
-batch, or a lone one, is not held back. The worker converts and exports after its turn, so as
-many exports as before run at once.
+The intake (JetStream mode: the fetcher) hands each batch on with the time its link window
+closes (`ripe_at`). Workers take them in that order, one worker at a time (`turn`, then
+`ripen`), so that a worker can take in the batches behind the one it holds: a ripe batch of
+fewer than `COALESCE_BELOW` trace messages takes the batches already waiting whose windows
+close within `batch.coalesce` of its own, each once ripe, up to `batch.max_messages`. At a
+moderate rate a sidecar's batches hold tens of trace messages each, five a second, and each
+conversion, export request and round of accounting has a cost of its own whatever it holds
+(docs/scale-out.md, eighth round): together, four or five cost one. Only what already waits
+is waited for: a burst's last batch, or a lone one, is not held back. The worker converts
+and exports after its turn, so as many exports as before run at once.
 """
 
 from __future__ import annotations

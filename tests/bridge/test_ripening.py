@@ -1,4 +1,4 @@
-"""The waiting line of core mode's batches (`bridge/ripening.py`): taken in order, and a
+"""The waiting line of both modes' batches (`bridge/ripening.py`): taken in order, and a
 ripe small batch takes in the batches behind it whose link windows close within
 `batch.coalesce` of its own, each once ripe, up to `batch.max_messages`; what it cannot take
 (too late, too many, the end) is the next turn's. Pure: a queue, and `until` recording the

@@ -229,6 +229,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         run.idle_cpu_per_20s = (sum(idle_after) - sum(idle_before)) * 20.0 / args.idle_s
         _signal_wrapped(bridges, signal.SIGUSR1)  # bench/loop_callbacks.py: the counts start anew
         before = [cpu_seconds(b.proc.pid) for b in bridges]
+        window_started = time.monotonic()
         threads_before = thread_cpu(bridges[0].proc.pid)
         spy = None
         if args.profile:  # py-spy on bridge 0 over the traffic (it slows that bridge: never for figures)
@@ -248,6 +249,7 @@ async def one_run(n: int, args: argparse.Namespace, workdir: Path) -> Run:
         if not await wait_until(lambda: written() >= run.trace_messages, 60, 0.2):
             run.notes.append(f"the bridges wrote {written()} server spans for {run.trace_messages} trace messages")
         after = [cpu_seconds(b.proc.pid) for b in bridges]
+        run.facts.append(f"the measured window: {time.monotonic() - window_started:.1f} s")
         threads_after = thread_cpu(bridges[0].proc.pid)
         _signal_wrapped(bridges, signal.SIGUSR2)  # ... and are written: the traffic's alone
         run.facts.append("bridge 0's CPU by thread: " + ", ".join(

@@ -23,17 +23,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from nats_otel import __version__, gc_tuning
-from nats_otel.bridge import jetstream_loop
+from nats_otel.bridge import core_loop, jetstream_loop
 from nats_otel.bridge.accounting import BatchAccounting
 from nats_otel.bridge.exchange import exchange_for
 from nats_otel.bridge.export.result import ExportResult
-from nats_otel.bridge.intake import DELAYED_BATCHES, Intake
+from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.js_routing import JetStreamRouter
 from nats_otel.bridge.policy import NakBackoff, settle
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
 from nats_otel.bridge.processor_lane import INLINE_MESSAGES, ProcessorLane, run_on_lane
 from nats_otel.bridge.readiness import BackendReadiness
-from nats_otel.bridge.ripening import Ripening, Waiting
+from nats_otel.bridge.ripening import Ripening
 from nats_otel.bridge.routing import Router
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.jetstream import JetStreamSetupError, JetStreamSource
@@ -92,6 +92,7 @@ class Bridge:
         self._started = False
         self._gave_up: str | None = None
         self._drain_overran = False
+        self._line: Ripening | None = None  # core mode's waiting line (`core_loop`)
         self._backoff = NakBackoff(settings.jetstream.nak_delay_initial, settings.jetstream.nak_delay_max)
         self._fatal: str | None = None
         # Hop evidence shared with the other bridges of a queue group or durable.
@@ -236,10 +237,7 @@ class Bridge:
                                                      "mode": s.mode, "sources": [x.name for x in s.sources],
                                                      "exporters": [e.name for e in self._exporters]}})
         if s.mode == "core":
-            delayed: asyncio.Queue[Waiting | None] = asyncio.Queue(maxsize=DELAYED_BATCHES)
-            workers = [asyncio.create_task(self._core_intake(delayed))]
-            ripening = Ripening(delayed, s.batch.max_messages, s.batch.coalesce)
-            workers += [asyncio.create_task(self._core_worker(ripening)) for _ in range(self._inflight)]
+            workers, self._line = core_loop.tasks(self)
         else:
             js_sources = [src for src in self.sources if isinstance(src, JetStreamSource)]
             workers = [asyncio.create_task(jetstream_loop.run(self, src)) for src in js_sources]
@@ -269,6 +267,10 @@ class Bridge:
         done, pending = await asyncio.wait(workers, timeout=remaining + _DRAIN_GRACE_S)
         for task in pending:
             task.cancel()
+        if pending:  # gone once cancelled (their waits end at once): then what they held is counted
+            await asyncio.wait(pending, timeout=_DRAIN_GRACE_S)
+            if self._line is not None:
+                core_loop.lost_in_line(self, self._line)
         for task in done:
             if task.exception() is not None:
                 log.error("worker failed", exc_info=task.exception())
@@ -341,61 +343,6 @@ class Bridge:
         self.metrics.export_failures.labels("worker").inc()
         failed = ExportResult(False, error=str(exc), retryable=True)
         return BatchOutcome([Converted([]) for _ in part], {"worker": failed}, spans=0)
-
-    # -- core mode -------------------------------------------------------------------------
-
-    async def _core_intake(self, delayed: asyncio.Queue[Waiting | None]) -> None:
-        """Collect batches, keep the trace messages of the traces this bridge owns (the
-        others go to their owners), record their hop evidence at once, hand them on to wait."""
-        if self.router is not None:
-            await self.router.settled()
-        while True:
-            if self._past_deadline():
-                self._drop_waiting()
-            else:
-                batch = await self._collect()
-                if batch:
-                    collected_ns = self.wholeness.collected()
-                    if self.router is not None:
-                        batch = await self.router.route(batch, functools.partial(self.wholeness.streams, collected_ns))
-                        if not batch:
-                            self.wholeness.observed(collected_ns)
-                            continue
-                        if self.exchange is not None:  # soon after data, say how long it has been whole
-                            self.exchange.note_data()
-                    raws = [d.raw for d in batch]
-                    try:
-                        ripe_at = await self._observe(batch, raws, collected_ns)
-                    finally:
-                        self.wholeness.observed(collected_ns)
-                    await delayed.put((ripe_at, batch, raws))
-                    continue
-                if not (self._intake_done and self.intake.empty()):
-                    continue
-            for _ in range(self._inflight):
-                await delayed.put(None)
-            return
-
-    async def _core_worker(self, ripening: Ripening) -> None:
-        while True:
-            async with ripening.turn:  # one worker at a time takes batches, in order, and ripens them
-                item = await ripening.take()
-                if item is None:
-                    return
-                _, batch, raws = item
-                if self._past_deadline():  # the drain ran out of time: counted, not exported
-                    self._count_drain_lost(len(batch))
-                    self.intake.release(batch)
-                    continue
-                try:
-                    batch, raws = await ripening.ripen(item, self._until, self._past_deadline, self._draining)
-                except BaseException:  # cancelled while it waited: its room is free all the same
-                    self.intake.release(batch)
-                    raise
-            try:
-                await self._process(batch, raws)
-            finally:
-                self.intake.release(batch)
 
     # -- the link window: observe on arrival, map `link.wait` later ------------------------
 

@@ -11,6 +11,12 @@ conversion, export request and round of accounting has a cost of its own whateve
 (docs/scale-out.md, eighth round): together, four or five cost one. Only what already waits
 is waited for: a burst's last batch, or a lone one, is not held back. The worker converts
 and exports after its turn, so as many exports as before run at once.
+
+A worker cancelled while it ripens (the drain ran out of time) hands back what it held
+(`abandon`: its batch and those it had taken in), and what still waits in the line is taken
+out at the end (`left_waiting`): the caller frees their room and counts them lost, not one
+silently. (The batches it takes in are merged into new lists, never the first's extended:
+worker processes know a batch by its raw list, `Workers.observe`.)
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class Ripening:
         self.coalesce_s = coalesce_s
         self.turn = asyncio.Lock()  # held by the worker taking and ripening batches
         self._carried: object = _NOTHING  # taken by `coalesce` and left for the next turn
+        self._holding: list[list[Delivery]] = []  # the batches of the `ripen` under way
 
     async def take(self) -> Waiting | None:
         """The next waiting batch (None: the end, one per worker). Within `turn`."""
@@ -57,10 +64,27 @@ class Ripening:
         behind it when it is small (`coalesce`), unless `draining()` by then (no more waits:
         what is left goes out as it is). Within `turn`."""
         ripe_at, batch, raws = item
+        self._holding = [batch]
         await until(ripe_at)
         if self.worth_coalescing(batch) and not draining():
-            return await self.coalesce(item, until, stop)
+            batch, raws = await self.coalesce(item, until, stop)
+        self._holding = []
         return batch, raws
+
+    def abandon(self) -> list[list[Delivery]]:
+        """The batches of a `ripen` that did not return (cancelled): its own and those it had
+        taken in, for the caller to release and count. Within `turn`."""
+        held, self._holding = self._holding, []
+        return held
+
+    def left_waiting(self) -> list[list[Delivery]]:
+        """Every batch still in the line (the workers are gone: the drain ran out of time),
+        taken out of it, for the caller to release and count."""
+        left = [] if self._carried is _NOTHING or self._carried is None else [self._carried]
+        self._carried = _NOTHING
+        while not self.queue.empty():
+            left.append(self.queue.get_nowait())
+        return [item[1] for item in left if item is not None]  # type: ignore[index]
 
     async def coalesce(self, first: Waiting, until: Callable[[float], Awaitable[None]],
                        stop: Callable[[], bool]) -> tuple[list[Delivery], list[RawTraceMessage]]:
@@ -79,6 +103,7 @@ class Ripening:
             if item is None or item[0] > last or len(batch) + len(item[1]) > self.max_messages:
                 self._carried = item  # the next turn's (the end, too late, or too many)
                 break
+            self._holding.append(item[1])  # out of the line: the caller's, should this wait be cancelled
             await until(item[0])
             batch, raws = batch + item[1], raws + item[2]
         return batch, raws

@@ -90,3 +90,45 @@ async def test_ripen_waits_for_its_own_window_and_coalesces_only_small_batches_w
         batch, raws = await line.ripen(await line.take(), until, lambda: False, lambda draining=draining: draining)
         assert [raw.payload.decode() for raw in raws] == expected and [d.raw for d in batch] == raws
         assert waited == ([3.0, 3.1] if len(expected) == size + 1 else [3.0]), (size, draining, waited)
+
+
+async def test_a_ripen_cancelled_while_coalescing_hands_back_every_batch_it_held():
+    """The drain ran out of time and cancelled the worker while it waited for a batch it had
+    taken in: `abandon` gives back its own batch and that one (for the caller to free their
+    room and count them lost), and `left_waiting` what is still in the line: none is lost
+    without a count. Its own batch's lists are never extended (worker processes know a batch
+    by its raw list)."""
+    first = _batch(1.0, 2, "a")
+    line = _line(first, _batch(1.2, 1, "b"), _batch(1.4, 1, "c"), _batch(9.0, 1, "late"), None)
+    blocked = asyncio.Event()
+
+    async def until(when: float) -> None:
+        if when == 1.4:  # the third batch's window: the drain cancels the worker here
+            blocked.set()
+            await asyncio.Event().wait()
+
+    ripening = asyncio.ensure_future(line.ripen(await line.take(), until, lambda: False, lambda: False))
+    await blocked.wait()
+    ripening.cancel()
+    try:
+        await ripening
+    except asyncio.CancelledError:
+        pass
+    held = line.abandon()
+    assert [[d.raw.payload.decode() for d in batch] for batch in held] == [["a0", "a1"], ["b0"], ["c0"]]
+    assert len(first[1]) == 2 and len(first[2]) == 2  # merged into new lists only
+    assert line.abandon() == []  # handed back once
+    assert [[d.raw.payload.decode() for d in batch] for batch in line.left_waiting()] == [["late0"]]
+    assert line.left_waiting() == []
+
+
+async def test_a_ripen_that_returns_holds_nothing_and_the_carried_batch_is_left_waiting():
+    line = _line(_batch(1.0, 1, "a"), _batch(5.0, 1, "too-late"))
+
+    async def until(when: float) -> None:
+        pass
+
+    await line.ripen(await line.take(), until, lambda: False, lambda: False)
+    assert line.abandon() == []  # exported by its worker: not the drain's to count
+    # The batch `coalesce` looked at and left for the next turn is out of the queue, but waits.
+    assert [[d.raw.payload.decode() for d in batch] for batch in line.left_waiting()] == [["too-late0"]]

@@ -1,0 +1,139 @@
+"""Core mode's loops (`loop.Bridge` runs them, `tasks`): collect, route, observe, wait out
+`link.wait`, convert, export.
+
+One intake task collects batches from the bridge's intake, keeps the trace messages of the
+traces this bridge owns (the others go to their owners, `routing`), records their hop
+evidence at once and puts them in the waiting line (`ripening`); `_inflight` workers take
+them from the line in order, one at a time, and convert and export each once its link
+window closed, a small one together with those ripening behind it (`batch.coalesce`).
+
+Nothing goes silently when the drain runs out of time (`drain_timeout` and its grace): a
+batch a worker comes to afterwards is counted and not exported, and a worker cancelled
+while it ripens counts what it held (`Ripening.abandon`); what still waits in the line
+when the workers are gone is counted by the bridge's drain (`lost_in_line`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from nats_otel.bridge.exchange import LinkExchange
+from nats_otel.bridge.intake import DELAYED_BATCHES, Intake
+from nats_otel.bridge.ripening import Ripening, Waiting
+from nats_otel.bridge.routing import Router
+from nats_otel.bridge.settings import BridgeSettings
+from nats_otel.bridge.sources.delivery import Delivery
+from nats_otel.bridge.wholeness import Wholeness
+
+__all__ = ["give_up", "lost_in_line", "tasks"]
+
+
+class Bridge(Protocol):
+    """What these loops read of `loop.Bridge` (named here, not imported: loop.py runs them)."""
+
+    settings: BridgeSettings
+    intake: Intake
+    router: Router | None
+    exchange: LinkExchange | None
+    wholeness: Wholeness
+    _intake_done: bool
+
+    @property
+    def _inflight(self) -> int: ...
+
+    async def _collect(self, on_first: Callable[[], None] | None = None) -> list[Delivery]: ...
+
+    async def _observe(self, deliveries: Sequence[Delivery], raws: list[Any],
+                       collected_ns: int | None = None) -> float: ...
+
+    async def _process(self, deliveries: Sequence[Delivery], raws: list[Any], holdable: frozenset[int] = ...
+                       ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]: ...
+
+    async def _until(self, ripe_at: float) -> None: ...
+
+    def _past_deadline(self) -> bool: ...
+
+    def _draining(self) -> bool: ...
+
+    def _drop_waiting(self) -> None: ...
+
+    def _count_drain_lost(self, lost: int) -> None: ...
+
+
+def tasks(bridge: Bridge) -> tuple[list[asyncio.Task[None]], Ripening]:
+    """The intake task and the workers, started; the line between them (for the drain)."""
+    delayed: asyncio.Queue[Waiting | None] = asyncio.Queue(maxsize=DELAYED_BATCHES)
+    batch = bridge.settings.batch
+    ripening = Ripening(delayed, batch.max_messages, batch.coalesce)
+    started = [asyncio.create_task(_intake(bridge, delayed))]
+    started += [asyncio.create_task(_worker(bridge, ripening)) for _ in range(bridge._inflight)]
+    return started, ripening
+
+
+def give_up(bridge: Bridge, batches: Iterable[list[Delivery]]) -> None:
+    """Batches the drain ran out of time for: their room in the intake freed, counted lost."""
+    for batch in batches:
+        bridge.intake.release(batch)
+        bridge._count_drain_lost(len(batch))
+
+
+def lost_in_line(bridge: Bridge, ripening: Ripening) -> None:
+    """The workers are gone (cancelled at the drain's end): what still waits is lost; count it."""
+    give_up(bridge, ripening.left_waiting())
+
+
+async def _intake(bridge: Bridge, delayed: asyncio.Queue[Waiting | None]) -> None:
+    """Collect batches, keep the trace messages of the traces this bridge owns (the
+    others go to their owners), record their hop evidence at once, hand them on to wait."""
+    if bridge.router is not None:
+        await bridge.router.settled()
+    while True:
+        if bridge._past_deadline():
+            bridge._drop_waiting()
+        else:
+            batch = await bridge._collect()
+            if batch:
+                collected_ns = bridge.wholeness.collected()
+                if bridge.router is not None:
+                    batch = await bridge.router.route(batch, functools.partial(bridge.wholeness.streams, collected_ns))
+                    if not batch:
+                        bridge.wholeness.observed(collected_ns)
+                        continue
+                    if bridge.exchange is not None:  # soon after data, say how long it has been whole
+                        bridge.exchange.note_data()
+                raws = [d.raw for d in batch]
+                try:
+                    ripe_at = await bridge._observe(batch, raws, collected_ns)
+                finally:
+                    bridge.wholeness.observed(collected_ns)
+                await delayed.put((ripe_at, batch, raws))
+                continue
+            if not (bridge._intake_done and bridge.intake.empty()):
+                continue
+        for _ in range(bridge._inflight):
+            await delayed.put(None)
+        return
+
+
+async def _worker(bridge: Bridge, ripening: Ripening) -> None:
+    while True:
+        async with ripening.turn:  # one worker at a time takes batches, in order, and ripens them
+            item = await ripening.take()
+            if item is None:
+                return
+            _, batch, raws = item
+            if bridge._past_deadline():  # the drain ran out of time: counted, not exported
+                give_up(bridge, [batch])
+                continue
+            try:
+                batch, raws = await ripening.ripen(item, bridge._until, bridge._past_deadline, bridge._draining)
+            except BaseException:  # cancelled while it waited (the drain ran out): none exported
+                give_up(bridge, ripening.abandon())
+                raise
+        try:
+            await bridge._process(batch, raws)
+        finally:
+            bridge.intake.release(batch)

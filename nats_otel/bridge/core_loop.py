@@ -17,46 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
-from nats_otel.bridge.exchange import LinkExchange
-from nats_otel.bridge.intake import DELAYED_BATCHES, Intake
+from nats_otel.bridge.intake import DELAYED_BATCHES
+from nats_otel.bridge.loop_bridge import LoopBridge
 from nats_otel.bridge.ripening import Ripening, Waiting
-from nats_otel.bridge.routing import Router
-from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.delivery import Delivery
 from nats_otel.bridge.wholeness import Wholeness
 
 __all__ = ["give_up", "lost_in_line", "tasks"]
 
 
-class Bridge(Protocol):
-    """What these loops read of `loop.Bridge` (named here, not imported: loop.py runs them)."""
+class Bridge(LoopBridge, Protocol):
+    """What these loops read of `loop.Bridge` beyond what both modes' loops read."""
 
-    settings: BridgeSettings
-    intake: Intake
-    router: Router | None
-    exchange: LinkExchange | None
     wholeness: Wholeness
-    _intake_done: bool
-
-    @property
-    def _inflight(self) -> int: ...
-
-    async def _collect(self, on_first: Callable[[], None] | None = None) -> list[Delivery]: ...
-
-    async def _observe(self, deliveries: Sequence[Delivery], raws: list[Any],
-                       collected_ns: int | None = None) -> float: ...
-
-    async def _process(self, deliveries: Sequence[Delivery], raws: list[Any], holdable: frozenset[int] = ...
-                       ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]: ...
-
-    async def _until(self, ripe_at: float) -> None: ...
-
-    def _past_deadline(self) -> bool: ...
-
-    def _draining(self) -> bool: ...
 
     def _drop_waiting(self) -> None: ...
 

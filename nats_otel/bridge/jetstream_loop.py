@@ -15,16 +15,13 @@ and settles them by answering their senders.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from nats_otel.bridge.exchange import LinkExchange
-from nats_otel.bridge.intake import DELAYED_BATCHES, Intake
+from nats_otel.bridge.intake import DELAYED_BATCHES
 from nats_otel.bridge.js_routing import ACK, HOLD, NAK, TERM, ForwardedMsg, JetStreamRouter
+from nats_otel.bridge.loop_bridge import LoopBridge
 from nats_otel.bridge.policy import NakBackoff
 from nats_otel.bridge.ripening import Ripening, Waiting
-from nats_otel.bridge.routing import Router
-from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sources.delivery import Delivery
 from nats_otel.bridge.sources.jetstream import Held, JetStreamSource
 
@@ -33,34 +30,12 @@ __all__ = ["answer", "catch_up", "owners_changed", "run", "settle_fetched"]
 _FETCH_TIMEOUT_S = 1.0
 
 
-class Bridge(Protocol):
-    """What these loops read of `loop.Bridge` (named here, not imported: loop.py runs them)."""
+class Bridge(LoopBridge, Protocol):
+    """What these loops read of `loop.Bridge` beyond what both modes' loops read."""
 
-    settings: BridgeSettings
     sources: list[Any]
-    intake: Intake
-    router: Router | None
-    exchange: LinkExchange | None
     _stopping: asyncio.Event | None
-    _intake_done: bool
     _backoff: NakBackoff
-
-    @property
-    def _inflight(self) -> int: ...
-
-    async def _observe(self, deliveries: Sequence[Delivery], raws: list[Any],
-                       collected_ns: int | None = None) -> float: ...
-
-    async def _process(self, deliveries: Sequence[Delivery], raws: list[Any], holdable: frozenset[int] = ...
-                       ) -> tuple[list[Delivery], list[Delivery], list[Delivery], list[Delivery]]: ...
-
-    async def _until(self, ripe_at: float) -> None: ...
-
-    def _past_deadline(self) -> bool: ...
-
-    def _draining(self) -> bool: ...
-
-    async def _collect(self, on_first: Callable[[], None] | None = None) -> list[Delivery]: ...
 
 
 async def run(bridge: Bridge, source: JetStreamSource, forwarded: bool = False) -> None:

@@ -197,7 +197,7 @@ def receive_stages(messages: int) -> dict[str, float]:
                 def on_raw(subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes) -> None:
                     if not state["n"]:
                         state["cpu0"] = time.process_time()
-                    handler(subject, headers, payload)
+                    handler(subject, reply, headers, payload)
                     tick(state, done)
 
                 await nc.subscribe_direct("stage.direct", on_raw)

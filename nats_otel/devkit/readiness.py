@@ -8,6 +8,7 @@ met or its deadline passes.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -22,7 +23,10 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def get_json(url: str, timeout: float = 1.0) -> tuple[int, Any]:
-    """GET ``url`` -> (HTTP status, parsed JSON or None); (0, None) if unreachable."""
+    """GET ``url`` -> (HTTP status, parsed JSON or None); (0, None) if unreachable, or if
+    what answers is not HTTP: a free port is only free when chosen, and another process's
+    NATS port may hold a monitoring port's number (the server that wanted it then exits,
+    and the start is tried again on fresh ports: `processes._PortConflict`)."""
     try:
         # A proxy from the environment must never see requests to 127.0.0.1.
         with _NO_PROXY.open(url, timeout=timeout) as resp:
@@ -31,7 +35,7 @@ def get_json(url: str, timeout: float = 1.0) -> tuple[int, Any]:
         with contextlib.suppress(ValueError):
             return e.code, json.loads(e.read() or b"null")
         return e.code, None
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):
         return 0, None
 
 

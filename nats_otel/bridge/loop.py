@@ -7,7 +7,9 @@ idle, saving the trips' wake-ups), exporting
 in `batch.exports_in_flight` export threads (so the next batch is converted while earlier
 ones wait for the backend, and the NATS read path never waits on one), or with `batch.workers` > 1 in that
 many worker processes (`workers.py`: batches sharded by trace id, several batches in flight). The error
-policy (fatal, drop and count, retry, isolate) is `policy.py`'s.
+policy (fatal, drop and count, retry, isolate) is `policy.py`'s. Each mode's loops (collect,
+wait out the link window, hand each batch to `_process`) are `core_loop.py`'s and
+`jetstream_loop.py`'s; this module starts them and drains them.
 
 Exit codes: 0 clean drain, 1 the drain timed out, 2 fatal, 3 gave up on NATS
 (`nats.give_up_after`: a source disconnected that long).

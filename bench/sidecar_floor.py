@@ -41,7 +41,8 @@ KINDS = ("tick", "grpc_idle", "grpc_export")
 # One child: waits for its start line, runs its kind for `seconds`, prints its CPU seconds.
 _CHILD = r'''
 import asyncio, math, sys, time
-kind, seconds, interval, every, endpoint = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+kind, endpoint = sys.argv[1], sys.argv[5]
+seconds, interval, every = (float(arg) for arg in sys.argv[2:5])
 exporter = None
 if kind != "tick":
     from nats_otel.bridge.export.otlp import GrpcExporter
@@ -84,8 +85,9 @@ print(time.process_time() - started, events, flush=True)
 def run_kind(kind: str, processes: int, seconds: float, interval: float, every: float, endpoint: str
              ) -> tuple[list[float], int]:
     """`processes` children of `kind` at once: each one's CPU seconds, and their events."""
-    children = [subprocess.Popen([sys.executable, "-c", _CHILD, kind, str(seconds), str(interval), str(every), endpoint],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    argv = [sys.executable, "-c", _CHILD, kind, str(seconds), str(interval), str(every), endpoint]
+    children = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                for _ in range(processes)]
     try:
         for child in children:
             if child.stdout is None or child.stdout.readline().strip() != "ready":

@@ -51,9 +51,11 @@ def tasks(bridge: Bridge) -> tuple[list[asyncio.Task[None]], Ripening]:
 
 def give_up(bridge: Bridge, batches: Iterable[list[Delivery]]) -> None:
     """Batches the drain ran out of time for: their room in the intake freed, counted lost."""
+    lost = 0
     for batch in batches:
         bridge.intake.release(batch)
-        bridge._count_drain_lost(len(batch))
+        lost += len(batch)
+    bridge._count_drain_lost(lost)  # one count and one log line for them all
 
 
 def lost_in_line(bridge: Bridge, ripening: Ripening) -> None:

@@ -10,14 +10,15 @@ window closed, a small one together with those ripening behind it (`batch.coales
 Nothing goes silently when the drain runs out of time (`drain_timeout` and its grace): a
 batch a worker comes to afterwards is counted and not exported, and a worker cancelled
 while it ripens counts what it held (`Ripening.abandon`); what still waits in the line
-when the workers are gone is counted by the bridge's drain (`lost_in_line`).
+when the workers are gone is counted by the bridge's drain (`Ripening.left_waiting`). All
+through `Bridge._drain_lost`, as the bridge counts what is left in its intake.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from nats_otel.bridge.intake import DELAYED_BATCHES
@@ -26,7 +27,7 @@ from nats_otel.bridge.ripening import Ripening, Waiting
 from nats_otel.bridge.sources.delivery import Delivery
 from nats_otel.bridge.wholeness import Wholeness
 
-__all__ = ["give_up", "lost_in_line", "tasks"]
+__all__ = ["tasks"]
 
 
 class Bridge(LoopBridge, Protocol):
@@ -36,7 +37,7 @@ class Bridge(LoopBridge, Protocol):
 
     def _drop_waiting(self) -> None: ...
 
-    def _count_drain_lost(self, lost: int) -> None: ...
+    def _drain_lost(self, batches: Iterable[Sequence[Delivery]]) -> None: ...
 
 
 def tasks(bridge: Bridge) -> tuple[list[asyncio.Task[None]], Ripening]:
@@ -47,20 +48,6 @@ def tasks(bridge: Bridge) -> tuple[list[asyncio.Task[None]], Ripening]:
     started = [asyncio.create_task(_intake(bridge, delayed))]
     started += [asyncio.create_task(_worker(bridge, ripening)) for _ in range(bridge._inflight)]
     return started, ripening
-
-
-def give_up(bridge: Bridge, batches: Iterable[list[Delivery]]) -> None:
-    """Batches the drain ran out of time for: their room in the intake freed, counted lost."""
-    lost = 0
-    for batch in batches:
-        bridge.intake.release(batch)
-        lost += len(batch)
-    bridge._count_drain_lost(lost)  # one count and one log line for them all
-
-
-def lost_in_line(bridge: Bridge, ripening: Ripening) -> None:
-    """The workers are gone (cancelled at the drain's end): what still waits is lost; count it."""
-    give_up(bridge, ripening.left_waiting())
 
 
 async def _intake(bridge: Bridge, delayed: asyncio.Queue[Waiting | None]) -> None:
@@ -104,12 +91,12 @@ async def _worker(bridge: Bridge, ripening: Ripening) -> None:
                 return
             _, batch, raws = item
             if bridge._past_deadline():  # the drain ran out of time: counted, not exported
-                give_up(bridge, [batch])
+                bridge._drain_lost([batch])
                 continue
             try:
                 batch, raws = await ripening.ripen(item, bridge._until, bridge._past_deadline, bridge._draining)
             except BaseException:  # cancelled while it waited (the drain ran out): none exported
-                give_up(bridge, ripening.abandon())
+                bridge._drain_lost(ripening.abandon())
                 raise
         try:
             await bridge._process(batch, raws)

@@ -21,7 +21,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from nats_otel import __version__, gc_tuning
@@ -271,8 +271,8 @@ class Bridge:
             task.cancel()
         if pending:  # gone once cancelled (their waits end at once): then what they held is counted
             await asyncio.wait(pending, timeout=_DRAIN_GRACE_S)
-            if self._line is not None:
-                core_loop.lost_in_line(self, self._line)
+            if self._line is not None:  # core mode: what waits in the link window's line
+                self._drain_lost(self._line.left_waiting())
         for task in done:
             if task.exception() is not None:
                 log.error("worker failed", exc_info=task.exception())
@@ -412,12 +412,16 @@ class Bridge:
 
     def _drop_waiting(self) -> None:
         """The drain ran out of time: what still waits in the intake is lost; count it."""
-        lost = self.intake.take(self.intake.qsize())
-        self.intake.release(lost)
-        self._count_drain_lost(len(lost))
+        self._drain_lost([self.intake.take(self.intake.qsize())])
 
-    def _count_drain_lost(self, lost: int) -> None:
-        """Messages still waiting (intake or link window) when the drain ran out of time."""
+    def _drain_lost(self, batches: Iterable[Sequence[Delivery]]) -> None:
+        """Messages the drain ran out of time for (in the intake, in the link window's line,
+        or held by a worker cancelled after the grace): their room in the intake freed, and
+        counted lost, in one count and one log line."""
+        lost = 0
+        for batch in batches:
+            self.intake.release(batch)
+            lost += len(batch)
         if lost:
             self._drain_overran = True
             self.metrics.dropped.labels("drain_timeout").inc(lost)

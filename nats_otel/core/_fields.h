@@ -51,4 +51,20 @@ static inline void nats_otel_set_field(PyObject *obj, Py_ssize_t offset, PyObjec
     Py_XDECREF(old);
 }
 
+/* `tuple.__new__(cls, values)` for a NamedTuple class `cls` and a tuple `values`: what
+ * CPython's tuple_subtype_new does (the class's own allocation, the values' references), without
+ * calling `tuple.__new__` as a Python callable (a type call, its argument parsing and checks:
+ * ~4x the allocation, and the kernel makes several such records per trace message). */
+static inline PyObject *nats_otel_record(PyObject *cls, PyObject *values) {
+    Py_ssize_t n = PyTuple_GET_SIZE(values);
+    PyObject *obj = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, n);
+    if (obj == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(values, i);
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(obj, i, item);
+    }
+    return obj;
+}
+
 #endif

@@ -5,6 +5,8 @@ cdef extern from "_fields.h":
     Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
     object field "nats_otel_field"(object obj, Py_ssize_t offset)
     void set_field "nats_otel_set_field"(object obj, Py_ssize_t offset, object value)
+    # `tuple.__new__(cls, values)`: only for the NamedTuple classes `_records.pxi` checks
+    object _new "nats_otel_record"(object cls, tuple values)
 
 
 cdef dict _offsets(object cls, str names):

@@ -86,7 +86,6 @@ __all__ = ["IMPLEMENTATION", "Converter", "LinkIndex", "Linker", "convert_batch"
 
 IMPLEMENTATION = "compiled"
 
-cdef object _new = tuple.__new__
 cdef object _UNSET = object()
 cdef str _HOP_HEADER = "nats-trace-hop"
 cdef frozenset _SERVER_HEADERS = SERVER_HEADERS

@@ -68,7 +68,7 @@ try:
         if field_offset(_event_type, "ts_ns") != TS_NS:
             raise TypeError("the event types' ts_ns fields are not one slot")
     for _record, _fields_read in _BY_POSITION.items():
-        if _record._fields != _fields_read:
+        if not issubclass(_record, tuple) or _record._fields != _fields_read:
             raise TypeError(f"{_record.__name__}'s fields changed: {_record._fields}")
 except TypeError as exc:
     raise ImportError(f"a record is not laid out as the kernel reads it: {exc}") from exc

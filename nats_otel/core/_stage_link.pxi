@@ -269,7 +269,7 @@ cdef class LinkIndex:
             if not _shapes_agree(probe[1], (<tuple>egress)[1]):  # never against exact evidence
                 return _new(_Link, (_AMBIGUOUS, None, max(candidates, 2), True))
         elif claimed is None or probe not in claimed:
-            self.sequences.learn(key, probe, egress)
+            sequences_learn(self.sequences, key, probe, egress)
         first = claimed is None or probe not in claimed
         if first:
             if claimed is None:
@@ -355,11 +355,9 @@ cdef class Linker:
         server = _read(msg, _TraceMessage, MSG.server, "server")
         ingress = _read(msg, _TraceMessage, MSG.ingress, "ingress")
         # The fields at their offsets (five look-ups by name fewer per message).
-        index.sequences.ledger.observe(_read(prepared, _Prepared, PREPARED.ident, "ident"),
-                                       _read(server, _ServerInfo, SRV.id, "id"),
-                                       _read(server, _ServerInfo, SRV.seq, "seq"),
-                                       _read(ingress, _Ingress, IN.ts_ns, "ts_ns"), now,
-                                       _read(ingress, _Ingress, IN.account, "account"))
+        ledger_observe(ledger_of(index.sequences), _read(prepared, _Prepared, PREPARED.ident, "ident"),
+                       _read(server, _ServerInfo, SRV.id, "id"), _read(server, _ServerInfo, SRV.seq, "seq"),
+                       _read(ingress, _Ingress, IN.ts_ns, "ts_ns"), now, _read(ingress, _Ingress, IN.account, "account"))
         if arrival is not None:
             key, entry = arrival
             index._add(False, key, _entry(entry), now)

@@ -88,6 +88,54 @@ def test_the_corpus_links_alike_in_a_bounded_converter(kernel, corpus_raws):
             assert states[0][1] > 0  # the capacity bound was compared too
 
 
+def _bookkeeping(linker) -> tuple:
+    """What the ledger and the sequences keep of every report and matched hop (the kernel's
+    `_stage_ledger.pxi` writes into the reference's own objects: they must hold the same)."""
+    sequences = linker.index.sequences
+    ledger = sequences.ledger
+    runs = {server: (r.firsts, r.lasts, r.since_ns, r.until_ns, r.touched, sorted(r.due))
+            for server, r in ledger._servers.items()}
+    members = {name: (m.heard, m.breaks) for name, m in ledger._members.items()}
+    latency = sequences.latency
+    return (ledger._reports, runs, list(ledger._fifo), ledger._covers, members,
+            {link: list(samples) for link, samples in latency._samples.items()}, latency._estimates,
+            {link: (p.times, p.pairs) for link, p in sequences._link_pairs.items()}, dict(sequences.decided_by))
+
+
+def test_the_ledger_and_sequences_keep_alike_what_each_report_and_hop_leaves(kernel, corpus_raws):
+    """Batches observed while their stream vouches (`ReportLedger.receiving`: a stream kept,
+    another, a loss, none) and converted a little later: the kernel's per-report steps
+    (its common case, and the methods it hands the rest to) leave the reference's state."""
+    from nats_otel.core import pipeline
+
+    raws = _reused(corpus_raws)
+    receiving = [("s1", 0), ("s1", 0), ("s2", 0), ("s1", 1), None, ("s1", 1)]
+    window = LinkSettings()  # the default hop window: most hops match, and their links are learned
+    settings = LinkSettings(window.max_hop_latency_s, window.max_clock_skew_s, 10_000, retention_s=0.2)
+    states = []
+    for linker in (pipeline.PythonLinker(settings), kernel.Linker(settings)):
+        converter = Converter(link=settings)
+        converter.linker = linker
+        ledger = linker.index.sequences.ledger
+        for turn, start in enumerate(range(0, len(raws), 9)):
+            batch, now = raws[start : start + 9], start / 1000
+            ledger.receiving = receiving[turn % len(receiving)]
+            converter.observe_many(batch, now)
+            ledger.receiving = None
+            converter.convert_many(batch, now + 0.003)
+        states.append(_bookkeeping(linker))
+    assert states[1] == states[0]
+    reports, runs, fifo, covers, members, samples, _, pairs, _ = states[0]
+    # The common case and the others were both met: runs extended and started, streams
+    # followed and vouched for, latencies and pairs learned on links kept.
+    assert any(len(firsts) > 1 for firsts, *_ in runs.values())
+    assert any(hi > lo for _, lo, hi in covers.values())
+    assert {"s1", "s2"} <= set(members)
+    assert max(len(kept) for kept in samples.values()) == 64  # a link's latencies, to the deque's bound
+    assert max(len(times) for times, _ in pairs.values()) == 32  # its latest pairs, to `_LINK_PAIRS`
+    assert len(reports) > 100 and fifo
+
+
 # Colliding keys (equal, not identical), equal and huge timestamps, duplicate entries.
 _keys = st.sampled_from([(b"c", "1", "a", "b"), (b"c", "2", "a", "b"), (b"d", "1", "a", "b")]).map(
     lambda key: (bytes(key[0]), *key[1:]))

@@ -1,0 +1,169 @@
+# The link window's bookkeeping of every report and every matched hop, in C (issue 48):
+# `ReportLedger.observe` (with the `vouch` it makes while a batch's stream is known) and
+# `HopSequences.learn` (`LinkLatency.learn`, `_LinkPairs.add`) for the common case, the
+# compiled counterparts of those methods (report_ledger.py, sequences.py, link_latency.py:
+# the references). In the live bridge they ran four to six Python frames per trace message.
+#
+# They work on the Python objects' own containers (each slot read at its offset, found here
+# when the kernel is imported), step by step as the methods do, for what the common case
+# is: a server already seen whose report extends its latest run; a stream and a cover of
+# that server already followed, with no loss since; a link whose latencies and pairs are
+# already kept. Anything else - a new server, a report out of order, a new link or stream,
+# a loss, an object of another type - is the method's, called as before.
+
+from bisect import bisect_right
+from heapq import heappush as _heappush
+
+from nats_otel.core.link_latency import LinkLatency as _LinkLatency
+from nats_otel.core.report_ledger import _VOUCHED_GAP as _VOUCHED_GAP_, ReportLedger as _ReportLedger
+from nats_otel.core.report_ledger import _Member, _ServerRuns
+from nats_otel.core.sequences import _LINK_PAIRS as _LINK_PAIRS_, HopSequences as _HopSequences_, _LinkPairs
+
+cdef struct LedgerFields:       # report_ledger.ReportLedger
+    Py_ssize_t _reports, _fixed, _servers, _bounded, _fifo, receiving, _members, _covers
+cdef struct RunsFields:         # report_ledger._ServerRuns
+    Py_ssize_t firsts, lasts, since_ns, until_ns, touched, due
+cdef struct MemberFields:       # report_ledger._Member
+    Py_ssize_t heard
+cdef struct SequencesFields:    # sequences.HopSequences
+    Py_ssize_t _bounded, latency, _link_pairs, ledger
+cdef struct LatencyFields:      # link_latency.LinkLatency
+    Py_ssize_t _samples, _estimates
+cdef struct PairsFields:        # sequences._LinkPairs
+    Py_ssize_t pairs, times
+
+cdef LedgerFields LEDGER
+cdef RunsFields RUNS
+cdef MemberFields MEMBER
+cdef SequencesFields SEQ
+cdef LatencyFields LATENCY
+cdef PairsFields PAIRS
+cdef object _VOUCHED_GAP = _VOUCHED_GAP_
+cdef object _LINK_PAIRS = _LINK_PAIRS_
+
+try:
+    LEDGER = _offsets(_ReportLedger, "_reports _fixed _servers _bounded _fifo receiving _members _covers")
+    RUNS = _offsets(_ServerRuns, "firsts lasts since_ns until_ns touched due")
+    MEMBER = _offsets(_Member, "heard")
+    SEQ = _offsets(_HopSequences_, "_bounded latency _link_pairs ledger")
+    LATENCY = _offsets(_LinkLatency, "_samples _estimates")
+    PAIRS = _offsets(_LinkPairs, "pairs times")
+except TypeError as exc:
+    raise ImportError(f"the ledger's or the sequences' records are not laid out as the kernel reads them: {exc}") \
+        from exc
+
+
+cdef object ledger_of(object sequences):
+    """`sequences.ledger`"""
+    return field(sequences, SEQ.ledger) if type(sequences) is _HopSequences_ else sequences.ledger
+
+
+cdef void ledger_observe(object ledger, object ident, object server_id, object seq, object ts_ns, object now,
+                         object account) except *:
+    """As `ReportLedger.observe`."""
+    if type(ledger) is not _ReportLedger or type(seq) is not int:
+        ledger.observe(ident, server_id, seq, ts_ns, now, account)
+        return
+    if seq <= 0:
+        return
+    cdef dict reports = field(ledger, LEDGER._reports)
+    if ident in reports:
+        return
+    reports[ident] = (server_id, seq, account, ts_ns)
+    if field(ledger, LEDGER._fixed):
+        return
+    cdef dict servers = field(ledger, LEDGER._servers)
+    runs = servers.get(server_id)
+    if runs is None:
+        runs = servers[server_id] = _ServerRuns(field(ledger, LEDGER._bounded))
+    if not _runs_extend(runs, seq, ts_ns, now):
+        runs.add(seq, ts_ns, now)
+    if field(ledger, LEDGER._bounded):
+        field(ledger, LEDGER._fifo).append((now, ident))
+    receiving = field(ledger, LEDGER.receiving)
+    if receiving is not None:
+        stream, breaks = <tuple>receiving
+        if not _vouch_covered(ledger, stream, server_id, seq, breaks, now):
+            ledger.vouch(stream, server_id, seq, breaks, now)
+
+
+cdef bint _runs_extend(object runs, object seq, object ts_ns, object now) except -1:
+    """`_ServerRuns.add` when `seq` extends the latest run by one (True); False, having
+    changed nothing, for any other case (the method's)."""
+    if type(runs) is not _ServerRuns or type(ts_ns) is not int:
+        return False
+    cdef list lasts = field(runs, RUNS.lasts)
+    cdef Py_ssize_t last = len(lasts) - 1  # the latest run (the kernel reads no negative index)
+    if last < 0 or seq != lasts[last] + 1:
+        return False
+    cdef list since_ns = field(runs, RUNS.since_ns)
+    cdef list until_ns = field(runs, RUNS.until_ns)
+    cdef list touched = field(runs, RUNS.touched)
+    lasts[last] = seq
+    if ts_ns < since_ns[last]:
+        since_ns[last] = ts_ns
+    if ts_ns > until_ns[last]:
+        until_ns[last] = ts_ns
+    if touched[last] != now:
+        touched[last] = now
+        due = field(runs, RUNS.due)
+        if due is not None:
+            _heappush(due, (now, seq))
+    return True
+
+
+cdef bint _vouch_covered(object ledger, object stream, object server_id, object seq, object breaks,
+                         object now) except -1:
+    """`ReportLedger.vouch` for a stream and a (stream, server) cover already followed, with
+    the same losses (True); False, having changed nothing, for any other case (the method's)."""
+    member = (<dict>field(ledger, LEDGER._members)).get(stream)
+    cover = (<dict>field(ledger, LEDGER._covers)).get((stream, server_id))
+    if type(member) is not _Member or type(cover) is not list or len(<list>cover) != 3 or breaks != cover[0]:
+        return False
+    if now > field(member, MEMBER.heard):
+        member.heard = now
+    if seq > cover[2]:
+        if seq - cover[2] > _VOUCHED_GAP:
+            cover[1] = seq
+        cover[2] = seq
+    return True
+
+
+cdef void sequences_learn(object sequences, object key, object arrival, object egress) except *:
+    """As `HopSequences.learn`."""
+    if type(sequences) is not _HopSequences_ or type(key) is not tuple or len(<tuple>key) != 4:
+        sequences.learn(key, arrival, egress)
+        return
+    if not field(sequences, SEQ._bounded):
+        return
+    link = ((<tuple>key)[2], (<tuple>key)[3])
+    latency = field(sequences, SEQ.latency)
+    latency_ns = arrival[0] - egress[0]
+    if type(latency) is not _LinkLatency or not _latency_learn(latency, link, latency_ns):
+        latency.learn(link, latency_ns)
+    pairs = (<dict>field(sequences, SEQ._link_pairs)).get(link)
+    if type(pairs) is not _LinkPairs or not _pairs_add(pairs, egress, arrival, (<tuple>key)[0]):
+        sequences._mark(link, (<tuple>key)[0], egress, arrival)
+
+
+cdef bint _latency_learn(object latency, object link, object latency_ns) except -1:
+    """`LinkLatency.learn` for a link already learned (True); False, having changed nothing."""
+    samples = (<dict>field(latency, LATENCY._samples)).get(link)
+    if samples is None:
+        return False
+    samples.append(latency_ns)
+    (<dict>field(latency, LATENCY._estimates)).pop(link, None)
+    return True
+
+
+cdef bint _pairs_add(object pairs, object egress, object arrival, object context) except -1:
+    """`_LinkPairs.add` as the live bridge calls it (the latest `_LINK_PAIRS` kept): True."""
+    cdef list times = field(pairs, PAIRS.times)
+    cdef list kept = field(pairs, PAIRS.pairs)
+    time_ns = arrival[0]
+    at = bisect_right(times, time_ns)
+    times.insert(at, time_ns)
+    kept.insert(at, (egress, arrival, context))
+    if len(times) > _LINK_PAIRS:
+        del times[0], kept[0]
+    return True

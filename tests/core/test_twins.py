@@ -317,6 +317,38 @@ def test_ids_hash_alike(kernel, primitives, texts, ident, trace_id, parent, posi
     assert outcome(kernel.event_span_id, ctx, ident, position) == outcome(ids.event_span_id, ctx, ident, position)
 
 
+def _span_ids_are_hashlibs(kernel, ctx, ident: bytes, position: int) -> None:
+    """The kernel's server and event span ids of `ident` are hashlib's BLAKE2b of their bytes."""
+    import hashlib
+
+    from nats_otel.core import ids
+
+    for span_id, data in ((kernel.server_span_id(ctx, ident), ids._ROLE_PREFIX[b"server"] + ctx.id_fields + ident),
+                          (kernel.event_span_id(ctx, ident, position),
+                           ids._ROLE_PREFIX[b"event"] + ctx.id_fields + ident + ids._POSITIONS[position])):
+        digest = hashlib.blake2b(data, digest_size=16).digest()[:8]
+        assert span_id == (digest if any(digest) else b"\x00" * 7 + b"\x01"), len(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=1, max_size=20), st.binary(max_size=20), st.binary(min_size=60, max_size=420),
+       st.integers(0, 255))
+def test_span_ids_of_several_blocks_are_hashlibs(kernel, trace_id, parent, ident, position):
+    # 130 to 560 bytes hashed: 2 to 5 BLAKE2b blocks, the kernel's four parts across their edges.
+    from nats_otel.core import ids
+
+    _span_ids_are_hashlibs(kernel, ids.TraceContext(trace_id, parent), ident, position)
+
+
+def test_span_ids_at_block_edges_are_hashlibs(kernel):
+    from nats_otel.core import ids
+
+    ctx = ids.TraceContext(bytes(range(1, 17)), bytes(range(8)))
+    fixed = len(ids._ROLE_PREFIX[b"server"] + ctx.id_fields)
+    for total in (127, 128, 129, 255, 256, 257, 383, 384, 385):
+        _span_ids_are_hashlibs(kernel, ctx, b"i" * (total - fixed), 7)
+
+
 _trace_hex = st.sampled_from(["0" * 32, "4bf92f3577b34da6a3ce929d0e0e4736", "4BF92F3577B34DA6A3CE929D0E0E4736",
                               "4bf92f3577b34da6a3ce929d0e0e473"]) | st.from_regex(r"[0-9a-fA-F]{32}", fullmatch=True)
 _parent_hex = (st.sampled_from(["0" * 16, "00f067aa0ba902b7", "00f067aa0ba902bz"])

@@ -1,5 +1,5 @@
 /* BLAKE2b (RFC 7693) with a digest length and no key: what hashlib.blake2b(data,
- * digest_size=n) computes, for the compiled span-id hashing (_ids.pyx). Written from the
+ * digest_size=n) computes, for the compiled span-id hashing (_stage_ids.pxi). Written from the
  * RFC's description; tests/core/test_twins.py checks it against hashlib. */
 
 /* Why it looks unrolled: span ids hash 150-260 bytes (2-3 compressions) and the hashing was

@@ -17,6 +17,16 @@ per batch, GC on with the bridge's settings (what the records held through the w
 issue 48). The machine is shared and noisy:
 alternation spreads the noise over both, and the summary gives the best round of each and
 their ratio. For CPU per message, not throughput: nothing else runs.
+
+    python bench/core_ab.py /tmp/base --instructions [--path window]
+
+`--instructions` counts instead of timing: the instructions each checkout executes per
+message on the path (valgrind's cachegrind, `apt-get install valgrind`; one pass and three
+over the same messages in two runs, their difference over two passes' messages, so the
+pool's making and the imports cancel out). The count does not move with the machine's
+load, so a change of 1 % shows in one run where the timed rounds spread by 30 %; it does
+not see what memory costs (cache misses, page faults), which the timed rounds do. The hash
+seed is fixed (PYTHONHASHSEED=0): the same run gives the same count.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,8 +102,9 @@ def window_calls(raws) -> None:
             gc_tuning.after_batch()
 
 
-def measure(messages: int, path: str) -> None:
-    """In the child: print microseconds of CPU per message, best of 3 passes."""
+def measure(messages: int, path: str, passes: int = 0) -> None:
+    """In the child: print microseconds of CPU per message, best of 3 passes; with `passes`,
+    only run the path that many times (counted from outside: `instructions`)."""
     sys.path.insert(1, str(HERE.parent))
     # Both resolve `nats_otel` from PYTHONPATH: the checkout under test.
     from convert_throughput import ours
@@ -106,6 +119,10 @@ def measure(messages: int, path: str) -> None:
         gc_tuning.tune_gc_for_throughput()
     else:
         gc.disable()
+    if passes:
+        for _ in range(passes):
+            run_path(raws)
+        return
     best = float("inf")
     for _ in range(3):
         started = time.process_time()
@@ -122,6 +139,21 @@ def run(src: Path, messages: int, path: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def instructions(src: Path, messages: int, path: str) -> float:
+    """Instructions executed per message on `path` by checkout `src` (see the docstring)."""
+    counts = []
+    for passes in (1, 3):
+        env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
+        out = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                              sys.executable, str(HERE), "--child", "--messages", str(messages), "--path", path,
+                              "--passes", str(passes)], cwd=src, env=env, check=True, capture_output=True, text=True)
+        found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+        if found is None:
+            raise SystemExit(f"no instruction count in valgrind's output:\n{out.stderr[-2000:]}")
+        counts.append(int(found.group(1).replace(",", "")))
+    return (counts[1] - counts[0]) / (2 * messages)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("baseline", type=Path, nargs="?", help="the other checkout")
@@ -131,13 +163,23 @@ def main() -> None:
                         help="convert: Converter.convert per message + requests; bridge: the bridge's batch calls; "
                              "view: those and the network view's counting; window: the bridge's calls with a link "
                              "window held, one request per batch, the bridge's GC settings")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per message (valgrind) instead of timing rounds")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--passes", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        measure(args.messages, args.path)
+        measure(args.messages, args.path, args.passes)
         return
     if args.baseline is None:
         parser.error("give the baseline checkout")
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+        base, ours = (instructions(src, args.messages, args.path) for src in (args.baseline.resolve(), OURS))
+        print(f"{args.messages:,} messages, path {args.path}: baseline {base:,.0f} instructions per message, "
+              f"ours {ours:,.0f}: ours executes {ours / base:.3f} of the baseline's")
+        return
     print(f"load average {os.getloadavg()[0]:.2f}; {args.messages:,} messages, {args.rounds} rounds", flush=True)
     best = {"baseline": float("inf"), "ours": float("inf")}
     ratios = []

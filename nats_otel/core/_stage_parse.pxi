@@ -139,7 +139,9 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
         size = name[1] - name[0]
         entry = NULL
         for i in range(spec.count):
-            if spec.fields[i].size == size and memcmp(s + name[0], spec.fields[i].name, size) == 0:
+            # The length and the first byte first: most names differ there, without a call.
+            if (spec.fields[i].size == size and size > 0 and s[name[0]] == <unsigned char>spec.fields[i].name[0]
+                    and memcmp(s + name[0], spec.fields[i].name, size) == 0):
                 entry = &spec.fields[i]
                 break
         if entry is NULL:

@@ -54,6 +54,7 @@ from nats_otel.core.ids import parse_traceparent as _reference_parse_traceparent
 from nats_otel.core.ids import server_span_id as _reference_server_span_id
 from nats_otel.core.ids import trace_context as _trace_context, upstream_hop as _upstream_hop
 from nats_otel.core.linking import AMBIGUOUS as _AMBIGUOUS, MATCHED as _MATCHED, UNMATCHED as _UNMATCHED
+from nats_otel.core.link_latency import LinkLatency as _LinkLatency
 from nats_otel.core.linking import Arrival as _Arrival, Egress as _LinkEgress, Link as _Link, LinkSettings
 from nats_otel.core.mapping import _NOT_FAILURES as _NOT_FAILURES_, HEADER_ATTRIBUTE_PREFIX, MappingOptions
 from nats_otel.core.mapping import Placement as _Placement, map_message as _map_message
@@ -71,7 +72,8 @@ from nats_otel.core.pipeline import _BAD_TRACEPARENT as _BAD_TRACEPARENT_, _MAX_
 from nats_otel.core.pipeline import Converted as _Converted, Prepared as _Prepared, Rejected as _Rejected
 from nats_otel.core.pipeline import observed
 from nats_otel.core.pipeline import prepare as _reference_prepare
-from nats_otel.core.sequences import HopSequences as _HopSequences
+from nats_otel.core.report_ledger import ReportLedger as _ReportLedger, _Member, _ServerRuns
+from nats_otel.core.sequences import HopSequences as _HopSequences, _LinkPairs
 from nats_otel.core.shapes import CONTEXT_HEADERS, SERVER_HEADERS, SHAPE_DIGEST
 from nats_otel.core.shapes import message_shape as _message_shape, shape_digest as _shape_digest
 from nats_otel.core.span_bytes import _SCOPE as _encoded_scope, EncodedSpans as _EncodedSpans

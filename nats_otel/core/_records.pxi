@@ -1,6 +1,6 @@
 # The records the kernel reads, and where each field it reads lies in them: the one place a
-# record's layout is known. A msgspec Struct's field is a slot at a fixed offset
-# (`_fields.h`), found here once, when the kernel is imported; each read after an exact type
+# record's layout is known. A msgspec Struct's field (or a `__slots__` class's attribute) is
+# a slot at a fixed offset (`_fields.h`), found here once, when the kernel is imported; each read after an exact type
 # check is then a load. The NamedTuples built or read by position are checked here too.
 #
 # A record not laid out as read here (a field that is not a plain slot, a NamedTuple's
@@ -28,6 +28,20 @@ cdef struct DocumentFields:     # decode._Document
 cdef struct RequestFields:      # decode._Request
     Py_ssize_t header, msgsize
 
+# The link window's bookkeeping (`_stage_ledger.pxi` writes into these plain classes' slots)
+cdef struct LedgerFields:       # report_ledger.ReportLedger
+    Py_ssize_t _reports, _fixed, _servers, _bounded, _fifo, receiving, _members, _covers
+cdef struct RunsFields:         # report_ledger._ServerRuns
+    Py_ssize_t firsts, lasts, since_ns, until_ns, touched, due
+cdef struct MemberFields:       # report_ledger._Member
+    Py_ssize_t heard
+cdef struct SequencesFields:    # sequences.HopSequences
+    Py_ssize_t _bounded, latency, _link_pairs, ledger
+cdef struct LatencyFields:      # link_latency.LinkLatency
+    Py_ssize_t _samples, _estimates
+cdef struct PairsFields:        # sequences._LinkPairs
+    Py_ssize_t pairs, times
+
 cdef MessageFields MSG
 cdef IngressFields IN
 cdef EgressFields EG
@@ -38,6 +52,12 @@ cdef PreparedFields PREPARED
 cdef RawFields RAW
 cdef DocumentFields DOC
 cdef RequestFields REQ
+cdef LedgerFields LEDGER
+cdef RunsFields RUNS
+cdef MemberFields MEMBER
+cdef SequencesFields SEQ
+cdef LatencyFields LATENCY
+cdef PairsFields PAIRS
 cdef Py_ssize_t TS_NS  # every event's `ts_ns` (a field of their base class: one offset)
 
 # NamedTuples built with `tuple.__new__` or read by position.
@@ -63,6 +83,12 @@ try:
     RAW = _offsets(_RawTraceMessage, "headers payload")
     DOC = _offsets(_Document, "server events request hops")
     REQ = _offsets(_DecodedRequest, "header msgsize")
+    LEDGER = _offsets(_ReportLedger, "_reports _fixed _servers _bounded _fifo receiving _members _covers")
+    RUNS = _offsets(_ServerRuns, "firsts lasts since_ns until_ns touched due")
+    MEMBER = _offsets(_Member, "heard")
+    SEQ = _offsets(_HopSequences, "_bounded latency _link_pairs ledger")
+    LATENCY = _offsets(_LinkLatency, "_samples _estimates")
+    PAIRS = _offsets(_LinkPairs, "pairs times")
     TS_NS = field_offset(_Ingress, "ts_ns")
     for _event_type in (_EgressEvent, _SubjectMapping, _StreamExport, _ServiceImport, _JetStreamEvent):
         if field_offset(_event_type, "ts_ns") != TS_NS:

@@ -4,8 +4,8 @@
 # compiled counterparts of those methods (report_ledger.py, sequences.py, link_latency.py:
 # the references). In the live bridge they ran four to six Python frames per trace message.
 #
-# They work on the Python objects' own containers (each slot read at its offset, found here
-# when the kernel is imported), step by step as the methods do, for what the common case
+# They work on the Python objects' own containers (each slot read at its offset, found by
+# `_records.pxi` when the kernel is imported), step by step as the methods do, for what the common case
 # is: a server already seen whose report extends its latest run; a stream and a cover of
 # that server already followed, with no loss since; a link whose latencies and pairs are
 # already kept. Anything else - a new server, a report out of order, a new link or stream,
@@ -14,48 +14,16 @@
 from bisect import bisect_right
 from heapq import heappush as _heappush
 
-from nats_otel.core.link_latency import LinkLatency as _LinkLatency
-from nats_otel.core.report_ledger import _VOUCHED_GAP as _VOUCHED_GAP_, ReportLedger as _ReportLedger
-from nats_otel.core.report_ledger import _Member, _ServerRuns
-from nats_otel.core.sequences import _LINK_PAIRS as _LINK_PAIRS_, HopSequences as _HopSequences_, _LinkPairs
+from nats_otel.core.report_ledger import _VOUCHED_GAP as _VOUCHED_GAP_
+from nats_otel.core.sequences import _LINK_PAIRS as _LINK_PAIRS_
 
-cdef struct LedgerFields:       # report_ledger.ReportLedger
-    Py_ssize_t _reports, _fixed, _servers, _bounded, _fifo, receiving, _members, _covers
-cdef struct RunsFields:         # report_ledger._ServerRuns
-    Py_ssize_t firsts, lasts, since_ns, until_ns, touched, due
-cdef struct MemberFields:       # report_ledger._Member
-    Py_ssize_t heard
-cdef struct SequencesFields:    # sequences.HopSequences
-    Py_ssize_t _bounded, latency, _link_pairs, ledger
-cdef struct LatencyFields:      # link_latency.LinkLatency
-    Py_ssize_t _samples, _estimates
-cdef struct PairsFields:        # sequences._LinkPairs
-    Py_ssize_t pairs, times
-
-cdef LedgerFields LEDGER
-cdef RunsFields RUNS
-cdef MemberFields MEMBER
-cdef SequencesFields SEQ
-cdef LatencyFields LATENCY
-cdef PairsFields PAIRS
 cdef object _VOUCHED_GAP = _VOUCHED_GAP_
 cdef object _LINK_PAIRS = _LINK_PAIRS_
-
-try:
-    LEDGER = _offsets(_ReportLedger, "_reports _fixed _servers _bounded _fifo receiving _members _covers")
-    RUNS = _offsets(_ServerRuns, "firsts lasts since_ns until_ns touched due")
-    MEMBER = _offsets(_Member, "heard")
-    SEQ = _offsets(_HopSequences_, "_bounded latency _link_pairs ledger")
-    LATENCY = _offsets(_LinkLatency, "_samples _estimates")
-    PAIRS = _offsets(_LinkPairs, "pairs times")
-except TypeError as exc:
-    raise ImportError(f"the ledger's or the sequences' records are not laid out as the kernel reads them: {exc}") \
-        from exc
 
 
 cdef object ledger_of(object sequences):
     """`sequences.ledger`"""
-    return field(sequences, SEQ.ledger) if type(sequences) is _HopSequences_ else sequences.ledger
+    return field(sequences, SEQ.ledger) if type(sequences) is _HopSequences else sequences.ledger
 
 
 cdef void ledger_observe(object ledger, object ident, object server_id, object seq, object ts_ns, object now,
@@ -131,7 +99,7 @@ cdef bint _vouch_covered(object ledger, object stream, object server_id, object 
 
 cdef void sequences_learn(object sequences, object key, object arrival, object egress) except *:
     """As `HopSequences.learn`."""
-    if type(sequences) is not _HopSequences_ or type(key) is not tuple or len(<tuple>key) != 4:
+    if type(sequences) is not _HopSequences or type(key) is not tuple or len(<tuple>key) != 4:
         sequences.learn(key, arrival, egress)
         return
     if not field(sequences, SEQ._bounded):
@@ -142,7 +110,9 @@ cdef void sequences_learn(object sequences, object key, object arrival, object e
     if type(latency) is not _LinkLatency or not _latency_learn(latency, link, latency_ns):
         latency.learn(link, latency_ns)
     pairs = (<dict>field(sequences, SEQ._link_pairs)).get(link)
-    if type(pairs) is not _LinkPairs or not _pairs_add(pairs, egress, arrival, (<tuple>key)[0]):
+    if type(pairs) is _LinkPairs:
+        _pairs_add(pairs, egress, arrival, (<tuple>key)[0])
+    else:  # a link not kept yet (or a stand-in): `_mark` decides
         sequences._mark(link, (<tuple>key)[0], egress, arrival)
 
 
@@ -156,8 +126,8 @@ cdef bint _latency_learn(object latency, object link, object latency_ns) except 
     return True
 
 
-cdef bint _pairs_add(object pairs, object egress, object arrival, object context) except -1:
-    """`_LinkPairs.add` as the live bridge calls it (the latest `_LINK_PAIRS` kept): True."""
+cdef void _pairs_add(object pairs, object egress, object arrival, object context) except *:
+    """`_LinkPairs.add` as the live bridge calls it (the latest `_LINK_PAIRS` kept)."""
     cdef list times = field(pairs, PAIRS.times)
     cdef list kept = field(pairs, PAIRS.pairs)
     time_ns = arrival[0]
@@ -166,4 +136,3 @@ cdef bint _pairs_add(object pairs, object egress, object arrival, object context
     kept.insert(at, (egress, arrival, context))
     if len(times) > _LINK_PAIRS:
         del times[0], kept[0]
-    return True

@@ -26,16 +26,17 @@ from _core_api import hot_path
 _TID = re.compile(rb"00-([0-9a-f]{32})-")
 
 
-def build_pool(count: int, path: Path) -> list[int]:
+def build_pool(count: int, path: Path, encoding: str | None = None) -> list[int]:
     """`count` raw trace messages as (header block, payload, trace id) -> pickle; returns
-    the spans each corpus message gives, in order (the pool repeats the corpus)."""
+    the spans each corpus message gives, in order (the pool repeats the corpus). `encoding`:
+    every message compressed so (`corpus_replay.replicate`)."""
     from corpus_replay import corpus_raws, replicate
 
     from nats_otel.core.decode import DecodeLimits, decompress
     from nats_otel.core.pipeline import Converted
 
     pool = []
-    for raw in replicate(count):
+    for raw in replicate(count, encoding=encoding):
         hdr = b""
         if raw.headers:
             hdr = b"NATS/1.0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, vs in raw.headers.items()

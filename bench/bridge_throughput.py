@@ -315,6 +315,9 @@ def main() -> None:
     parser.add_argument("--exchange-stages", action="append", choices=["burst", "paced", "fixed"],
                         help="exchange phase stages (repeatable; default all three)")
     phases = ["raw", "naive", "naive-defaults", "core", "forward", "pair", "exchange", "latency", "js"]
+    parser.add_argument("--encoding", choices=["gzip", "snappy"],
+                        help="every trace message of the pool compressed so, as a trace that asks for it "
+                             "(Accept-Encoding) gets them (default: as in the corpus, a few compressed)")
     parser.add_argument("--skip", action="append", default=[], choices=phases)
     parser.add_argument("--only", action="append", choices=phases, help="run only these phases (repeatable)")
     args = parser.parse_args()

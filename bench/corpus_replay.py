@@ -1,7 +1,9 @@
 """Replicate the shipped real corpus with fresh trace ids: load for the benchmarks.
 
 Each copy of a traced message gets a new trace id (the same for all servers of that
-message, so hop links stay intact); compressed messages stay compressed.
+message, so hop links stay intact); compressed messages stay compressed, or every message is
+compressed with one encoding (`encoding`: what a trace that asks for it, `Accept-Encoding`,
+gets from the servers).
 """
 
 from __future__ import annotations
@@ -34,18 +36,23 @@ def _recompress(data: bytes, encoding: str | None) -> bytes:
     return data
 
 
-def replicate(count: int, seed: str = "bench") -> list[RawTraceMessage]:
-    """`count` trace messages: the corpus over and over, each copy with fresh trace ids."""
+def replicate(count: int, seed: str = "bench", encoding: str | None = None) -> list[RawTraceMessage]:
+    """`count` trace messages: the corpus over and over, each copy with fresh trace ids;
+    with `encoding` ("gzip", "snappy"), every one compressed so."""
     base = corpus_raws()
     plain = []
     for raw in base:
-        encoding = raw.header("Content-Encoding")
-        text = decompress(raw.payload, encoding, DecodeLimits())
-        plain.append((raw, encoding, text))
+        text = decompress(raw.payload, raw.header("Content-Encoding"), DecodeLimits())
+        if encoding is None:
+            plain.append((raw, raw.header("Content-Encoding"), text))
+        else:
+            headers = {k: v for k, v in raw.headers.items() if k.lower() != "content-encoding"}
+            plain.append((RawTraceMessage(raw.subject, {**headers, "Content-Encoding": [encoding]}, raw.payload),
+                          encoding, text))
     out: list[RawTraceMessage] = []
     copy = 0
     while len(out) < count:
-        for raw, encoding, text in plain:
+        for raw, compressed_with, text in plain:
             if len(out) >= count:
                 break
             # Trace ids are 32 hex chars after "00-"; swap each for a per-copy one.
@@ -55,6 +62,6 @@ def replicate(count: int, seed: str = "bench") -> list[RawTraceMessage]:
                 old = payload[start + 4 : start + 36]
                 new = hashlib.blake2b(old + f"{seed}{copy}".encode(), digest_size=16).hexdigest().encode()
                 payload = payload.replace(old, new)
-            out.append(RawTraceMessage(raw.subject, raw.headers, _recompress(payload, encoding)))
+            out.append(RawTraceMessage(raw.subject, raw.headers, _recompress(payload, compressed_with)))
         copy += 1
     return out

@@ -139,6 +139,7 @@ except _LayoutChanged as exc:
 include "_stage_ids.pxi"
 include "_json.pxi"
 include "_stage_parse.pxi"
+include "_stage_snappy.pxi"
 include "_stage_prepare.pxi"
 include "_stage_ledger.pxi"
 include "_stage_link.pxi"

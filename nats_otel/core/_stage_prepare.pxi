@@ -28,9 +28,13 @@ cpdef object prepare(object raw, object limits=_UNSET):
         encoding = _content_encoding(<dict>headers) if headers else None
     except Exception:  # a header name that is not a string: the reference raises
         return _prepare_by_reference(raw, limits)
-    if encoding is None and len(<bytes>payload) <= limits.max_payload_bytes:
-        data = payload
-    else:
+    data = _NO
+    if len(<bytes>payload) <= limits.max_payload_bytes:
+        if encoding is None:
+            data = payload
+        elif type(encoding) is str and encoding == "snappy":  # the server's spelling (`_stage_snappy.pxi`)
+            data = _unframe_snappy(payload, limits.max_decompressed_bytes)
+    if data is _NO:  # compressed otherwise, too large, or a stream the kernel declined
         try:
             data = _decompress(payload, encoding, limits)
         except Exception:  # refused: the reference raises the same error

@@ -25,8 +25,13 @@ message on the path (valgrind's cachegrind, `apt-get install valgrind`; one pass
 over the same messages in two runs, their difference over two passes' messages, so the
 pool's making and the imports cancel out). The count does not move with the machine's
 load, so a change of 1 % shows in one run where the timed rounds spread by 30 %; it does
-not see what memory costs (cache misses, page faults), which the timed rounds do. The hash
-seed is fixed (PYTHONHASHSEED=0): the same run gives the same count.
+not see what memory costs (cache misses, page faults), which the timed rounds do. Nor does
+it weigh a large memset or memcpy right: glibc does those with `rep stosb`/`rep movsb`, which
+valgrind counts as one instruction per byte (a 64 KiB memset reads ~65k instructions; a few
+thousand vector stores on the machine). cramjam's framed snappy decoder zeroes its 64 KiB
+buffers for each message: with `--encoding snappy` the baseline read 233k instructions per
+message where its time was ~3 µs more than ours (docs/performance.md): time such paths. The
+hash seed is fixed (PYTHONHASHSEED=0): the same run gives the same count.
 """
 
 from __future__ import annotations

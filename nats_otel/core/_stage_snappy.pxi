@@ -17,7 +17,7 @@
 # block that claims more than 64 KiB or that cramjam refuses, a checksum that differs - gives
 # _NO, and the reference decides (the same bytes, or its error).
 
-from libc.stdint cimport uint32_t
+from libc.stdint cimport int64_t, uint32_t
 
 from cramjam import snappy as _snappy
 
@@ -28,6 +28,8 @@ cdef const char* _STREAM_ID = b"\xff\x06\x00\x00sNaPpY"  # the identifier chunk,
 cdef extern from "_crc32c.h":
     void _crc32c_init "nats_otel_crc32c_init"() noexcept nogil
     uint32_t crc32c "nats_otel_crc32c"(const unsigned char* data, size_t size) noexcept nogil
+    uint32_t _crc32c_table "nats_otel_crc32c_table"(const unsigned char* data, size_t size) noexcept nogil
+    int64_t _crc32c_hardware "nats_otel_crc32c_hardware_sum"(const unsigned char* data, size_t size) noexcept nogil
 
 _crc32c_init()
 
@@ -105,3 +107,11 @@ def own_snappy(payload, Py_ssize_t limit=16 * 1024 * 1024):
         return None
     data = _unframe_snappy(payload, limit)
     return None if data is _NO else data
+
+
+def crc32c_ways(bytes data):
+    """CRC-32C of `data` both ways, for the tests: (the tables', the SSE 4.2 instruction's or
+    None where the processor has none)."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef int64_t hardware = _crc32c_hardware(p, PyBytes_GET_SIZE(data))
+    return _crc32c_table(p, PyBytes_GET_SIZE(data)), (None if hardware < 0 else hardware)

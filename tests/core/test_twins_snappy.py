@@ -69,10 +69,19 @@ def test_the_checksum_is_crc32c(kernel):
     assert kernel.own_snappy(STREAM_ID + data_chunk(b"123456789", compressed=False)) == b"123456789"
     wrong = _masked(0xE3069283 ^ 1)
     assert kernel.own_snappy(STREAM_ID + data_chunk(b"123456789", compressed=False, crc=wrong)) is None
-    # every length around the tables' eight-byte steps
+    # every length around the eight-byte steps, through the stream
     for size in range(40):
         data = bytes(range(7, 7 + size))
         assert kernel.own_snappy(STREAM_ID + data_chunk(data, compressed=False)) == (data or None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=2000))
+def test_both_ways_of_summing_are_the_definition(kernel, data):
+    # the tables (slicing-by-8) and, where the processor has it, the SSE 4.2 instruction
+    table, hardware = kernel.crc32c_ways(data)
+    assert table == _crc32c(data)
+    assert hardware in (None, table)
 
 
 def test_every_release_snappy_messages_unframe_and_prepare_alike(kernel):

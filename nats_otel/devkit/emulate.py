@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nats_otel.bridge.sources.direct import flush_in_order
 from nats_otel.devkit.processes import wait_for_interest
 from nats_otel.devkit.topology import DEFAULT_PASSWORD, LEAF_ACCOUNTS, LeafRemote, ServerSpec, Topology, cluster
 
@@ -105,7 +106,7 @@ async def emulate(options: EmulationOptions, user: str | None = None, password: 
             await wait_for_interest(nc, clients[(i + 1) % n])
         report = await _publish(clients, options, labels, keep_traceparents or options.published_out is not None)
         for nc in clients:
-            await nc.flush()
+            await flush_in_order(nc)  # nats-py's own flush may not wait for them (direct.py)
         deadline = time.monotonic() + 5
         while received[0] < report.published and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nats_otel.bridge.sources.direct import flush_in_order
 from nats_otel.devkit.hop_truth import SEQUENCE_HEADER
 from nats_otel.devkit.processes import wait_for_interest
 
@@ -171,13 +172,13 @@ async def run_traffic(publish_url: str, subscribe_urls: Mapping[str, str], optio
         started = last_write = time.monotonic()
         for message in plan:
             if message.pause_s > 0:
-                await publisher.flush()
+                await flush_in_order(publisher)
                 delay = last_write + message.pause_s - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 last_write = time.monotonic()
             await publisher.publish(options.subject, message.payload, headers=message.headers)
-        await publisher.flush()
+        await flush_in_order(publisher)  # nats-py's own flush may not wait for them (direct.py)
         duration = time.monotonic() - started
         deadline = time.monotonic() + settle_s
         while any(n < len(plan) for n in received.values()) and time.monotonic() < deadline:

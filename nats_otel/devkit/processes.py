@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nats_otel.bridge.sources.direct import flush_in_order
 from nats_otel.devkit.readiness import get_json, unmet_formation, unmet_listening
 from nats_otel.devkit.server_config import Ports, allocate_ports, render_config
 from nats_otel.devkit.topology import AccountSpec, ServerSpec, Topology
@@ -466,7 +467,7 @@ async def wait_for_interest(publisher: Any, subscriber: Any, *, timeout: float =
         deadline = time.monotonic() + timeout
         while True:
             await publisher.publish(subject, b"probe")
-            await publisher.flush()
+            await flush_in_order(publisher)
             try:
                 await sub.next_msg(timeout=0.1)
                 return

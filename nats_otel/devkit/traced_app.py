@@ -40,6 +40,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from nats_otel.bridge.sources.direct import flush_in_order
+
 __all__ = [
     "PROPAGATOR",
     "TRACER_NAME",
@@ -102,7 +104,7 @@ async def publish_traced(nc: Any, tracer: Tracer, subject: str, payload: bytes,
         carrier: dict[str, str] = dict(headers or {})
         PROPAGATOR.inject(carrier)  # the current context is this span: traceparent = its id
         await nc.publish(subject, payload, headers=carrier)
-        await nc.flush()
+        await flush_in_order(nc)  # nats-py's own flush may not wait for the message (direct.py)
         return span.get_span_context()
 
 

@@ -436,3 +436,28 @@ def test_the_stamp_is_made_once_per_millisecond_and_moves_on() -> None:
     time.sleep(0.003)
     later = stamp.refresh()
     assert later > first and datetime.fromisoformat(later) > datetime.fromisoformat(first)
+
+
+@pytest.mark.parametrize("way", ["DirectClient.flush", "flush_in_order"])
+async def test_a_flush_returns_after_the_server_read_what_was_published_before_it(url: str, way: str) -> None:
+    # nats-py writes a flush's PING ahead of the publishes still in its buffer (direct.py,
+    # `flush_in_order`): the PONG can come before the server read them. Here a connection
+    # subscribed to its own subject publishes 1,000 messages of 1 KB without yielding (all in
+    # nats-py's buffer), then flushes: its own messages come back before the PONG only if the
+    # server read them before the PING, so each is counted (synchronously, by the direct
+    # handler) by the time the flush returns.
+    nc = direct.DirectClient()
+    await nc.connect(url, allow_reconnect=False)
+    echoed: list[bytes] = []
+    try:
+        await nc.subscribe_direct("flush.order", lambda _s, _r, _h, payload: echoed.append(payload))
+        await nc.flush()
+        for round_number in range(5):
+            echoed.clear()
+            for i in range(1000):
+                await nc.publish("flush.order", b"%04d" % i + b"x" * 996)
+            await (nc.flush() if way == "DirectClient.flush" else direct.flush_in_order(nc))
+            assert len(echoed) == 1000, f"round {round_number}: {len(echoed)} of 1000 read before the PONG"
+            assert echoed[0][:4] == b"0000" and echoed[-1][:4] == b"0999"
+    finally:
+        await nc.close()

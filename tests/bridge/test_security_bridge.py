@@ -30,6 +30,7 @@ import pytest
 
 from nats_otel.bridge.export.otlp import GrpcExporter
 from nats_otel.bridge.settings import OtlpSettings, load_settings
+from nats_otel.bridge.sources.direct import flush_in_order
 from nats_otel.core.mapping import map_message  # noqa: F401 - the header allow-list lives there
 from nats_otel.devkit.processes import find_nats_server
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
@@ -148,7 +149,9 @@ async def publish_traced(url: str, count: int, headers: dict[str, str] | None = 
             tp, trace_id, _ = traceparent()
             await nc.publish("app.work", b"work", headers={"traceparent": tp, **(headers or {})})
             ids.append(trace_id)
-        await nc.flush()
+        # nats-py's own flush may return before the server read them; closed then, the
+        # connection (subscribed above) lost the rest now and then (direct.flush_in_order)
+        await flush_in_order(nc)
         return ids
     finally:
         await nc.close()

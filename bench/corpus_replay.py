@@ -42,9 +42,10 @@ def replicate(count: int, seed: str = "bench", encoding: str | None = None) -> l
     base = corpus_raws()
     plain = []
     for raw in base:
-        text = decompress(raw.payload, raw.header("Content-Encoding"), DecodeLimits())
+        original = raw.header("Content-Encoding")
+        text = decompress(raw.payload, original, DecodeLimits())
         if encoding is None:
-            plain.append((raw, raw.header("Content-Encoding"), text))
+            plain.append((raw, original, text))
         else:
             headers = {k: v for k, v in raw.headers.items() if k.lower() != "content-encoding"}
             plain.append((RawTraceMessage(raw.subject, {**headers, "Content-Encoding": [encoding]}, raw.payload),

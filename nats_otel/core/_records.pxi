@@ -1,7 +1,8 @@
 # The records the kernel reads, and where each field it reads lies in them: the one place a
 # record's layout is known. A msgspec Struct's field (or a `__slots__` class's attribute) is
-# a slot at a fixed offset (`_fields.h`), found here once, when the kernel is imported; each read after an exact type
-# check is then a load. The NamedTuples built or read by position are checked here too.
+# a slot at a fixed offset (`_fields.h`), found here once, when the kernel is imported; each
+# read after an exact type check is then a load. The NamedTuples built or read by position
+# are checked here too.
 #
 # A record not laid out as read here (a field that is not a plain slot, a NamedTuple's
 # fields renamed or moved) makes the import fail with ImportError: `accel` then records why

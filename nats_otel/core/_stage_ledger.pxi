@@ -5,10 +5,10 @@
 # the references). In the live bridge they ran four to six Python frames per trace message.
 #
 # They work on the Python objects' own containers (each slot read at its offset, found by
-# `_records.pxi` when the kernel is imported), step by step as the methods do, for what the common case
-# is: a server already seen whose report extends its latest run; a stream and a cover of
-# that server already followed, with no loss since; a link whose latencies and pairs are
-# already kept. Anything else - a new server, a report out of order, a new link or stream,
+# `_records.pxi` when the kernel is imported), step by step as the methods do, for what the
+# common case is: a server already seen whose report extends its latest run; a stream and
+# a cover of that server already followed, with no loss since; a link whose latencies and
+# pairs are already kept. Anything else - a new server, a report out of order, a new link or stream,
 # a loss, an object of another type - is the method's, called as before.
 
 from bisect import bisect_right

@@ -101,7 +101,7 @@ cdef object _unframe_snappy(bytes payload, Py_ssize_t limit):
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def own_snappy(payload, Py_ssize_t limit=16 * 1024 * 1024):
+def own_snappy(payload, Py_ssize_t limit=_DEFAULT_LIMITS.max_decompressed_bytes):
     """The kernel's unframing alone, for the tests: the stream's data, or None where it
     declines (the reference's `decompress` then decides)."""
     if type(payload) is not bytes:

@@ -13,6 +13,7 @@ import types
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import nats
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -243,21 +244,27 @@ async def stop_bridge(bridge: Bridge, task: asyncio.Task, timeout: float = 20) -
     return await asyncio.wait_for(task, timeout)
 
 
-async def publish_traced(url: str, count: int, subject: str = "app.work") -> list[str]:
-    """`count` traced messages, each delivered to a local subscriber: one trace message each."""
-    nc = await nats.connect(url)
-    sub = await nc.subscribe(subject)
-    await nc.flush()
-    trace_ids = []
-    for _ in range(count):
-        tp, trace_id, _ = traceparent()
-        trace_ids.append(trace_id)
-        await nc.publish(subject, b"work", headers={"traceparent": tp})
-    await nc.flush()
-    for _ in range(count):
-        await sub.next_msg(timeout=5)
-    await nc.close()
-    return trace_ids
+async def publish_traced(url: str, count: int, headers: dict[str, str] | None = None, subject: str = "app.work",
+                         **connect: Any) -> list[str]:
+    """`count` traced messages (with `headers` beside the traceparent), each delivered to a
+    local subscriber: one trace message each. Returns once each came back (the server read
+    them all: nats-py's flush alone does not say so, `direct.flush_in_order`). `connect`:
+    nats-py's connect options (TLS, credentials)."""
+    nc = await nats.connect(url, **connect)
+    try:
+        sub = await nc.subscribe(subject)
+        await nc.flush()
+        trace_ids = []
+        for _ in range(count):
+            tp, trace_id, _ = traceparent()
+            trace_ids.append(trace_id)
+            await nc.publish(subject, b"work", headers={"traceparent": tp, **(headers or {})})
+        await nc.flush()
+        for _ in range(count):
+            await sub.next_msg(timeout=5)
+        return trace_ids
+    finally:
+        await nc.close()
 
 
 def terminate(proc: subprocess.Popen) -> None:

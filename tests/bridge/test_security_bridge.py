@@ -30,7 +30,6 @@ import pytest
 
 from nats_otel.bridge.export.otlp import GrpcExporter
 from nats_otel.bridge.settings import OtlpSettings, load_settings
-from nats_otel.bridge.sources.direct import flush_in_order
 from nats_otel.core.mapping import map_message  # noqa: F401 - the header allow-list lives there
 from nats_otel.devkit.processes import find_nats_server
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
@@ -38,6 +37,7 @@ from nats_otel.devkit.server_config import free_ports
 from tests.bridge.bridge_helpers import (
     bridge_counts,
     metric,
+    publish_traced,
     scrape,
     start_bridge,
     stop_bridge,
@@ -138,23 +138,6 @@ def server_from_config(directory: Path, client: int, text: str) -> Iterator[str]
     finally:
         terminate(proc)
         log.close()
-
-
-async def publish_traced(url: str, count: int, headers: dict[str, str] | None = None, **connect) -> list[str]:
-    nc = await nats.connect(url, **connect)
-    try:
-        await nc.subscribe("app.work")
-        ids = []
-        for _ in range(count):
-            tp, trace_id, _ = traceparent()
-            await nc.publish("app.work", b"work", headers={"traceparent": tp, **(headers or {})})
-            ids.append(trace_id)
-        # nats-py's own flush may return before the server read them; closed then, the
-        # connection (subscribed above) lost the rest now and then (direct.flush_in_order)
-        await flush_in_order(nc)
-        return ids
-    finally:
-        await nc.close()
 
 
 def trace_ids(rx: OTLPGrpcReceiver) -> set[str]:

@@ -13,14 +13,13 @@ import pytest
 
 from nats_otel.bridge.settings import load_settings
 from nats_otel.devkit.receivers import OTLPGrpcReceiver
-from tests.bridge.bridge_helpers import bridge_counts, start_bridge, stop_bridge, wait_until
+from tests.bridge.bridge_helpers import bridge_counts, publish_traced, start_bridge, stop_bridge, wait_until
 from tests.bridge.test_security_bridge import (
     APP_PASSWORD,
     JS_PERMISSIONS,
     denied,
     nats_server,
     new_nkey_user,
-    publish_traced,
     trace_ids,
 )
 

@@ -67,4 +67,31 @@ static inline PyObject *nats_otel_record(PyObject *cls, PyObject *values) {
     return obj;
 }
 
+/* A new object of the msgspec Struct class `cls`, every field unset (NULL): what msgspec's
+ * constructor and its `__copy__` allocate first (`Struct_alloc`: the class's own tp_alloc),
+ * without calling the class as a Python callable (its argument handling and defaults: ~5x
+ * the allocation, and the kernel makes several such records per trace message). The caller
+ * sets every field (`nats_otel_set_field`) before anyone else sees it: only for the classes
+ * `_records.pxi` checks are plain (no GC, no `__post_init__`, nothing but their fields'
+ * slots). */
+static inline PyObject *nats_otel_struct_new(PyObject *cls) {
+    PyTypeObject *type = (PyTypeObject *)cls;
+    return type->tp_alloc(type, type->tp_itemsize);
+}
+
+/* msgspec's `Struct.__copy__` of `obj` (a copy of each slot, no hook), without the method
+ * call: only for the classes `_records.pxi` checks hold nothing but their fields' slots and
+ * are not tracked by the GC (what msgspec's copy does beyond this is about tracking). */
+static inline PyObject *nats_otel_struct_copy(PyObject *obj) {
+    PyTypeObject *type = Py_TYPE(obj);
+    PyObject *out = type->tp_alloc(type, type->tp_itemsize);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t at = sizeof(PyObject); at < type->tp_basicsize; at += sizeof(PyObject *)) {
+        PyObject *value = *(PyObject **)((char *)obj + at);
+        Py_XINCREF(value);
+        *(PyObject **)((char *)out + at) = value;
+    }
+    return out;
+}
+
 #endif

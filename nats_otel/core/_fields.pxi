@@ -7,12 +7,30 @@ cdef extern from "_fields.h":
     void set_field "nats_otel_set_field"(object obj, Py_ssize_t offset, object value)
     # `tuple.__new__(cls, values)`: only for the NamedTuple classes `_records.pxi` checks
     object _new "nats_otel_record"(object cls, tuple values)
+    # a new Struct, its fields unset, and a Struct's copy: only for the classes `_plain` checks
+    object _struct_new "nats_otel_struct_new"(object cls)
+    object _struct_copy "nats_otel_struct_copy"(object obj)
+
+from msgspec.structs import fields as _struct_fields
 
 
 cdef dict _offsets(object cls, str names):
     """The offset of each named field in `cls`'s objects (Cython makes the struct of the
     dict the caller assigns it to)."""
     return {name: field_offset(cls, name) for name in names.split()}
+
+
+cdef void _plain(object cls, bint hooks_allowed=False) except *:
+    """Raise TypeError unless `cls` is a msgspec Struct class `_struct_new` and `_struct_copy`
+    may make: not tracked by the GC, nothing in its objects but its fields' slots (one each,
+    laid end to end after the object's header) and, unless `hooks_allowed` (the parse's
+    copies, which msgspec's `__copy__` makes without the hook too), no `__post_init__`."""
+    names = [f.name for f in _struct_fields(cls)]
+    header = object.__basicsize__
+    offsets = sorted(field_offset(cls, name) for name in names)
+    if (cls.__flags__ & (1 << 14) or cls.__itemsize__ or offsets != list(range(header, cls.__basicsize__, sizeof(PyObject*)))
+            or (not hooks_allowed and getattr(cls, "__post_init__", None) is not None)):
+        raise TypeError(f"{cls.__name__} is not a plain Struct the kernel can make")
 
 
 cdef inline object _read(object obj, object cls, Py_ssize_t offset, str name):

@@ -19,9 +19,11 @@ cdef struct JetStreamFields:    # model.JetStreamEvent
 cdef struct ServerFields:       # model.ServerInfo
     Py_ssize_t id, name, version, host, cluster, domain, tags, jetstream, seq
 cdef struct ContextFields:      # ids.TraceContext
-    Py_ssize_t trace_id, parent_span_id, trace_state, adhoc_key, id_fields
+    Py_ssize_t trace_id, parent_span_id, trace_state, sampled, adhoc_key, id_fields
 cdef struct PreparedFields:     # pipeline.Prepared
-    Py_ssize_t msg, ctx, ident, arrival, issues, size
+    Py_ssize_t raw, msg, ctx, ident, arrival, issues, size
+cdef struct ConvertedFields:    # pipeline.Converted
+    Py_ssize_t spans, issues, link, network, encoded
 cdef struct RawFields:          # decode.RawTraceMessage
     Py_ssize_t headers, payload
 cdef struct DocumentFields:     # decode._Document
@@ -50,6 +52,7 @@ cdef JetStreamFields JS
 cdef ServerFields SRV
 cdef ContextFields CTX
 cdef PreparedFields PREPARED
+cdef ConvertedFields CONVERTED
 cdef RawFields RAW
 cdef DocumentFields DOC
 cdef RequestFields REQ
@@ -79,8 +82,12 @@ try:
     EG = _offsets(_EgressEvent, "ts_ns kind cid name hop account subscription queue error")
     JS = _offsets(_JetStreamEvent, "error")
     SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream seq")
-    CTX = _offsets(_TraceContext, "trace_id parent_span_id trace_state adhoc_key id_fields")
-    PREPARED = _offsets(_Prepared, "msg ctx ident arrival issues size")
+    CTX = _offsets(_TraceContext, "trace_id parent_span_id trace_state sampled adhoc_key id_fields")
+    PREPARED = _offsets(_Prepared, "raw msg ctx ident arrival issues size")
+    CONVERTED = _offsets(_Converted, "spans issues link network encoded")
+    for _record in (_TraceMessage, _Prepared, _Converted):  # made field by field (`_struct_new`)
+        _plain(_record)
+    _plain(_TraceContext, True)  # made field by field with its `id_fields` given: its hook has nothing to do
     RAW = _offsets(_RawTraceMessage, "headers payload")
     DOC = _offsets(_Document, "server events request hops")
     REQ = _offsets(_DecodedRequest, "header msgsize")

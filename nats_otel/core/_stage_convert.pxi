@@ -36,7 +36,7 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
         else:
             egress, first = link.egress, link.first
         if egress is not None and first:
-            egress_ns = egress.ts_ns
+            egress_ns = (<tuple>egress)[0] if type(egress) is _LinkEgress else egress.ts_ns
     if type(placement) is _Placement:
         ident, trace_id = (<tuple>placement)[0], (<tuple>placement)[1]
         placement_link, candidates = (<tuple>placement)[3], (<tuple>placement)[4]
@@ -51,7 +51,13 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     # pipeline.finish).
     id_fields = field(ctx, CTX.id_fields) if type(ctx) is _TraceContext else ctx.id_fields
     sample = network_sample(msg, egress_ns, trace_id, id_fields, ident)
-    return _Converted(spans, issues, placement_link, sample, encoding)
+    converted = _struct_new(_Converted)  # `Converted(spans, issues, link, sample, encoding)`
+    set_field(converted, CONVERTED.spans, spans)
+    set_field(converted, CONVERTED.issues, issues)
+    set_field(converted, CONVERTED.link, placement_link)
+    set_field(converted, CONVERTED.network, sample)
+    set_field(converted, CONVERTED.encoded, encoding)
+    return converted
 
 
 @cython.final

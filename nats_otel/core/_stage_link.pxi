@@ -54,7 +54,7 @@ cdef class _Side:
         if self.by_size is None:  # the second entry: sort the entries by size too
             self.by_size = {}
             for other in entries:
-                self.by_size.setdefault(other[1], []).append(other)
+                self.by_size.setdefault((<tuple>other)[1], []).append(other)
         else:
             sized = self.by_size.get(entry[1])
             if sized is None:

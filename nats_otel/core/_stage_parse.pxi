@@ -12,17 +12,15 @@
 # One pass, no recursion but the skipped values' (depth 8 at most), events bounded by
 # `max_events`: a hostile payload costs no more than its size.
 #
-# A record is made by copying a template of its type (msgspec's `__copy__`: a C copy of its
-# slots, no hook) and replacing the slots read from the payload (`set_field`, at the offsets
-# `_fields.h` finds). The templates are msgspec's own decode of a minimal document: the
+# A record is made by copying a template of its type (as msgspec's `__copy__` does: a C copy
+# of its slots, no hook; `_struct_copy`, without the method call) and replacing the slots
+# read from the payload (`set_field`, at the offsets `_fields.h` finds). The templates are msgspec's own decode of a minimal document: the
 # defaults are msgspec's.
 
 from cpython.long cimport PyLong_FromLongLong
 from cpython.list cimport PyList_Append
 
-from msgspec import Struct as _Struct
 from msgspec.json import decode as _msgspec_decode
-from msgspec.structs import fields as _struct_fields
 
 from libc.stdint cimport int64_t
 
@@ -49,10 +47,18 @@ cdef struct TypeSpec:
     int count
     unsigned int required   # a bit per field that msgspec requires
     PyObject* template      # held by _TEMPLATES
+    # The field a member's name can be, by `_name_slot` of the name: its index + 1; 0 when
+    # none; -1 when several share the slot (then they are searched one by one). A name can
+    # only be a field's whose slot it has, so one compare decides most members.
+    signed char by_slot[64]
+
+
+cdef inline Py_ssize_t _name_slot(const unsigned char* name, Py_ssize_t size) noexcept:
+    # the length and the first and last bytes (size > 0): the wire names differ there
+    return (size * 7 + name[0] * 3 + name[size - 1]) & 63
 
 cdef TypeSpec SERVER_SPEC, INGRESS_SPEC, EGRESS_SPEC, JS_SPEC, SI_SPEC, SE_SPEC, SM_SPEC
 cdef list _TEMPLATES = []   # keeps the templates and the names' bytes alive
-cdef object _copy = _Struct.__copy__
 cdef Py_ssize_t _declined = 0
 
 # The field kinds by Python name; any other field of a record is F_DECLINE.
@@ -65,6 +71,8 @@ _DERIVED = {"ts": "ts_ns", "time": "time_ns"}
 
 
 cdef void _spec(TypeSpec* spec, object cls, bytes minimal, bint tagged) except *:
+    cdef Py_ssize_t i, slot
+    _plain(cls, True)  # its records are copies of the template (`_struct_copy`)
     fields = _struct_fields(cls)
     if len(fields) + tagged > 16:
         raise TypeError(f"{cls.__name__} has more fields than the parse reads")
@@ -90,6 +98,13 @@ cdef void _spec(TypeSpec* spec, object cls, bytes minimal, bint tagged) except *
                 raise TypeError(f"{cls.__name__}.{name} is required and not read")
             spec.required |= 1u << spec.count
         spec.count += 1
+    for i in range(64):
+        spec.by_slot[i] = 0
+    for i in range(spec.count):
+        if spec.fields[i].size == 0:
+            raise TypeError(f"{cls.__name__} has a field without a name on the wire")
+        slot = _name_slot(<const unsigned char*>spec.fields[i].name, spec.fields[i].size)
+        spec.by_slot[slot] = i + 1 if spec.by_slot[slot] == 0 else -1
 
 
 try:
@@ -124,12 +139,13 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
     # member and its `,`; at `}` when it has none); `end` gets the index after its `}`.
     cdef Py_ssize_t name[2]
     cdef Py_ssize_t i, size, value_end
+    cdef int slot
     cdef unsigned int seen = 0
     cdef long long number
     cdef int64_t ns
     cdef bint ascii
     cdef FieldSpec* entry
-    obj = _copy(<object>spec.template)
+    obj = _struct_copy(<object>spec.template)
     if at < n and s[at] == 125:  # }
         at = -(at + 1) - 1
     while at >= 0:
@@ -138,12 +154,16 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
             return _NO
         size = name[1] - name[0]
         entry = NULL
-        for i in range(spec.count):
-            # The length and the first byte first: most names differ there, without a call.
-            if (spec.fields[i].size == size and size > 0 and s[name[0]] == <unsigned char>spec.fields[i].name[0]
-                    and memcmp(s + name[0], spec.fields[i].name, size) == 0):
+        slot = spec.by_slot[_name_slot(s + name[0], size)] if size > 0 else 0
+        if slot > 0:  # the one field the name can be
+            i = slot - 1
+            if spec.fields[i].size == size and memcmp(s + name[0], spec.fields[i].name, size) == 0:
                 entry = &spec.fields[i]
-                break
+        elif slot < 0:  # several: each compared
+            for i in range(spec.count):
+                if spec.fields[i].size == size and memcmp(s + name[0], spec.fields[i].name, size) == 0:
+                    entry = &spec.fields[i]
+                    break
         if entry is NULL:
             at = _skip(s, at, n, 1)
         else:

@@ -12,10 +12,28 @@ cdef object _prepare_by_reference(object raw, object limits):
     return _reference_prepare(raw, limits)
 
 
+# The limits `prepare` last read (held, so that its id is not reused by another object) and
+# the three values it reads of them: one look-up per batch's limits, not three per message.
+cdef object _limits_read = None
+cdef object _max_payload = None, _max_decompressed = None, _max_events = None
+
+
+cdef inline void _read_limits(object limits) except *:
+    global _limits_read, _max_payload, _max_decompressed, _max_events
+    if limits is _limits_read:
+        return
+    max_payload, max_decompressed, max_events = (limits.max_payload_bytes, limits.max_decompressed_bytes,
+                                                 limits.max_events)
+    # No Python code runs from here to the end: another thread sees all four changed or none.
+    _max_payload, _max_decompressed, _max_events = max_payload, max_decompressed, max_events
+    _limits_read = limits
+
+
 cpdef object prepare(object raw, object limits=_UNSET):
     """As `pipeline.prepare`; the pure-Python code decides whatever is not the common case."""
     if limits is _UNSET:
         limits = _DEFAULT_LIMITS
+    _read_limits(limits)
     if type(raw) is not _RawTraceMessage:
         return _prepare_by_reference(raw, limits)
     headers = field(raw, RAW.headers)
@@ -29,11 +47,11 @@ cpdef object prepare(object raw, object limits=_UNSET):
     except Exception:  # a header name that is not a string: the reference raises
         return _prepare_by_reference(raw, limits)
     data = _NO
-    if len(<bytes>payload) <= limits.max_payload_bytes:
+    if len(<bytes>payload) <= _max_payload:
         if encoding is None:
             data = payload
         elif type(encoding) is str and encoding == "snappy":  # the server's spelling (`_stage_snappy.pxi`)
-            data = _unframe_snappy(payload, limits.max_decompressed_bytes)
+            data = _unframe_snappy(payload, _max_decompressed)
     if data is _NO:  # compressed otherwise, too large, or a stream the kernel declined
         try:
             data = _decompress(payload, encoding, limits)
@@ -44,7 +62,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     # (decode._decode_fast), and what msgspec refuses goes to the reference.
     global _declined
     cdef Py_ssize_t i
-    parsed = _parse_document(data, limits.max_events)
+    parsed = _parse_document(data, _max_events)
     if parsed is not _NO:
         server, events, message_headers, msg_size, hops = <tuple>parsed
     else:
@@ -56,7 +74,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
         if type(doc) is not _Document:
             return _prepare_by_reference(raw, limits)
         events = field(doc, DOC.events)
-        if not events or len(events) > limits.max_events or type(events[0]) is not _Ingress:
+        if not events or len(events) > _max_events or type(events[0]) is not _Ingress:
             return _prepare_by_reference(raw, limits)
         for i in range(1, len(events)):
             if type(events[i]) is _Ingress:
@@ -91,7 +109,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     if own is not None:  # rare: a per-message header; the digest is the reference's own
         size = _shape_digest(size, own)
     ingress = events[0]
-    msg = _TraceMessage(server, message_headers, msg_size, hops, ingress, _tail(events), (), index)
+    msg = _trace_message(server, message_headers, msg_size, hops, ingress, _tail(events), index)
     # ids.trace_context, when the traceparent is valid; otherwise the reference decides
     # (an ad-hoc context, or the error), and prepare's issue follows
     cdef tuple issues = ()
@@ -107,7 +125,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
         else:
             trace_state = index.get("tracestate") or ""
             id_fields = context_fields_c(trace_id, parent_id)
-            ctx = _TraceContext(trace_id, parent_id, trace_state, bool(flags & 1), None, id_fields)
+            ctx = _trace_context_of(trace_id, parent_id, trace_state, flags & 1, id_fields)
     if ctx is None:
         ctx = _trace_context(msg, raw.subject)
         id_fields = ctx.id_fields
@@ -122,7 +140,49 @@ cpdef object prepare(object raw, object limits=_UNSET):
         if hop:
             arrival = ((id_fields, hop, field(ingress, IN.name), field(server, SRV.name)),
                        _new(_Arrival, (ts_ns, size, ident)))
-    return _Prepared(raw, msg, ctx, ident, arrival, issues, size)
+    return _prepared(raw, msg, ctx, ident, arrival, issues, size)
+
+
+cdef object _trace_message(object server, object headers, object msg_size, object hops, object ingress,
+                           tuple events, dict index):
+    # `TraceMessage(server, headers, msg_size, hops, ingress, events, (), index)`, field by field
+    msg = _struct_new(_TraceMessage)
+    set_field(msg, MSG.server, server)
+    set_field(msg, MSG.headers, headers)
+    set_field(msg, MSG.msg_size, msg_size)
+    set_field(msg, MSG.hops, hops)
+    set_field(msg, MSG.ingress, ingress)
+    set_field(msg, MSG.events, events)
+    set_field(msg, MSG.unknown_events, ())
+    set_field(msg, MSG.header_index, index)
+    return msg
+
+
+cdef object _trace_context_of(object trace_id, object parent_id, object trace_state, bint sampled, bytes id_fields):
+    # `TraceContext(trace_id, parent_id, trace_state, sampled, None, id_fields)`, field by
+    # field: `id_fields` given (never empty: two lengths at least), its `__post_init__` (which
+    # derives them when empty) has nothing to do
+    ctx = _struct_new(_TraceContext)
+    set_field(ctx, CTX.trace_id, trace_id)
+    set_field(ctx, CTX.parent_span_id, parent_id)
+    set_field(ctx, CTX.trace_state, trace_state)
+    set_field(ctx, CTX.sampled, sampled)
+    set_field(ctx, CTX.adhoc_key, None)
+    set_field(ctx, CTX.id_fields, id_fields)
+    return ctx
+
+
+cdef object _prepared(object raw, object msg, object ctx, object ident, object arrival, tuple issues, object size):
+    # `Prepared(raw, msg, ctx, ident, arrival, issues, size)`, field by field
+    prepared = _struct_new(_Prepared)
+    set_field(prepared, PREPARED.raw, raw)
+    set_field(prepared, PREPARED.msg, msg)
+    set_field(prepared, PREPARED.ctx, ctx)
+    set_field(prepared, PREPARED.ident, ident)
+    set_field(prepared, PREPARED.arrival, arrival)
+    set_field(prepared, PREPARED.issues, issues)
+    set_field(prepared, PREPARED.size, size)
+    return prepared
 
 
 cdef object _content_encoding(dict headers):

@@ -15,7 +15,11 @@ Those survivors were walked again by every older-generation collection: ~12 % of
 bridge's CPU under load (perf: `gc_collect_main`, `visit_reachable`). `after_batch`
 freezes what survived each batch, so the collector only ever walks what the last batch
 allocated; once every `FULL_COLLECTION_EVERY_S` everything is unfrozen and collected, so a
-cycle that spans batches is still reclaimed within that time. Only in processes that asked
+cycle that spans batches is still reclaimed within that time. The bridge calls it after each
+batch is observed (what the link window holds is made then) and after each is converted:
+with the second alone, a 60k burst still ran ~18 young collections over the observed
+batches waiting for the window, ~80-100 ms (~1.5 µs per trace message, ~5 % of the bridge's
+CPU); with both, one (docs/performance.md, session 34). Only in processes that asked
 for throughput tuning (the CLI's bridge, its workers): a program embedding `Bridge` keeps
 its own collector as it is.
 """

@@ -17,7 +17,8 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, ProcessCollector,
+                               make_wsgi_app)
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from nats_otel import __version__
@@ -77,6 +78,12 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
+        if registry is None:
+            # The process's own (`process_*`: CPU seconds, resident memory, open files) and its
+            # collector's (`python_gc_*`), as prometheus_client's default registry has them:
+            # what a sidecar's cost is read from.
+            ProcessCollector(registry=r)
+            GCCollector(registry=r)  # registers nothing where the interpreter has no gc.get_stats
         self.received = ReceivedCounter("nats_otel_messages_received", "Trace messages received", r)
         self.decoded = Counter("nats_otel_messages_decoded", "Trace messages decoded into spans", registry=r)
         self.rejected = Counter("nats_otel_messages_rejected", "Trace messages that gave no spans, by reason",

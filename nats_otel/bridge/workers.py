@@ -114,6 +114,7 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
                 raws = observed[token] = [RawTraceMessage(*item) for item in items]
                 shared = processor.observe(raws, sender or None)
                 numbers = processor.report_numbers(raws) if workers > 1 else b""
+                gc_tuning.after_batch()  # what the window holds is not walked again (as after a conversion)
                 if shared or numbers:
                     with answering:
                         outbox.send((_EVIDENCE, (shared, numbers)))

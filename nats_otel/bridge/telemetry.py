@@ -17,8 +17,16 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, ProcessCollector,
-                               make_wsgi_app)
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    ProcessCollector,
+    make_wsgi_app,
+)
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from nats_otel import __version__

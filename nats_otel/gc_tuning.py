@@ -19,7 +19,7 @@ cycle that spans batches is still reclaimed within that time. The bridge calls i
 batch is observed (what the link window holds is made then) and after each is converted:
 with the second alone, a 60k burst still ran ~18 young collections over the observed
 batches waiting for the window, ~80-100 ms (~1.5 µs per trace message, ~5 % of the bridge's
-CPU); with both, one (docs/performance.md, session 34). Only in processes that asked
+CPU); with both, none or one (docs/performance.md, session 34). Only in processes that asked
 for throughput tuning (the CLI's bridge, its workers): a program embedding `Bridge` keeps
 its own collector as it is.
 """

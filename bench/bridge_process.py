@@ -10,6 +10,7 @@ Environment, for the runs that need to look inside the bridges (never for figure
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import signal
 import subprocess
@@ -91,12 +92,16 @@ class Bridge:
         return True
 
     def get(self, path: str) -> tuple[int, str]:
+        """(status, body) of `path` on the bridge's metrics port; (0, "") when nothing answers
+        there, or something that is not HTTP does: another process took the port before the
+        bridge bound it (a nats-server of a test running beside it answers with its INFO line),
+        and the bridge, refused the port, exits and is relaunched (`wait_ready`)."""
         try:
             with _NO_PROXY.open(f"http://127.0.0.1:{self.port}{path}", timeout=2) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, ""
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return 0, ""
 
     def wait_ready(self, timeout: float = 30.0) -> None:

@@ -106,17 +106,33 @@ def test_sidecars_with_worker_processes_link_as_without(hop_links, tmp_path):
     assert published > 0, row.metrics
 
 
+@pytest.mark.parametrize("taker", ["silent", "nats-server"])
 def test_a_bridge_whose_metrics_port_was_taken_meanwhile_is_started_again_on_another(bridge_process, url, tmp_path,
-                                                                                      monkeypatch):
+                                                                                      monkeypatch, taker):
     """The harness picks a free port, then the bridge binds it a second later: in between,
     another process of the parallel tests may take it (it failed a run of the membership
-    test so: "Address already in use"). The harness then starts it again on another port."""
+    test so: "Address already in use"; a run of the release matrix when a nats-server took
+    it, whose INFO line answered the harness's /readyz). The harness then starts it again
+    on another port."""
     import socket
+    import threading
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     busy = taken.getsockname()[1]
+
+    def speak_nats() -> None:  # what a nats-server says to whoever connects
+        while True:
+            try:
+                conn, _ = taken.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.sendall(b'INFO {"server_id":"X","version":"2.11.11","proto":1}\r\n')
+
+    if taker == "nats-server":
+        threading.Thread(target=speak_nats, daemon=True).start()
     real = bridge_process.free_ports
     ports = iter([[busy]])
     monkeypatch.setattr(bridge_process, "free_ports", lambda count: next(ports, None) or real(count))

@@ -25,11 +25,11 @@ cdef void _plain(object cls, bint hooks_allowed=False) except *:
     may make: not tracked by the GC, nothing in its objects but its fields' slots (one each,
     laid end to end after the object's header) and, unless `hooks_allowed` (the parse's
     copies, which msgspec's `__copy__` makes without the hook too), no `__post_init__`."""
-    names = [f.name for f in _struct_fields(cls)]
-    header = object.__basicsize__
-    offsets = sorted(field_offset(cls, name) for name in names)
-    if (cls.__flags__ & (1 << 14) or cls.__itemsize__ or offsets != list(range(header, cls.__basicsize__, sizeof(PyObject*)))
-            or (not hooks_allowed and getattr(cls, "__post_init__", None) is not None)):
+    offsets = sorted(field_offset(cls, f.name) for f in _struct_fields(cls))
+    slots = list(range(object.__basicsize__, cls.__basicsize__, sizeof(PyObject*)))  # after the header
+    tracked = cls.__flags__ & (1 << 14)  # Py_TPFLAGS_HAVE_GC
+    hook = getattr(cls, "__post_init__", None) is not None
+    if tracked or cls.__itemsize__ or offsets != slots or (hook and not hooks_allowed):
         raise TypeError(f"{cls.__name__} is not a plain Struct the kernel can make")
 
 

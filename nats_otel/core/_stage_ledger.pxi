@@ -8,8 +8,8 @@
 # `_records.pxi` when the kernel is imported), step by step as the methods do, for what the
 # common case is: a server already seen whose report extends its latest run; a stream and
 # a cover of that server already followed, with no loss since; a link whose latencies and
-# pairs are already kept. Anything else - a new server, a report out of order, a new link or stream,
-# a loss, an object of another type - is the method's, called as before.
+# pairs are already kept. Anything else - a new server, a report out of order, a new link
+# or stream, a loss, an object of another type - is the method's, called as before.
 
 from bisect import bisect_right
 from heapq import heappush as _heappush

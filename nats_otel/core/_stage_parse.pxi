@@ -14,8 +14,8 @@
 #
 # A record is made by copying a template of its type (as msgspec's `__copy__` does: a C copy
 # of its slots, no hook; `_struct_copy`, without the method call) and replacing the slots
-# read from the payload (`set_field`, at the offsets `_fields.h` finds). The templates are msgspec's own decode of a minimal document: the
-# defaults are msgspec's.
+# read from the payload (`set_field`, at the offsets `_fields.h` finds). The templates are
+# msgspec's own decode of a minimal document: the defaults are msgspec's.
 
 from cpython.long cimport PyLong_FromLongLong
 from cpython.list cimport PyList_Append

@@ -100,11 +100,17 @@ class ChurnRun:
     trace_messages: int = 0
     written: int = 0  # distinct server spans over all outputs
     counts: dict[str, int] = field(default_factory=dict)
-    near: dict[str, int] = field(default_factory=dict)  # the hops arriving within `near_s` of a change
+    # the hops arriving within `near_s` of a change (before its event, after it was done)
+    near: dict[str, int] = field(default_factory=dict)
     far: dict[str, int] = field(default_factory=dict)
     hops: int = 0
     members: list[Member] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)  # sigterm, sigkill, joined -> wall-clock ns
+    #: When each change was done, wall-clock ns: the SIGTERMed bridge exited, the newcomer was
+    #: ready (serving and subscribed). The members' views change between a change's event and
+    #: this (a slow start on a loaded machine can take seconds): "near" runs from one to the other.
+    settled: dict[str, int] = field(default_factory=dict)
+    far_where: str = ""  # where the hops away from the changes were left unlinked (`describe_unlinked`)
     lost_ids: set[bytes] = field(default_factory=set)
     lost_killed_owned: int = 0  # of the lost: their trace owned by the killed bridge before the kill
     lost_near_kill: int = 0  # of the lost: reported by a server within `lost_window` of the kill
@@ -192,7 +198,12 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
         termed = run.member("sigterm")
         termed.metrics = dict(await asyncio.to_thread(termed.bridge.metrics))  # just before its SIGTERM
         run.events["sigterm"] = time.time_ns()
-        term_task = asyncio.create_task(asyncio.to_thread(termed.bridge.stop, 60.0))
+        async def stop_termed() -> int | None:
+            code = await asyncio.to_thread(termed.bridge.stop, 60.0)
+            run.settled["sigterm"] = time.time_ns()
+            return code
+
+        term_task = asyncio.create_task(stop_termed())
         await at(args.kill_at)
         killed = run.member("sigkill")
         scraped = time.monotonic()
@@ -207,6 +218,7 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
         run.members.append(joined)
         run.events["joined"] = time.time_ns()
         await asyncio.to_thread(joined.bridge.wait_ready)
+        run.settled["joined"] = time.time_ns()
         report = await traffic
         termed.code = await term_task
         if not report.complete:
@@ -259,12 +271,21 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
     result = score(truth, spans)
     run.hops = result.hops
     run.counts = _counts(result)
-    changes = list(run.events.values())
+    # A change spans its event (the signal, the newcomer's start) to its settling (the exit,
+    # the newcomer ready); the members agree about a listen and a heartbeat after that.
+    changes = [(t, run.settled.get(name, t)) for name, t in run.events.items()]
     near_ns = int(args.near_s * 1e9)
     near = {ident for ident, hop in truth.hops.items()
-            if any(abs(hop.arrival_ts_ns - t) <= near_ns for t in changes)}
+            if any(start - near_ns <= hop.arrival_ts_ns <= done + near_ns for start, done in changes)}
     run.near = _counts(score(truth, spans, only=near))
-    run.far = _counts(score(truth, spans, only=set(truth.hops) - near))
+    far = score(truth, spans, only=set(truth.hops) - near)
+    run.far = _counts(far)
+    if far.unlinked:
+        first = far.first_arrival_ns
+        marks = ", ".join(f"{name} @{(t - first) / 1e6:.0f}" for name, t in
+                          sorted([*run.events.items(), *((f"{k} done", v) for k, v in run.settled.items())],
+                                 key=lambda item: item[1]))
+        run.far_where = f"{far.describe_unlinked()} (changes: {marks})"
     if result.conflicting_duplicates:
         run.notes.append(f"{result.conflicting_duplicates} span ids output twice with different parents")
     # The lost, by the trace they belong to: owned by the killed bridge in the members' view
@@ -343,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-at", type=float, default=0.5, help="SIGKILL bridge 2 then")
     parser.add_argument("--join-at", type=float, default=0.65, help="start a new bridge then")
     parser.add_argument("--near-s", type=float, default=3.0, help="a hop arriving this close to a change "
-                        "counts as near it")
+                        "(before its event, after it was done) counts as near it")
     parser.add_argument("--quiet-s", type=float, default=None, help="the outputs are final once they have "
                         "not grown for this long (4 s; with --jetstream 45 s)")
     parser.add_argument("--lost-window", type=float, nargs=2, default=(2.0, 0.5), metavar=("BEFORE", "AFTER"),

@@ -187,6 +187,40 @@ cdef Py_ssize_t _skip(const unsigned char* s, Py_ssize_t at, Py_ssize_t n, int d
     return _digits(s, at, n, &ignored)
 
 
+# A member no record has is usually the same bytes in every report of a server (its
+# `feature_flags` object): the last few such objects and arrays skipped are kept, and a value
+# that begins with one of them is that value - an object or an array ends at its own closing
+# bracket, so bytes equal to a whole checked one are a whole value too. (A number or a literal
+# is not kept: `12` is the start of `123`.) ~500 instructions a report become one compare.
+cdef enum:
+    SKIPPED_SLOTS = 4
+    SKIPPED_MAX = 256
+cdef unsigned char _skipped[SKIPPED_SLOTS][SKIPPED_MAX]
+cdef Py_ssize_t _skipped_size[SKIPPED_SLOTS]  # 0: an empty slot
+cdef int _skipped_next = 0
+
+
+cdef Py_ssize_t _skip_member(const unsigned char* s, Py_ssize_t at, Py_ssize_t n) noexcept:
+    """`_skip(s, at, n, 1)`: a member's value no record has, compared first with the objects
+    and arrays skipped last."""
+    global _skipped_next
+    cdef int i
+    cdef Py_ssize_t size, end
+    if at >= n or (s[at] != 123 and s[at] != 91):
+        return _skip(s, at, n, 1)
+    for i in range(SKIPPED_SLOTS):
+        size = _skipped_size[i]
+        if size and n - at >= size and memcmp(s + at, _skipped[i], size) == 0:
+            return at + size
+    end = _skip(s, at, n, 1)
+    if end > at and end - at <= SKIPPED_MAX:
+        i = _skipped_next
+        memcpy(_skipped[i], s + at, end - at)
+        _skipped_size[i] = end - at
+        _skipped_next = (i + 1) % SKIPPED_SLOTS
+    return end
+
+
 cdef inline Py_ssize_t _key(const unsigned char* s, Py_ssize_t at, Py_ssize_t n, Py_ssize_t* name) noexcept:
     # `"name"` then `:` -> the index of the value's first byte; the name lies at
     # [name[0], name[1]).

@@ -89,7 +89,7 @@ cdef class Converter:
         cdef PyObject* entry
         for raw in raws:
             key = id(raw)
-            entry = PyDict_GetItem(pending, key)
+            entry = PyDict_GetItemWithError(pending, key)
             if entry is NULL or (<tuple>entry)[0] is not raw:
                 pending[key] = self._prepare_one(raw, now)
         over = len(pending) - self._pending_capacity

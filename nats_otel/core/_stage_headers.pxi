@@ -40,12 +40,12 @@ cdef enum:
 
 cdef object _header_entry(object name):
     """The cache's entry for `name` (made if missing); `_NO` if it cannot be cached."""
-    cdef PyObject* hit = PyDict_GetItem(_header_names, name)
+    cdef PyObject* hit = PyDict_GetItemWithError(_header_names, name)
     cdef Buf key
     if hit != NULL:
         return <object>hit
     lowered = name.lower()
-    hit = PyDict_GetItem(_header_attributes, lowered)  # `lowered in allowlist`: the same hash and ==
+    hit = PyDict_GetItemWithError(_header_attributes, lowered)  # `lowered in allowlist`: the same hash and ==
     if hit == NULL:
         entry = None
     else:

@@ -83,7 +83,7 @@ cdef tuple _ON = ("1", "true", "on")
 cdef int put_pair(Buf* b, int role, int index, object value) except -1:
     """One attribute (span field 9), cached per position by value; 0 if Python must do it."""
     cdef dict cache = <dict>(<list>_caches[role])[index]
-    cdef PyObject* hit = PyDict_GetItem(cache, value)  # values here are str, int or bool
+    cdef PyObject* hit = PyDict_GetItemWithError(cache, value)  # values here are str, int or bool
     cdef Py_ssize_t start
     if hit != NULL:
         put_bytes(b, <bytes>hit)
@@ -398,7 +398,7 @@ cdef object _resource_by_fields(object server, object service_name, tuple tags):
     key = (service_name, field(server, SRV.id), field(server, SRV.name), field(server, SRV.version),
            field(server, SRV.host), field(server, SRV.cluster), field(server, SRV.domain), tags,
            field(server, SRV.jetstream))
-    cdef PyObject* hit = PyDict_GetItem(_resources, key)
+    cdef PyObject* hit = PyDict_GetItemWithError(_resources, key)
     if hit != NULL:
         return <object>hit
     resource = _server_resource(server, service_name)

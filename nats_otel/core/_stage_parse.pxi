@@ -165,7 +165,7 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
                     entry = &spec.fields[i]
                     break
         if entry is NULL:
-            at = _skip(s, at, n, 1)
+            at = _skip_member(s, at, n)
         else:
             if seen & (1u << i) or entry.kind == F_DECLINE:
                 return _NO
@@ -377,7 +377,7 @@ cdef object _request(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssi
             seen |= 2
             at = _digits(s, at, n, &number)
         else:
-            at = _skip(s, at, n, 1)
+            at = _skip_member(s, at, n)
         if at < 0:
             return _NO
         at = _next(s, at, n, 125)
@@ -436,7 +436,7 @@ cdef object _parse_document(object data, Py_ssize_t max_events):
             seen |= 8
             at = _digits(s, at, n, &hops)
         else:
-            at = _skip(s, at, n, 1)
+            at = _skip_member(s, at, n)
         if at < 0:
             return _NO
         at = _next(s, at, n, 125)

@@ -116,7 +116,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     cdef PyObject* traceparent_p
     ctx = None
     id_fields = None
-    traceparent_p = PyDict_GetItem(index, "traceparent")
+    traceparent_p = PyDict_GetItemWithError(index, "traceparent")
     if traceparent_p is not NULL:
         try:
             trace_id, parent_id, flags = parse_traceparent(<object>traceparent_p)

@@ -258,3 +258,35 @@ def test_many_more_names_than_cache_slots_stay_exact(kernel):
         doc = f.message(f.ingress(**names), f.egress(name=f"e{i * 7919}"), server=f"srv-{i % 1500}",
                         headers={f"h-{i}": [f"v{i}"], "traceparent": [f.TRACEPARENT]})
         assert same_or_declined(kernel, json.dumps(doc).encode())
+
+
+def test_skipped_members_seen_before_are_decided_as_the_first_time(kernel):
+    """The parse keeps the last few objects and arrays it skipped (a server's `feature_flags`
+    repeat in each report): a value with those bytes is taken whole, and one that only begins
+    like one of them - longer, cut short, nested deeper, other keys - is checked anew, and
+    decided as msgspec decides it, whatever was skipped before."""
+    flags = {"js_ack_fc_v2": False, "js_api_reply_v2": False, "js_raft_delete_range": True}
+    variants = [
+        flags, {**flags, "more": True}, {**flags, "js_raft_delete_range": False}, {"js_ack_fc_v2": False},
+        [1, 2, {"a": "b"}], [1, 2, {"a": "b"}, 3], [1, 2], {}, [],
+        {"a": [[[[[[[1]]]]]]]}, {"a": [[[[[[[[1]]]]]]]]},  # 8 deep in all: checked; 9: declined
+        {"a": "é"}, {"a": 1.5}, {"a": "x\\y"},  # declined: not ASCII, a fraction, an escape
+    ]
+    compact = [json.dumps(v, separators=(",", ":"), ensure_ascii=False) for v in variants]
+    texts = compact + [c + " " for c in compact]  # the same bytes, then a space before the next member
+    decided = {}
+    for rounds in range(3):  # more distinct values than the kernel keeps: each seen again, in turns
+        for i in range(len(texts)) if rounds % 2 == 0 else reversed(range(len(texts))):
+            text = texts[i]
+            data = COMPACT.replace(b'"server":{', b'"server":{"feature_flags":' + text.encode() + b",", 1)
+            assert data != COMPACT
+            taken = same_or_declined(kernel, data)
+            assert decided.setdefault(i, taken) == taken, (text, rounds)
+            if not taken:
+                raw = RawTraceMessage("trace.a", {}, data)
+                assert outcome(kernel.prepare, raw) == outcome(pipeline.python_prepare, raw)
+    # Bytes equal to a kept value, but the document ends inside it: never read past the end.
+    cut = COMPACT.replace(b'"server":{', b'"server":{"feature_flags":' + compact[0].encode(), 1)
+    for end in range(len(cut) - 40, len(cut)):
+        assert kernel.own_parse(cut[:end]) is None
+    assert sum(decided.values()) >= 16 and not all(decided.values())

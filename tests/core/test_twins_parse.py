@@ -290,3 +290,24 @@ def test_skipped_members_seen_before_are_decided_as_the_first_time(kernel):
     for end in range(len(cut) - 40, len(cut)):
         assert kernel.own_parse(cut[:end]) is None
     assert sum(decided.values()) >= 16 and not all(decided.values())
+
+
+@pytest.mark.parametrize("where", ["name", "last"])
+def test_strings_end_where_msgspec_says_at_every_offset(kernel, where):
+    """The scan for a string's end (`_json_scan.h`: 16 bytes at a time, then 8, then one):
+    a quote, an escape, a control character or a non-ASCII character at every position of
+    strings 0 to 40 bytes long, inside a document (`name`: the server's name) and as its last
+    value (`last`: the buffer ends a few bytes after the string, where the wide reads stop)."""
+    for length in range(41):
+        for position in range(max(length, 1)):
+            for odd in ("", "é", "\\\\", "\\u0041", "\x01", "\x7f", "\U0001f600"):
+                text = ("a" * position + odd + "b" * length)[: length + len(odd)]
+                value = json.dumps(text, ensure_ascii=False)[1:-1] if odd != "\x01" else text
+                if where == "name":
+                    data = COMPACT.replace(b'"server":{', b'"server":{"name":"' + value.encode() + b'",', 1)
+                    data = data.replace(b'"name":"s1",', b"", 1)
+                else:
+                    data = COMPACT[:-1] + b',"x":"' + value.encode() + b'"}'
+                taken = same_or_declined(kernel, data)
+                plain = "\\" not in value and "\x01" not in value and (where == "name" or value.isascii())
+                assert taken == plain, (where, length, position, odd, data[-60:])

@@ -92,20 +92,35 @@ cdef int _copy_span_id(unsigned char* out, object span_id) except -1:
     return 0
 
 
-cdef inline int _hex_value(unsigned char c):
-    if 48 <= c <= 57:
-        return c - 48
-    if 97 <= c <= 102:
-        return c - 87
-    return -1
+# A hex digit's value by its byte; 0x100 for anything but 0-9 and a-f (lower case, as servers
+# pass it on): two digits read `(hi << 4) | lo`, and any bit above the byte says one was not.
+cdef unsigned short _HEX[256]
+for _byte in range(256):
+    _HEX[_byte] = 0x100
+for _byte, _digit in zip(b"0123456789abcdef", range(16)):
+    _HEX[_byte] = _digit
+del _byte, _digit
+
+
+cdef inline unsigned int _hex_bytes(const unsigned char* text, unsigned char* out, int count) noexcept:
+    """`count` bytes from their `2 * count` hex digits at `text`; the OR of what was read (a
+    bit above 0xFF: a digit that is not one; 0: every byte zero)."""
+    cdef unsigned int pair, seen = 0
+    cdef int i
+    for i in range(count):
+        pair = (_HEX[text[2 * i]] << 4) | _HEX[text[2 * i + 1]]
+        out[i] = <unsigned char>pair
+        seen |= pair
+    return seen
 
 
 cpdef object parse_traceparent(object value):
     """`ids.parse_traceparent` for `00-<32 hex>-<16 hex>-<2 hex>` in lower case with non-zero
     ids (what servers pass on); everything else goes to the Python twin."""
     cdef unsigned char ids[24]
-    cdef int i, hi, lo, flags, nonzero_trace = 0, nonzero_parent = 0
-    cdef Py_ssize_t at, size = 0
+    cdef unsigned char flags_byte
+    cdef unsigned int trace_seen, parent_seen, flags_seen
+    cdef Py_ssize_t size = 0
     cdef const unsigned char* text
     if type(value) is not str or len(<str>value) != 55:
         return _reference_parse_traceparent(value)
@@ -116,21 +131,9 @@ cpdef object parse_traceparent(object value):
         return _reference_parse_traceparent(value)
     if size != 55 or text[0] != 48 or text[1] != 48 or text[2] != 45 or text[35] != 45 or text[52] != 45:
         return _reference_parse_traceparent(value)
-    for i in range(24):
-        at = 3 + 2 * i if i < 16 else 36 + 2 * (i - 16)
-        hi = _hex_value(text[at])
-        lo = _hex_value(text[at + 1])
-        if hi < 0 or lo < 0:
-            return _reference_parse_traceparent(value)
-        ids[i] = <unsigned char>(hi * 16 + lo)
-        if ids[i]:
-            if i < 16:
-                nonzero_trace = 1
-            else:
-                nonzero_parent = 1
-    hi = _hex_value(text[53])
-    lo = _hex_value(text[54])
-    if hi < 0 or lo < 0 or not nonzero_trace or not nonzero_parent:
+    trace_seen = _hex_bytes(text + 3, ids, 16)
+    parent_seen = _hex_bytes(text + 36, ids + 16, 8)
+    flags_seen = _hex_bytes(text + 53, &flags_byte, 1)
+    if (trace_seen | parent_seen | flags_seen) > 0xFF or not trace_seen or not parent_seen:
         return _reference_parse_traceparent(value)  # raises the pure path's error, or parses
-    flags = hi * 16 + lo
-    return PyBytes_FromStringAndSize(<char*>ids, 16), PyBytes_FromStringAndSize(<char*>ids + 16, 8), flags
+    return PyBytes_FromStringAndSize(<char*>ids, 16), PyBytes_FromStringAndSize(<char*>ids + 16, 8), flags_byte

@@ -373,6 +373,21 @@ def test_traceparents_parse_alike(kernel, value):
     assert outcome(kernel.parse_traceparent, value) == outcome(ids.parse_traceparent, value)
 
 
+def test_every_digit_of_a_traceparent_is_checked(kernel):
+    """Each hex position of a valid traceparent, given each byte around the digit ranges
+    (and the ids all zero but one digit): decided as the pure twin decides."""
+    from nats_otel.core import ids
+
+    valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    zeros = "00-" + "0" * 32 + "-" + "0" * 16 + "-01"
+    positions = [*range(3, 35), *range(36, 52), 53, 54]
+    for position in positions:
+        for char in "09afAFg/:`@G\x00 ":
+            for base in (valid, zeros):
+                value = base[:position] + char + base[position + 1:]
+                assert outcome(kernel.parse_traceparent, value) == outcome(ids.parse_traceparent, value), value
+
+
 def pipeline_outcomes(count: int) -> bytes:
     """Which core runs (`engine.implementation()`), and every outcome of the bridge's path
     through it (decode, link, map, encode) for the corpus and `count` messages of the bench

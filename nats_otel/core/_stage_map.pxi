@@ -80,20 +80,48 @@ cdef list _caches = [[{} for _ in _LAYOUTS[role]] for role in _ROLES]  # per rol
 cdef tuple _ON = ("1", "true", "on")
 
 
+# Each position's last value and its encoded pair, held: the parse gives a repeated name the
+# same `str` object (`_json.pxi`'s cache), so most positions see the object they saw last and
+# skip the dict (its hash and compare) for one pointer compare.
+cdef enum:
+    _LAST_PER_ROLE = 32
+cdef PyObject* _last_value[6 * _LAST_PER_ROLE]
+cdef PyObject* _last_pair[6 * _LAST_PER_ROLE]
+if any(len(_LAYOUTS[role]) > _LAST_PER_ROLE for role in _ROLES):
+    raise ImportError("a role has more attribute positions than put_pair keeps")
+
+
 cdef int put_pair(Buf* b, int role, int index, object value) except -1:
     """One attribute (span field 9), cached per position by value; 0 if Python must do it."""
-    cdef dict cache = <dict>(<list>_caches[role])[index]
-    cdef PyObject* hit = PyDict_GetItemWithError(cache, value)  # values here are str, int or bool
+    cdef int slot = role * _LAST_PER_ROLE + index
+    cdef PyObject* hit
+    cdef PyObject* old_value
+    cdef PyObject* old_pair
     cdef Py_ssize_t start
-    if hit != NULL:
-        put_bytes(b, <bytes>hit)
+    if _last_value[slot] == <PyObject*>value:
+        put_bytes(b, <bytes>_last_pair[slot])
         return 1
-    start = b.size
-    if not put_key_value(b, 9, (<list>_keys[role])[index], value):
-        return 0
-    if PyDict_Size(cache) >= _CACHE_LIMIT:
-        cache.clear()  # subjects and names are unbounded: keep memory bounded
-    PyDict_SetItem(cache, value, PyBytes_FromStringAndSize(b.data + start, b.size - start))
+    cdef dict cache = <dict>(<list>_caches[role])[index]
+    hit = PyDict_GetItemWithError(cache, value)  # values here are str, int or bool
+    if hit != NULL:
+        pair = <bytes>hit
+    else:
+        start = b.size
+        if not put_key_value(b, 9, (<list>_keys[role])[index], value):
+            return 0
+        if PyDict_Size(cache) >= _CACHE_LIMIT:
+            cache.clear()  # subjects and names are unbounded: keep memory bounded
+        pair = PyBytes_FromStringAndSize(b.data + start, b.size - start)
+        PyDict_SetItem(cache, value, pair)
+        b.size = start  # written again below, as a hit is
+    put_bytes(b, pair)
+    # No Python code runs from here on (a str's or bytes' release runs none).
+    old_value, old_pair = _last_value[slot], _last_pair[slot]
+    Py_INCREF(value)
+    Py_INCREF(pair)
+    _last_value[slot], _last_pair[slot] = <PyObject*>value, <PyObject*>pair
+    Py_XDECREF(old_value)
+    Py_XDECREF(old_pair)
     return 1
 
 

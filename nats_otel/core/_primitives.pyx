@@ -15,6 +15,7 @@ tests compare the two on generated input)."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t
+from libc.string cimport memcmp, memcpy
 from msgspec.structs import force_setattr
 
 from nats_otel.core.timestamps import parse_rfc3339_ns as _reference_parse
@@ -27,7 +28,13 @@ cdef bytes _HEX = b"0123456789abcdef"
 # What servers write: `YYYY-MM-DDTHH:MM:SS[.f{1,9}]Z` in ASCII. Anything else (offsets,
 # odd digits, year 0, out-of-range fields) goes to the reference, which parses or raises.
 
-cdef inline int digits(const unsigned int* p, int n, int* out) noexcept:
+# A text's characters: bytes from the kernel's own parse, code points of a `str` otherwise.
+ctypedef fused Chars:
+    unsigned char
+    unsigned int
+
+
+cdef inline int digits(const Chars* p, int n, int* out) noexcept:
     cdef int i, value = 0
     for i in range(n):
         if p[i] < 48 or p[i] > 57:
@@ -54,7 +61,7 @@ def parse_rfc3339_ns(text):
     cdef Py_ssize_t n, i
     cdef unsigned int buf[30]
     cdef Py_UCS4 c
-    cdef int64_t ns
+    cdef int64_t days, ns
     cdef str chars
     if type(text) is not str:
         return _reference_parse(text)
@@ -65,33 +72,54 @@ def parse_rfc3339_ns(text):
     for i in range(n):
         c = chars[i]
         buf[i] = <unsigned int>c
-    if not _servers_form(buf, n, &ns):
+    if not (_date_days(buf, &days) and _time_ns(buf, n, days, &ns)):
         return _reference_parse(text)  # raises, or (offsets, far years...) parses
     return ns
+
+
+# The date the kernel's parse read last, and its day number: a server's timestamps share
+# their date from report to report, so the date is one compare of ten bytes after the first.
+cdef unsigned char _last_date[10]
+cdef int64_t _last_days = -1  # none yet
 
 
 cdef bint rfc3339_bytes_c(const unsigned char* text, Py_ssize_t n, int64_t* ns) noexcept:
     """`parse_rfc3339_ns` of ASCII bytes in the servers' form, for the kernel's own parse
     (`_stage_parse.pxi`): true with `ns` set, or false (then the text is the caller's to
     give to `parse_rfc3339_ns`). Always within what OTLP carries (years 1970 to 2200)."""
-    cdef unsigned int buf[30]
-    cdef Py_ssize_t i
+    global _last_days
+    cdef int64_t days
     if n < 20 or n > 30:
         return False
-    for i in range(n):
-        buf[i] = text[i]
-    return _servers_form(buf, n, ns)
-
-
-cdef bint _servers_form(const unsigned int* buf, Py_ssize_t n, int64_t* ns) noexcept:
-    # `YYYY-MM-DDTHH:MM:SS[.f{1,9}]Z`, 20 to 30 characters, years 1970 to 2200; false for
-    # anything else
-    cdef int year, month, day, hour, minute, second, fraction = 0, width, i
-    if not (buf[4] == 45 and buf[7] == 45 and buf[10] in (84, 116, 32) and buf[13] == 58 and buf[16] == 58
-            and buf[n - 1] in (90, 122)):
+    if _last_days >= 0 and memcmp(text, _last_date, 10) == 0:
+        days = _last_days
+    elif _date_days(text, &days):
+        memcpy(_last_date, text, 10)
+        _last_days = days
+    else:
         return False
-    if not (digits(buf, 4, &year) and digits(buf + 5, 2, &month) and digits(buf + 8, 2, &day)
-            and digits(buf + 11, 2, &hour) and digits(buf + 14, 2, &minute) and digits(buf + 17, 2, &second)):
+    return _time_ns(text, n, days, ns)
+
+
+# `YYYY-MM-DDTHH:MM:SS[.f{1,9}]Z`, 20 to 30 characters, years 1970 to 2200: the date (its first
+# ten characters) and the rest; each false for anything else.
+
+cdef inline bint _date_days(const Chars* buf, int64_t* days) noexcept:
+    cdef int year, month, day
+    if not (buf[4] == 45 and buf[7] == 45 and digits(buf, 4, &year) and digits(buf + 5, 2, &month)
+            and digits(buf + 8, 2, &day)):
+        return False
+    if year < 1970 or year > 2200 or not (1 <= month <= 12 and 1 <= day <= 31):
+        return False
+    days[0] = days_from_civil(year, month, day)
+    return True
+
+
+cdef inline bint _time_ns(const Chars* buf, Py_ssize_t n, int64_t days, int64_t* ns) noexcept:
+    cdef int hour, minute, second, fraction = 0, width, i
+    if not (buf[10] in (84, 116, 32) and buf[13] == 58 and buf[16] == 58 and buf[n - 1] in (90, 122)):
+        return False
+    if not (digits(buf + 11, 2, &hour) and digits(buf + 14, 2, &minute) and digits(buf + 17, 2, &second)):
         return False
     if n == 20:
         width = 0
@@ -101,10 +129,9 @@ cdef bint _servers_form(const unsigned int* buf, Py_ssize_t n, int64_t* ns) noex
             return False
         for i in range(9 - width):
             fraction *= 10
-    if year < 1970 or year > 2200 or not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60
-                                          and second < 61):
+    if not (hour < 24 and minute < 60 and second < 61):
         return False
-    ns[0] = (days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second) * 1_000_000_000 + fraction
+    ns[0] = (days * 86400 + hour * 3600 + minute * 60 + second) * 1_000_000_000 + fraction
     return True
 
 

@@ -311,3 +311,24 @@ def test_strings_end_where_msgspec_says_at_every_offset(kernel, where):
                 taken = same_or_declined(kernel, data)
                 plain = "\\" not in value and "\x01" not in value and (where == "name" or value.isascii())
                 assert taken == plain, (where, length, position, odd, data[-60:])
+
+
+def test_timestamps_after_a_known_date_are_checked_whole(kernel):
+    """The parse keeps the last date it read (a server's reports share it): a timestamp with
+    that date and any time - valid or not, any precision - is decided as msgspec decides it,
+    and so is one whose date differs in one character."""
+    date = "2026-11-22"
+    times = ["T02:16:30Z", "T02:16:30.123456789Z", "T23:59:60Z", "T24:00:00Z", "T02:60:00Z", "T02:16:30.Z",
+             "T02:16:30.1234567890Z", "t02:16:30z", " 02:16:30Z", "X02:16:30Z", "T02-16:30Z", "T02:16:30+01:00",
+             "T0a:16:30Z", "T02:16:30"]
+    dates = [date, "2026-11-23", "2026-13-22", "2026-11-32", "1969-11-22", "2026/11/22", "2O26-11-22", "2201-01-01"]
+    taken = 0
+    for other in dates:
+        for time in times:
+            for stamp in (date + times[0], other + time, date + time):  # the known date, then each in turn
+                data = COMPACT.replace(f'"ts":"{f.ts(100)}"'.encode(), f'"ts":"{stamp}"'.encode(), 1)
+                assert data != COMPACT
+                taken += same_or_declined(kernel, data)
+                raw = RawTraceMessage("trace.a", {}, data)
+                assert outcome(kernel.prepare, raw) == outcome(pipeline.python_prepare, raw), stamp
+    assert taken > 100

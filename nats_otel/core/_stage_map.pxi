@@ -125,6 +125,31 @@ cdef int put_pair(Buf* b, int role, int index, object value) except -1:
     return 1
 
 
+# Per role (each has one `client.id` position): a connection id (int) -> its text's encoded pair.
+cdef list _client_ids = [{} for _ in _ROLES]
+
+
+cdef int put_client_id(Buf* b, int role, int index, object cid) except -1:
+    """`put_pair(b, role, index, str(cid))`, the pair cached by the connection id itself: no
+    text made and hashed per message for a client's connection (an int from the parse)."""
+    cdef PyObject* hit
+    cdef Py_ssize_t start
+    cdef dict cache = <dict>_client_ids[role]
+    if type(cid) is not int:
+        return put_pair(b, role, index, str(cid))
+    hit = PyDict_GetItemWithError(cache, cid)
+    if hit != NULL:
+        put_bytes(b, <bytes>hit)
+        return 1
+    start = b.size
+    if not put_pair(b, role, index, str(cid)):
+        return 0
+    if PyDict_Size(cache) >= _CACHE_LIMIT:
+        cache.clear()  # connection ids are unbounded: keep memory bounded
+    PyDict_SetItem(cache, cid, PyBytes_FromStringAndSize(b.data + start, b.size - start))
+    return 1
+
+
 cdef inline int put_const(Buf* b, int role, int index) except -1:
     return put_pair(b, role, index, (<list>_consts[role])[index])
 
@@ -262,7 +287,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             and put_pair(s, SERVER, S_CID, field(ingress, IN.cid)) and put_pair(s, SERVER, S_NAME, field(ingress, IN.name))
             and put_pair(s, SERVER, S_HOPS, field(msg, MSG.hops))):
         return 0
-    if ingress_kind == CLIENT and not put_pair(s, SERVER, S_CLIENT_ID, str(field(ingress, IN.cid))):
+    if ingress_kind == CLIENT and not put_client_id(s, SERVER, S_CLIENT_ID, field(ingress, IN.cid)):
         return 0
     if hop and not put_pair(s, SERVER, S_HOP, hop):
         return 0
@@ -321,7 +346,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
                     and put_pair(s, EGRESS, E_KIND, _label(connection)) and put_pair(s, EGRESS, E_CID, field(event, EG.cid))
                     and put_pair(s, EGRESS, E_NAME, name)):
                 return 0
-            if connection == CLIENT and not put_pair(s, EGRESS, E_CLIENT_ID, str(field(event, EG.cid))):
+            if connection == CLIENT and not put_client_id(s, EGRESS, E_CLIENT_ID, field(event, EG.cid)):
                 return 0
             value = field(event, EG.subscription)
             if value and not put_pair(s, EGRESS, E_SUB, value):

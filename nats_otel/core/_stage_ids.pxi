@@ -114,26 +114,33 @@ cdef inline unsigned int _hex_bytes(const unsigned char* text, unsigned char* ou
     return seen
 
 
-cpdef object parse_traceparent(object value):
-    """`ids.parse_traceparent` for `00-<32 hex>-<16 hex>-<2 hex>` in lower case with non-zero
-    ids (what servers pass on); everything else goes to the Python twin."""
-    cdef unsigned char ids[24]
-    cdef unsigned char flags_byte
-    cdef unsigned int trace_seen, parent_seen, flags_seen
+cdef bint _traceparent_fast(object value, unsigned char* ids, unsigned char* flags) except -1:
+    """The 16 + 8 id bytes (at `ids`) and the flags of `00-<32 hex>-<16 hex>-<2 hex>` in lower
+    case with non-zero ids (what servers pass on); false for anything else, which is the
+    Python twin's to parse or refuse."""
     cdef Py_ssize_t size = 0
     cdef const unsigned char* text
+    cdef unsigned int trace_seen, parent_seen, flags_seen
     if type(value) is not str or len(<str>value) != 55:
-        return _reference_parse_traceparent(value)
+        return False
     try:
         # The UTF-8 form CPython keeps (no copy for ASCII text): 55 bytes only when ASCII.
         text = <const unsigned char*>PyUnicode_AsUTF8AndSize(value, &size)
     except UnicodeEncodeError:
-        return _reference_parse_traceparent(value)
+        return False
     if size != 55 or text[0] != 48 or text[1] != 48 or text[2] != 45 or text[35] != 45 or text[52] != 45:
-        return _reference_parse_traceparent(value)
+        return False
     trace_seen = _hex_bytes(text + 3, ids, 16)
     parent_seen = _hex_bytes(text + 36, ids + 16, 8)
-    flags_seen = _hex_bytes(text + 53, &flags_byte, 1)
-    if (trace_seen | parent_seen | flags_seen) > 0xFF or not trace_seen or not parent_seen:
-        return _reference_parse_traceparent(value)  # raises the pure path's error, or parses
-    return PyBytes_FromStringAndSize(<char*>ids, 16), PyBytes_FromStringAndSize(<char*>ids + 16, 8), flags_byte
+    flags_seen = _hex_bytes(text + 53, flags, 1)
+    return (trace_seen | parent_seen | flags_seen) <= 0xFF and trace_seen != 0 and parent_seen != 0
+
+
+cpdef object parse_traceparent(object value):
+    """`ids.parse_traceparent`: the common form in C (`_traceparent_fast`), everything else
+    by the Python twin (which raises the pure path's error, or parses)."""
+    cdef unsigned char ids[24]
+    cdef unsigned char flags
+    if not _traceparent_fast(value, ids, &flags):
+        return _reference_parse_traceparent(value)
+    return PyBytes_FromStringAndSize(<char*>ids, 16), PyBytes_FromStringAndSize(<char*>ids + 16, 8), flags

@@ -394,8 +394,7 @@ cdef object _parse_document(object data, Py_ssize_t max_events):
     cdef Py_ssize_t name[2]
     cdef long long hops = 0
     cdef int seen = 0
-    server = events = None
-    request = ({}, 0)
+    server = events = request = None
     if type(data) is not bytes:
         return _NO
     s = <const unsigned char*>PyBytes_AS_STRING(data)
@@ -442,4 +441,6 @@ cdef object _parse_document(object data, Py_ssize_t max_events):
         at = _next(s, at, n, 125)
     if at == -1 or (seen & 3) != 3 or _ws(s, -at - 1, n) != n:  # both required; nothing after
         return _NO
+    if request is None:  # no `request` member: no headers, size 0 (as msgspec's defaults)
+        return server, events, {}, 0, PyLong_FromLongLong(hops)
     return server, events, (<tuple>request)[0], (<tuple>request)[1], PyLong_FromLongLong(hops)

@@ -116,13 +116,20 @@ cpdef object prepare(object raw, object limits=_UNSET):
     cdef PyObject* traceparent_p
     ctx = None
     id_fields = None
+    cdef unsigned char ids[24]
+    cdef unsigned char flags_byte
     traceparent_p = PyDict_GetItemWithError(index, "traceparent")
     if traceparent_p is not NULL:
-        try:
-            trace_id, parent_id, flags = parse_traceparent(<object>traceparent_p)
-        except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
-            pass
+        if _traceparent_fast(<object>traceparent_p, ids, &flags_byte):  # `parse_traceparent`, no tuple
+            trace_id = PyBytes_FromStringAndSize(<char*>ids, 16)
+            parent_id = PyBytes_FromStringAndSize(<char*>ids + 16, 8)
+            flags = flags_byte
         else:
+            try:
+                trace_id, parent_id, flags = parse_traceparent(<object>traceparent_p)
+            except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
+                trace_id = None
+        if trace_id is not None:
             trace_state = index.get("tracestate") or ""
             id_fields = context_fields_c(trace_id, parent_id)
             ctx = _trace_context_of(trace_id, parent_id, trace_state, flags & 1, id_fields)

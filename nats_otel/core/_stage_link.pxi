@@ -38,7 +38,45 @@ cdef class _Side:
 
     cdef list entries  # time-sorted (by the whole tuple, as `linking` sorts them)
     cdef dict by_size  # size -> time-sorted entries; only while there are two entries or more
-    cdef set claimed  # entries of a matched hop, until they expire; None until the first
+    # The entries of a matched hop, until they expire: the first in `claimed_one` (a key has
+    # one claim on each side in the common case: no set made and no entry hashed for it), any
+    # others in `claimed` (None until a second).
+    cdef object claimed_one
+    cdef set claimed
+
+    cdef inline bint is_claimed(self, object entry):
+        if self.claimed_one is not None and (self.claimed_one is entry or self.claimed_one == entry):
+            return True
+        return self.claimed is not None and entry in self.claimed
+
+    cdef inline void claim(self, object entry) except *:
+        """Claim `entry` (already claimed: nothing changes)."""
+        if self.claimed_one is None:
+            if self.claimed is None or entry not in self.claimed:
+                self.claimed_one = entry
+        elif not self.is_claimed(entry):
+            if self.claimed is None:
+                self.claimed = set()
+            self.claimed.add(entry)
+
+    cdef inline bint unclaim(self, object entry) except -1:
+        """Take `entry`'s claim back (it expired); false when it had none."""
+        if self.claimed_one is not None and (self.claimed_one is entry or self.claimed_one == entry):
+            self.claimed_one = None
+            return True
+        if self.claimed is not None and entry in self.claimed:
+            self.claimed.discard(entry)
+            return True
+        return False
+
+    cdef inline bint any_claimed(self):
+        return self.claimed_one is not None or bool(self.claimed)
+
+    cdef list claims(self):
+        out = [] if self.claimed is None else list(self.claimed)
+        if self.claimed_one is not None:
+            out.append(self.claimed_one)
+        return out
 
     cdef bint add(self, tuple entry):
         """Insert `entry`; False when it was there already (a redelivery)."""
@@ -160,7 +198,7 @@ cdef class _Bucket:
         """Nothing held and nothing claimed: the bucket can go (a claim outlives its entry
         when the arrival resolved was not the one stored; `linking` keeps it too)."""
         for side in (self.egresses, self.arrivals):
-            if (<_Side>side).entries or (<_Side>side).claimed:
+            if (<_Side>side).entries or (<_Side>side).any_claimed():
                 return False
         return True
 
@@ -260,7 +298,7 @@ cdef class LinkIndex:
             elif probe[1] < _SHAPE_DIGEST and not (bucket.egresses.alone((<tuple>egress)[1])
                                                    and bucket.arrivals.alone(probe[1])):
                 egress = None  # several alike messages on the key: only proven order decides (`linking`)
-        claimed = bucket.arrivals.claimed
+        first = not bucket.arrivals.is_claimed(probe)
         if egress is None:  # several candidates: order and latency decide, if they can
             result, egress, candidates = self.sequences.resolve(key, bucket.egresses.entries,
                                                                 bucket.arrivals.entries or [], probe)
@@ -268,16 +306,11 @@ cdef class LinkIndex:
                 return _new(_Link, (result, None, candidates, True))
             if not _shapes_agree(probe[1], (<tuple>egress)[1]):  # never against exact evidence
                 return _new(_Link, (_AMBIGUOUS, None, max(candidates, 2), True))
-        elif claimed is None or probe not in claimed:
+        elif first:
             sequences_learn(self.sequences, key, probe, egress)
-        first = claimed is None or probe not in claimed
         if first:
-            if claimed is None:
-                bucket.arrivals.claimed = claimed = set()
-            claimed.add(probe)
-            if bucket.egresses.claimed is None:
-                bucket.egresses.claimed = set()
-            bucket.egresses.claimed.add(egress)
+            bucket.arrivals.claim(probe)
+            bucket.egresses.claim(egress)
         return _new(_Link, (_MATCHED, egress, 1, first))
 
     def expire(self, now):
@@ -301,9 +334,7 @@ cdef class LinkIndex:
             if observed >= horizon:
                 self.evicted += 1
             side = bucket.side(is_egress)
-            if side.claimed is not None and entry in side.claimed:
-                side.claimed.discard(entry)
-            else:
+            if not side.unclaim(entry):
                 self.expired_unmatched["upstream" if is_egress else "downstream"] += 1
             side.remove(<tuple>entry)
             self._count -= 1
@@ -317,9 +348,8 @@ cdef class LinkIndex:
         out = set()
         for bucket in self._buckets.values():
             for is_egress in (True, False):
-                claimed = (<_Bucket>bucket).side(is_egress).claimed
-                if claimed:
-                    out.update((is_egress, (<_Bucket>bucket).key, entry) for entry in claimed)
+                claimed = (<_Bucket>bucket).side(is_egress).claims()
+                out.update((is_egress, (<_Bucket>bucket).key, entry) for entry in claimed)
         return out
 
 

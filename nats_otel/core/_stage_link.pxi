@@ -44,10 +44,11 @@ cdef class _Side:
     cdef object claimed_one
     cdef set claimed
 
-    cdef inline bint is_claimed(self, object entry):
-        if self.claimed_one is not None and (self.claimed_one is entry or self.claimed_one == entry):
-            return True
-        return self.claimed is not None and entry in self.claimed
+    cdef inline bint _first_claim_is(self, object entry) except -1:
+        return self.claimed_one is not None and (self.claimed_one is entry or self.claimed_one == entry)
+
+    cdef inline bint is_claimed(self, object entry) except -1:
+        return self._first_claim_is(entry) or (self.claimed is not None and entry in self.claimed)
 
     cdef inline void claim(self, object entry) except *:
         """Claim `entry` (already claimed: nothing changes)."""
@@ -61,7 +62,7 @@ cdef class _Side:
 
     cdef inline bint unclaim(self, object entry) except -1:
         """Take `entry`'s claim back (it expired); false when it had none."""
-        if self.claimed_one is not None and (self.claimed_one is entry or self.claimed_one == entry):
+        if self._first_claim_is(entry):
             self.claimed_one = None
             return True
         if self.claimed is not None and entry in self.claimed:

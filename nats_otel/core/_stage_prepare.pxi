@@ -125,8 +125,8 @@ cpdef object prepare(object raw, object limits=_UNSET):
             parent_id = PyBytes_FromStringAndSize(<char*>ids + 16, 8)
             flags = flags_byte
         else:
-            try:
-                trace_id, parent_id, flags = parse_traceparent(<object>traceparent_p)
+            try:  # not the servers' form: the Python twin parses it (`parse_traceparent` would too)
+                trace_id, parent_id, flags = _reference_parse_traceparent(<object>traceparent_p)
             except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
                 trace_id = None
         if trace_id is not None:

@@ -61,7 +61,7 @@ _EVENTS: list[_Shape] = [
     ("import", "service import probe-si-acc", set(), {}),
     ("jetstream", "store PROBE", set(), {}),
 ]
-#: The roles, in the order the kernel's mapping stage (`_stage_map.pxi`) numbers them.
+#: The roles, in the order the kernel numbers them (`_stage_pairs.pxi`, for its mapping stage).
 ROLES = tuple(_SLOTS)
 #: Per role, the slots' names in order: the mapping stage finds where it writes by name.
 SLOT_NAMES = {role: tuple(name for name, _ in slots) for role, slots in _SLOTS.items()}

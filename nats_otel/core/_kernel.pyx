@@ -28,7 +28,7 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_AsUnsignedLongLon
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from nats_otel.core._primitives cimport context_fields_c
 
@@ -48,7 +48,8 @@ from nats_otel.core.decode import _DOCUMENT, DecodeError as _DecodeError, Decode
 from nats_otel.core.decode import RawTraceMessage as _RawTraceMessage, _Document, decompress as _decompress
 from nats_otel.core.decode import _Request as _DecodedRequest
 from nats_otel.core.ids import _POSITIONS, _ROLE_PREFIX, TraceContext as _TraceContext
-from nats_otel.core.ids import _fields as _reference_fields, adhoc_trace_id as _adhoc_trace_id
+from nats_otel.core.ids import _fields as _reference_fields, _role as _reference_role, adhoc_trace_id as _adhoc_trace_id
+from nats_otel.core.ids import TRACE_DISABLED as _TRACE_DISABLED_
 from nats_otel.core.ids import event_span_id as _reference_event_span_id
 from nats_otel.core.ids import parse_traceparent as _reference_parse_traceparent
 from nats_otel.core.ids import server_span_id as _reference_server_span_id

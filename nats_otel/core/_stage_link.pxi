@@ -434,7 +434,7 @@ cdef class Linker:
         cdef bint adhoc
         if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
             adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
-            trace_id = _adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
+            trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
             return _new(_Placement, (ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
                                      "", 0)), None
         key, entry = arrival
@@ -446,7 +446,7 @@ cdef class Linker:
                         else _read(ctx, _TraceContext, CTX.trace_id, "trace_id"))
             return _new(_Placement, (ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)), link
         # Never under another message's egress: see `pipeline.Linker.locate`.
-        trace_id = _adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
+        trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
         candidates = (<tuple>link)[2] if result == _AMBIGUOUS else 0
         return _new(_Placement, (ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
                                  result, candidates)), link
@@ -462,4 +462,4 @@ cdef class Linker:
             if (<tuple>link)[0] != _MATCHED or (<tuple>link)[1] is None:
                 break
             ident = (<tuple>(<tuple>link)[1])[2]
-        return _adhoc_trace_id(ctx, ident)
+        return adhoc_trace_id(ctx, ident)

@@ -106,8 +106,8 @@ cpdef object prepare(object raw, object limits=_UNSET):
             if own is None:
                 own = []
             own.append((lowered, values))
-    if own is not None:  # rare: a per-message header; the digest is the reference's own
-        size = _shape_digest(size, own)
+    if own is not None:  # a header of the message's own (`shape_digest`, in C)
+        size = shape_digest(size, own)
     ingress = events[0]
     msg = _trace_message(server, message_headers, msg_size, hops, ingress, _tail(events), index)
     # ids.trace_context, when the traceparent is valid; otherwise the reference decides
@@ -133,6 +133,10 @@ cpdef object prepare(object raw, object limits=_UNSET):
             trace_state = index.get("tracestate") or ""
             id_fields = context_fields_c(trace_id, parent_id)
             ctx = _trace_context_of(trace_id, parent_id, trace_state, flags & 1, id_fields)
+    if ctx is None and traceparent_p is NULL:  # ad hoc (`Nats-Trace-Dest`), the usual kind in C
+        ctx = _adhoc_context(index, raw.subject)
+        if ctx is not None:
+            id_fields = field(ctx, CTX.id_fields)
     if ctx is None:
         ctx = _trace_context(msg, raw.subject)
         id_fields = ctx.id_fields

@@ -1,16 +1,22 @@
 """The kernel's ids stage (`_stage_ids.pxi`, with `_blake2b.h`) against the pure-Python
 reference (`ids`, hashlib): BLAKE2b, the span ids across block edges, the context's fields
-and the traceparent's parse, on generated and edge-case input. As in test_twins.py, the
+the traceparent's parse, the shape's digest of a message with headers of its own and the
+ad-hoc trace ids, on generated and edge-case input. As in test_twins.py, the
 kernel comes from the `kernel` fixture (skipped under NATS_OTEL_NO_EXTENSIONS=1) and is
 compared with the reference in one process.
 """
 
 from __future__ import annotations
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nats_otel.core import pipeline
+from nats_otel.core.decode import RawTraceMessage
+from tests.core import factories as f
 from tests.core.test_twins import outcome
+from tests.core.test_twins_prepare import outcome as prepared_outcome
 
 
 @settings(max_examples=400, deadline=None)
@@ -109,3 +115,86 @@ def test_every_digit_of_a_traceparent_is_checked(kernel):
             for base in (valid, zeros):
                 value = base[:position] + char + base[position + 1:]
                 assert outcome(kernel.parse_traceparent, value) == outcome(ids.parse_traceparent, value), value
+
+
+# The headers of a message's own, as `message_shape` gathers them: lower-cased names (the same
+# name twice in two spellings), lists of values (none, several, non-ASCII, a lone surrogate:
+# no UTF-8 form, the twin's error).
+_header_text = st.text(max_size=12) | st.sampled_from(["accept-encoding", "nats-msg-id", "é", "\ud800", ""])
+_own = st.lists(st.tuples(_header_text, st.lists(_header_text, max_size=3)), max_size=5)
+_sizes = st.integers(-(2**63), 2**63 - 1) | st.integers(-(2**70), 2**70) | st.sampled_from([0, -1, 2**63, -(2**63) - 1])
+
+
+@settings(max_examples=800, deadline=None)
+@given(_sizes, _own)
+def test_shape_digests_alike(kernel, size, own):
+    from nats_otel.core.shapes import shape_digest
+
+    assert outcome(kernel.shape_digest, size, list(own)) == outcome(shape_digest, size, own)
+
+
+def test_shape_digest_odd_items_go_to_the_twin(kernel):
+    from nats_otel.core.shapes import shape_digest
+
+    for size, own in [(5, [("a", ("x",))]), (5, [("a", [1])]), (5, [(b"a", ["x"])]), (5, [("a", ["x"], 3)]),
+                      (5, [("a", ["x"]), ("a", "y")]), (5.0, [("a", ["x"])]), (True, [("a", ["x"])])]:
+        assert outcome(kernel.shape_digest, size, list(own)) == outcome(shape_digest, size, own), (size, own)
+
+
+def test_a_message_with_headers_of_its_own_is_shaped_in_c(kernel, monkeypatch):
+    # The digest is the kernel's own: the Python twin is not called for the usual header.
+    def refuse(*_args):
+        raise AssertionError("the Python twin was called")
+
+    raw = RawTraceMessage("trace.a", {}, orjson.dumps(f.message(f.ingress(), headers={
+        "traceparent": ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"],
+        "Nats-Msg-Id": ["order-1"], "Content-Type": ["application/json", "charset=é"]})))
+    expected = pipeline.python_prepare(raw)
+    monkeypatch.setattr(kernel, "_shape_digest", refuse)
+    prepared = kernel.prepare(raw)
+    assert prepared == expected and prepared.size >= kernel.SHAPE_DIGEST
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=80), st.binary(max_size=300))
+def test_adhoc_trace_ids_alike(kernel, id_fields, origin):
+    from nats_otel.core import ids
+
+    ctx = ids.TraceContext(b"\x01" * 16, b"", "", True, "adhoc.dest", id_fields=id_fields)
+    assert kernel.adhoc_trace_id(ctx, origin) == ids.adhoc_trace_id(ctx, origin)
+
+
+_subjects = st.none() | st.sampled_from(["", "trace.adhoc", "é.adhoc", "\ud800"]) | st.text(max_size=20)
+_dests = st.none() | st.sampled_from(["", "trace disabled", "adhoc.dest", "é"]) | st.text(max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_subjects, _dests, st.sampled_from([None, "", "k=v"]))
+def test_adhoc_contexts_prepare_alike(kernel, subject, dest, trace_state):
+    # No traceparent: the context is the ad-hoc one (by the arrival subject, else the
+    # destination), or the twin's error where neither names one.
+    headers = {"Nats-Trace-Dest": [dest]} if dest is not None else {}
+    if trace_state is not None:
+        headers["tracestate"] = [trace_state]
+    raw = RawTraceMessage(subject, {}, orjson.dumps(f.message(f.ingress(), headers=headers)))
+    assert prepared_outcome(kernel.prepare, raw) == prepared_outcome(pipeline.python_prepare, raw)
+
+
+def test_an_adhoc_message_is_traced_in_c(kernel, monkeypatch):
+    # The ad-hoc context and the trace id at its origin are the kernel's: the twins not called.
+    def refuse(*_args):
+        raise AssertionError("the Python twin was called")
+
+    raw = RawTraceMessage("trace.adhoc", {}, orjson.dumps(f.message(f.ingress(), headers={
+        "Nats-Trace-Dest": ["trace.adhoc"]})))
+    expected = pipeline.python_prepare(raw)
+    linker = pipeline.Linker()
+    linker.observe(expected)
+    expected_place = linker.place(expected)
+    monkeypatch.setattr(kernel, "_trace_context", refuse)
+    monkeypatch.setattr(kernel, "_adhoc_trace_id", refuse)
+    prepared = kernel.prepare(raw)
+    assert prepared == expected and prepared.ctx.adhoc_key == "trace.adhoc"
+    compiled = kernel.Linker()
+    compiled.observe(prepared)
+    assert compiled.place(prepared) == expected_place

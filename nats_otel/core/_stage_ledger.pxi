@@ -129,6 +129,34 @@ cdef bint _latency_learn(object latency, object link, object latency_ns) except 
     return True
 
 
+cdef Py_ssize_t _bisect_right_ints(list times, object value) except -2:
+    """`bisect_right(times, value)` where the value and each time compared are ints of 64
+    bits (what the servers' nanoseconds are): the comparisons in C, no call through
+    `bisect`'s argument parsing (~1k instructions a call on a list of 32). -1 where one is
+    not: then `bisect_right` decides."""
+    cdef int overflow = 0
+    cdef long long x, y
+    cdef Py_ssize_t lo = 0, hi = len(times), mid
+    if type(value) is not int:
+        return -1
+    x = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow:
+        return -1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        item = <object>PyList_GET_ITEM(times, mid)
+        if type(item) is not int:
+            return -1
+        y = PyLong_AsLongLongAndOverflow(item, &overflow)
+        if overflow:
+            return -1
+        if x < y:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 cdef void _pairs_add(object pairs, object egress, object arrival, object context) except *:
     """`_LinkPairs.add` as the live bridge calls it (the latest `_LINK_PAIRS` kept)."""
     cdef list times = field(pairs, PAIRS.times)
@@ -139,7 +167,9 @@ cdef void _pairs_add(object pairs, object egress, object arrival, object context
         times.append(time_ns)
         kept.append((egress, arrival, context))
     else:
-        at = bisect_right(times, time_ns)
+        at = _bisect_right_ints(times, time_ns)
+        if at < 0:
+            at = bisect_right(times, time_ns)
         times.insert(at, time_ns)
         kept.insert(at, (egress, arrival, context))
     if len(times) > _LINK_PAIRS:

@@ -21,7 +21,7 @@ from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core import accel, engine
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
-from nats_otel.core.engine import Converter, encode_request, observed
+from nats_otel.core.engine import Converter, encode_request, encode_results, observed
 from nats_otel.core.evidence import (
     HopEvidence,
     LinkLatencyEstimate,
@@ -240,10 +240,8 @@ class Processor:
                                      and getattr(outcome.results[i], "link", "") in _UNLINKED)
         held = outcome.held
         if encoded:
-            items = [r.encoded for i, r in enumerate(outcome.results)
-                     if isinstance(r, Converted) and r.encoded is not None and i not in held]
-            outcome.spans = sum(item.span_count for item in items)
-            return ConvertedBatch(outcome, encode_request(items) if outcome.spans else b"")
+            request, outcome.spans = encode_results(outcome.results, held)
+            return ConvertedBatch(outcome, request)
         spans = [s for i, r in enumerate(outcome.results) if isinstance(r, Converted) and i not in held
                  for s in r.spans]
         outcome.spans = len(spans)

@@ -71,7 +71,7 @@ from nats_otel.core.otlp_wire import _UNCACHED_PREFIX as _uncached_prefix, _key_
 from nats_otel.core.otlp_wire import _resource as _reference_resource, _span as _reference_span
 from nats_otel.core.pipeline import _BAD_TRACEPARENT as _BAD_TRACEPARENT_, _MAX_DEPTH as _ADHOC_DEPTH_
 from nats_otel.core.pipeline import Converted as _Converted, Prepared as _Prepared, Rejected as _Rejected
-from nats_otel.core.pipeline import observed
+from nats_otel.core.pipeline import encode_results as _reference_encode_results, observed
 from nats_otel.core.pipeline import prepare as _reference_prepare
 from nats_otel.core.report_ledger import ReportLedger as _ReportLedger, _Member, _ServerRuns
 from nats_otel.core.sequences import HopSequences as _HopSequences, _LinkPairs
@@ -83,9 +83,9 @@ from nats_otel.core.span_bytes import python_map_encode as _reference_map_encode
 from nats_otel.core.span_layout import ROLES as _ROLES, SLOT_NAMES as _SLOT_NAMES, LayoutChanged as _LayoutChanged
 from nats_otel.core.span_layout import layouts as _layouts
 
-__all__ = ["IMPLEMENTATION", "Converter", "LinkIndex", "Linker", "convert_batch", "encode_request", "encode_spans",
-           "event_span_id", "finish", "handed_to_reference", "map_encode", "network_sample", "observed",
-           "parse_traceparent", "prepare", "server_span_id"]
+__all__ = ["IMPLEMENTATION", "Converter", "LinkIndex", "Linker", "convert_batch", "encode_request", "encode_results",
+           "encode_spans", "event_span_id", "finish", "handed_to_reference", "map_encode", "network_sample",
+           "observed", "parse_traceparent", "prepare", "server_span_id"]
 
 IMPLEMENTATION = "compiled"
 

@@ -24,6 +24,7 @@ __all__ = [
     "Linker",
     "convert_batch",
     "encode_request",
+    "encode_results",
     "encode_spans",
     "event_span_id",
     "finish",
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # one interface: type checkers see the reference
         LinkIndex,
         convert_batch,
         encode_request,
+        encode_results,
         encode_spans,
         event_span_id,
         finish,
@@ -73,7 +75,7 @@ else:
     Converter, LinkIndex, Linker = _chosen.Converter, _chosen.LinkIndex, _chosen.Linker
     prepare, finish, convert_batch, observed = _chosen.prepare, _chosen.finish, _chosen.convert_batch, _chosen.observed
     map_encode, network_sample = _chosen.map_encode, _chosen.network_sample
-    encode_request, encode_spans = _chosen.encode_request, _chosen.encode_spans
+    encode_request, encode_results, encode_spans = _chosen.encode_request, _chosen.encode_results, _chosen.encode_spans
     parse_traceparent, server_span_id, event_span_id = (_chosen.parse_traceparent, _chosen.server_span_id,
                                                         _chosen.event_span_id)
     handed_to_reference = _chosen.handed_to_reference

@@ -50,7 +50,7 @@ from nats_otel.core.model import TraceMessage
 from nats_otel.core.network import NetworkSample, network_sample
 from nats_otel.core.records import SpanRecord
 from nats_otel.core.shapes import message_shape
-from nats_otel.core.span_bytes import EncodedSpans, map_encode
+from nats_otel.core.span_bytes import EncodedSpans, encode_request, map_encode
 
 __all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonConverter", "PythonLinker", "Rejected",
            "convert_batch", "finish", "observed", "observed_at", "prepare"]
@@ -326,6 +326,16 @@ class PythonConverter:
 # The references of the kernel's `finish` and `Converter` (`_stage_convert.pxi`).
 python_finish = finish
 Converter = PythonConverter
+
+
+def encode_results(results: Sequence[Converted | Rejected], held: frozenset[int] = frozenset()) -> tuple[bytes, int]:
+    """The export request of a batch converted with `encoded=True` (`encode_request` of each
+    `Converted` result's spans, but those at the positions in `held`) and its span count; b""
+    when it has none. One pass: the bridge's per-batch step after `convert_many`."""
+    items = [r.encoded for at, r in enumerate(results)
+             if isinstance(r, Converted) and r.encoded is not None and at not in held]
+    spans = sum(item.span_count for item in items)
+    return (encode_request(items) if spans else b""), spans
 
 
 def observed(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[Prepared]:

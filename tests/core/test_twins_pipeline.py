@@ -194,3 +194,46 @@ def test_the_kernel_refuses_a_record_laid_out_otherwise_and_the_reference_runs()
     assert refusal.startswith("ImportError: a record is not laid out as the kernel reads it: Link's fields changed")
     assert chosen == "python python ['python']"
     assert "Link's fields changed" in why
+
+
+def _encoded_batch(corpus_raws: list[RawTraceMessage]) -> list:
+    """The corpus converted with `encoded=True`, two undecodable messages among it (Rejected)."""
+    raws = [*corpus_raws[:40], RawTraceMessage("trace.a", {}, b"{"), *corpus_raws[40:],
+            RawTraceMessage("trace.a", {"Content-Encoding": ["gzip"]}, b"not gzip")]
+    converter = pipeline.PythonConverter()
+    converter.observe_many(raws, 0.0)
+    return converter.convert_many(raws, 0.0, True)
+
+
+def test_a_converted_batch_makes_the_same_request(kernel, corpus_raws):
+    """`encode_results`, the bridge's pass over a converted batch: the request of the spans
+    of every `Converted` but those held, and their count, on both twins; the request is
+    `encode_request`'s of those items."""
+    from nats_otel.core.span_bytes import python_encode_request
+
+    results = _encoded_batch(corpus_raws)
+    assert any(isinstance(r, pipeline.Rejected) for r in results)
+    for held in (frozenset(), frozenset(range(0, len(results), 3)), frozenset(range(len(results))),
+                 frozenset({len(results) + 5, -1})):
+        request, spans = kernel.encode_results(results, held)
+        assert (request, spans) == pipeline.encode_results(results, held)
+        items = [r.encoded for i, r in enumerate(results) if isinstance(r, pipeline.Converted) and i not in held]
+        assert spans == sum(item.span_count for item in items)
+        assert request == (python_encode_request(items) if spans else b"")
+    assert kernel.encode_results(results, frozenset(range(len(results)))) == (b"", 0)
+
+
+def test_odd_converted_batches_go_to_the_reference(kernel, corpus_raws):
+    """Not a list, `held` not a frozenset, a result or its `encoded` of another type: the
+    reference's outcome (its bytes, or its error) on both."""
+    from nats_otel.core.span_bytes import EncodedSpans
+
+    results = _encoded_batch(corpus_raws)[:12]
+    first = next(r for r in results if isinstance(r, pipeline.Converted))
+    odd_span_count = pipeline.Converted([], encoded=EncodedSpans(first.encoded.resource, b"", "2"))
+    odd_encoded = pipeline.Converted([], encoded=(first.encoded.resource, b"", 1))
+    none: frozenset[int] = frozenset()
+    for batch, held in [(tuple(results), none), (results, {1, 2}), (results, [1]), ([*results, None], none),
+                        ([*results, odd_span_count], none), ([*results, odd_encoded], none),
+                        ([*results, "text"], none)]:
+        assert outcome(kernel.encode_results, batch, held) == outcome(pipeline.encode_results, batch, held)

@@ -26,17 +26,18 @@ from _core_api import hot_path
 _TID = re.compile(rb"00-([0-9a-f]{32})-")
 
 
-def build_pool(count: int, path: Path, encoding: str | None = None) -> list[int]:
+def build_pool(count: int, path: Path, encoding: str | None = None, variant: str | None = None) -> list[int]:
     """`count` raw trace messages as (header block, payload, trace id) -> pickle; returns
     the spans each corpus message gives, in order (the pool repeats the corpus). `encoding`:
-    every message compressed so (`corpus_replay.replicate`)."""
+    every message compressed so; `variant`: every message changed so (`corpus_replay.replicate`;
+    the spans each gives do not change)."""
     from corpus_replay import corpus_raws, replicate
 
     from nats_otel.core.decode import DecodeLimits, decompress
     from nats_otel.core.pipeline import Converted
 
     pool = []
-    for raw in replicate(count, encoding=encoding):
+    for raw in replicate(count, encoding=encoding, variant=variant):
         hdr = b""
         if raw.headers:
             hdr = b"NATS/1.0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, vs in raw.headers.items()

@@ -61,7 +61,8 @@ class Bench:
         self.host, self.port = "127.0.0.1", srv.ports.client
         self.pool = workdir / "pool.pkl"
         print(f"building a pool of {args.messages:,} trace messages...", flush=True)
-        self.corpus_spans = build_pool(args.messages, self.pool, getattr(args, "encoding", None))
+        self.corpus_spans = build_pool(args.messages, self.pool, getattr(args, "encoding", None),
+                                       getattr(args, "variant", None))
         self.spans_per_msg = sum(self.corpus_spans) / len(self.corpus_spans)
         print(f"  {self.spans_per_msg:.3f} spans per trace message on average", flush=True)
         self.rx = Receiver()

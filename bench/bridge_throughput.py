@@ -318,6 +318,9 @@ def main() -> None:
     parser.add_argument("--encoding", choices=["gzip", "snappy"],
                         help="every trace message of the pool compressed so, as a trace that asks for it "
                              "(Accept-Encoding) gets them (default: as in the corpus, a few compressed)")
+    parser.add_argument("--variant", choices=["header"],
+                        help="header: every trace message's traced message carries a header of its "
+                             "application's own (Nats-Msg-Id), as many applications send (corpus_replay)")
     parser.add_argument("--skip", action="append", default=[], choices=phases)
     parser.add_argument("--only", action="append", choices=phases, help="run only these phases (repeatable)")
     args = parser.parse_args()

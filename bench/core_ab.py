@@ -18,7 +18,7 @@ issue 48). The machine is shared and noisy:
 alternation spreads the noise over both, and the summary gives the best round of each and
 their ratio. For CPU per message, not throughput: nothing else runs.
 
-    python bench/core_ab.py /tmp/base --instructions [--path window] [--encoding snappy]
+    python bench/core_ab.py /tmp/base --instructions [--path window] [--encoding snappy] [--variant header]
 
 `--instructions` counts instead of timing: the instructions each checkout executes per
 message on the path (valgrind's cachegrind, `apt-get install valgrind`; one pass and three
@@ -116,7 +116,8 @@ def window_calls(raws) -> None:
             gc_tuning.after_batch()
 
 
-def measure(messages: int, path: str, passes: int = 0, encoding: str | None = None) -> None:
+def measure(messages: int, path: str, passes: int = 0, encoding: str | None = None,
+            variant: str | None = None) -> None:
     """In the child: print microseconds of CPU per message, best of 3 passes; with `passes`,
     only run the path that many times (counted from outside: `instructions`)."""
     sys.path.insert(1, str(HERE.parent))
@@ -126,7 +127,7 @@ def measure(messages: int, path: str, passes: int = 0, encoding: str | None = No
 
     run_path = {"bridge": bridge_calls, "view": lambda raws: bridge_calls(raws, view=True),
                 "window": window_calls}.get(path, ours)
-    raws = replicate(messages, encoding=encoding)
+    raws = replicate(messages, encoding=encoding, variant=variant)
     if path == "window":  # the collector as the bridge runs it: the window's cost includes it
         from nats_otel import gc_tuning
 
@@ -145,27 +146,28 @@ def measure(messages: int, path: str, passes: int = 0, encoding: str | None = No
     print(best / messages * 1e6)
 
 
-def _child(messages: int, path: str, encoding: str | None) -> list[str]:
+def _child(messages: int, path: str, encoding: str | None, variant: str | None = None) -> list[str]:
     """The command line of a child measuring `path`."""
     return [sys.executable, str(HERE), "--child", "--messages", str(messages), "--path", path,
-            *(["--encoding", encoding] if encoding else [])]
+            *(["--encoding", encoding] if encoding else []), *(["--variant", variant] if variant else [])]
 
 
-def run(src: Path, messages: int, path: str, encoding: str | None = None) -> float:
+def run(src: Path, messages: int, path: str, encoding: str | None = None, variant: str | None = None) -> float:
     # cwd and PYTHONPATH: the child imports that checkout's nats_otel, not the installed one.
     env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run(_child(messages, path, encoding), cwd=src, env=env, check=True, capture_output=True,
+    out = subprocess.run(_child(messages, path, encoding, variant), cwd=src, env=env, check=True, capture_output=True,
                          text=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def instructions(src: Path, messages: int, path: str, encoding: str | None = None) -> float:
+def instructions(src: Path, messages: int, path: str, encoding: str | None = None,
+                 variant: str | None = None) -> float:
     """Instructions executed per message on `path` by checkout `src` (see the docstring)."""
     counts = []
     for passes in (1, 3):
         env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
         out = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-                              *_child(messages, path, encoding), "--passes", str(passes)],
+                              *_child(messages, path, encoding, variant), "--passes", str(passes)],
                              cwd=src, env=env, check=True, capture_output=True, text=True)
         found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
         if found is None:
@@ -187,20 +189,24 @@ def main() -> None:
                         help="count instructions per message (valgrind) instead of timing rounds")
     parser.add_argument("--encoding", choices=("gzip", "snappy"),
                         help="every message compressed so (default: as in the corpus, a few compressed)")
+    parser.add_argument("--variant", choices=("header", "adhoc"),
+                        help="every message with a header of its application's own, or traced ad hoc "
+                             "(corpus_replay.replicate)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--passes", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        measure(args.messages, args.path, args.passes, args.encoding)
+        measure(args.messages, args.path, args.passes, args.encoding, args.variant)
         return
     if args.baseline is None:
         parser.error("give the baseline checkout")
     if args.instructions:
         if shutil.which("valgrind") is None:
             raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
-        base, ours = (instructions(src, args.messages, args.path, args.encoding)
+        base, ours = (instructions(src, args.messages, args.path, args.encoding, args.variant)
                       for src in (args.baseline.resolve(), OURS))
-        print(f"{args.messages:,} messages, path {args.path}, encoding {args.encoding or 'as in the corpus'}: "
+        print(f"{args.messages:,} messages, path {args.path}, encoding {args.encoding or 'as in the corpus'}"
+              f"{', every message ' + args.variant if args.variant else ''}: "
               f"baseline {base:,.0f} instructions per message, "
               f"ours {ours:,.0f}: ours executes {ours / base:.3f} of the baseline's")
         return
@@ -208,7 +214,8 @@ def main() -> None:
     best = {"baseline": float("inf"), "ours": float("inf")}
     ratios = []
     for round_number in range(1, args.rounds + 1):
-        base, ours = (run(src, args.messages, args.path, args.encoding) for src in (args.baseline.resolve(), OURS))
+        base, ours = (run(src, args.messages, args.path, args.encoding, args.variant)
+                      for src in (args.baseline.resolve(), OURS))
         best["baseline"], best["ours"] = min(best["baseline"], base), min(best["ours"], ours)
         ratios.append(base / ours)
         print(f"round {round_number}: baseline {base:6.2f} us/msg   ours {ours:6.2f} us/msg   "

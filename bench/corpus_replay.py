@@ -3,13 +3,17 @@
 Each copy of a traced message gets a new trace id (the same for all servers of that
 message, so hop links stay intact); compressed messages stay compressed, or every message is
 compressed with one encoding (`encoding`: what a trace that asks for it, `Accept-Encoding`,
-gets from the servers).
+gets from the servers). `variant` changes every message alike on every hop: "header", each
+carries a header of its application's own (`Nats-Msg-Id`: its shape is then a digest,
+`shapes.shape_digest`); "adhoc", each is traced ad hoc (its traceparent replaced by a
+`Nats-Trace-Dest`: one trace destination, so one crowded link key).
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 from pathlib import Path
 
 import cramjam
@@ -36,14 +40,32 @@ def _recompress(data: bytes, encoding: str | None) -> bytes:
     return data
 
 
-def replicate(count: int, seed: str = "bench", encoding: str | None = None) -> list[RawTraceMessage]:
+def _with_variant(text: bytes, variant: str | None) -> bytes:
+    """The trace message's JSON with its traced message's headers changed as `variant` says."""
+    if variant is None:
+        return text
+    doc = json.loads(text)
+    headers = doc.setdefault("request", {}).get("header") or {}
+    if variant == "header":
+        headers["Nats-Msg-Id"] = ["order-20261129-000042"]
+    elif variant == "adhoc":
+        headers = {name: values for name, values in headers.items() if name.lower() != "traceparent"}
+        headers["Nats-Trace-Dest"] = ["trace.adhoc"]
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    doc["request"]["header"] = headers
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def replicate(count: int, seed: str = "bench", encoding: str | None = None,
+              variant: str | None = None) -> list[RawTraceMessage]:
     """`count` trace messages: the corpus over and over, each copy with fresh trace ids;
     with `encoding` ("gzip", "snappy"), every one compressed so."""
     base = corpus_raws()
     plain = []
     for raw in base:
         original = raw.header("Content-Encoding")
-        text = decompress(raw.payload, original, DecodeLimits())
+        text = _with_variant(decompress(raw.payload, original, DecodeLimits()), variant)
         if encoding is None:
             plain.append((raw, original, text))
         else:

@@ -103,6 +103,7 @@ def window_calls(raws) -> None:
     for k in range(len(batches) + WINDOW_BATCHES):
         if k < len(batches):
             converter.observe_many(batches[k], 0.0)
+            gc_tuning.after_batch()  # as the bridge does after each observed batch (`Bridge._observe`)
         if k >= WINDOW_BATCHES:
             results = converter.convert_many(batches[k - WINDOW_BATCHES], 0.0, True)
             if encode_results is not None:  # the bridge's pass over the results, as it makes it

@@ -53,7 +53,7 @@ from nats_otel.core.shapes import message_shape
 from nats_otel.core.span_bytes import EncodedSpans, encode_request, map_encode
 
 __all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonConverter", "PythonLinker", "Rejected",
-           "convert_batch", "finish", "observed", "observed_at", "prepare"]
+           "convert_batch", "encode_results", "finish", "observed", "observed_at", "prepare"]
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.

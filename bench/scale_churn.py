@@ -111,6 +111,7 @@ class ChurnRun:
     #: this (a slow start on a loaded machine can take seconds): "near" runs from one to the other.
     settled: dict[str, int] = field(default_factory=dict)
     far_where: str = ""  # where the hops away from the changes were left unlinked (`describe_unlinked`)
+    traffic: tuple[int, int] = (0, 0)  # the traffic's start asked for and its report back, wall-clock ns
     lost_ids: set[bytes] = field(default_factory=set)
     lost_killed_owned: int = 0  # of the lost: their trace owned by the killed bridge before the kill
     lost_near_kill: int = 0  # of the lost: reported by a server within `lost_window` of the kill
@@ -124,6 +125,14 @@ class ChurnRun:
 
     def member(self, fate: str) -> Member:
         return next(m for m in self.members if m.fate == fate)
+
+
+def timeline(run: ChurnRun) -> dict[str, float]:
+    """Seconds from the traffic's start to each change's event and end and to the traffic's
+    end: what a failure needs to say when a change came too late for the traffic."""
+    start = run.traffic[0]
+    marks = {**run.events, **{f"{name} done": ns for name, ns in run.settled.items()}, "traffic end": run.traffic[1]}
+    return {name: round((ns - start) / 1e9, 2) for name, ns in sorted(marks.items(), key=lambda item: item[1])}
 
 
 def _metric_sum(metrics: dict[str, float], prefix: str) -> float:
@@ -190,6 +199,7 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
         urls = {name: topo.client_url(name, USER) for name in topo.names}
         traffic = asyncio.create_task(run_traffic(urls[PUBLISHER], urls, options))
         started = time.monotonic()
+        traffic_started = time.time_ns()
 
         async def at(fraction: float) -> None:
             await asyncio.sleep(max(0.0, started + fraction * planned_s - time.monotonic()))
@@ -220,6 +230,7 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
         await asyncio.to_thread(joined.bridge.wait_ready)
         run.settled["joined"] = time.time_ns()
         report = await traffic
+        run.traffic = (traffic_started, time.time_ns())  # its start asked for, its report back
         termed.code = await term_task
         if not report.complete:
             run.notes.append(f"subscribers missed messages: {report.received}")

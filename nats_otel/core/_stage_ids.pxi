@@ -160,8 +160,8 @@ cdef inline unsigned char* _put_u32_le(unsigned char* at, Py_ssize_t value) noex
 cpdef object shape_digest(object size, list own):
     """`shapes.shape_digest` over one buffer in C (~0.3 µs where the twin took ~2.6: every
     message whose application sets a header of its own pays it, on every hop). What it is not
-    sure of (a size past 64 bits, a name or value that is not a `str` or has no UTF-8 form,
-    an odd item) the Python twin decides, and raises what it raises."""
+    sure of (a size past 64 bits, a name or value that is not a `str`, has no UTF-8 form or is
+    past a 4-byte length, an odd item) the Python twin decides, and raises what it raises."""
     cdef int overflow = 0
     cdef long long size_c
     cdef Py_ssize_t total = 16, length = 0, i, j, count = len(own)
@@ -187,11 +187,15 @@ cpdef object shape_digest(object size, list own):
             if type(name) is not str or type(values) is not list:
                 return _shape_digest(size, own)
             PyUnicode_AsUTF8AndSize(name, &length)  # raises where name.encode() would
+            if length >= 0x100000000 or len(<list>values) >= 0x100000000:  # past a 4-byte length
+                return _shape_digest(size, own)
             total += 8 + length
             for j in range(len(<list>values)):
                 if type((<list>values)[j]) is not str:
                     return _shape_digest(size, own)
                 PyUnicode_AsUTF8AndSize((<list>values)[j], &length)
+                if length >= 0x100000000:
+                    return _shape_digest(size, own)
                 total += 4 + length
     except Exception:  # what the twin does with it, it says (the same error, or its digest)
         return _shape_digest(size, own)
@@ -227,6 +231,14 @@ cdef bytes _ADHOC_TRACE_PREFIX = _reference_role(b"adhoc-trace")
 cdef str _TRACE_DISABLED = _TRACE_DISABLED_
 
 
+cdef inline void _length(char* p, Py_ssize_t n):
+    """`ids._fields`' length prefix of a field of `n` bytes (under 2**32): 4 bytes, big-endian."""
+    p[0] = <char>((n >> 24) & 0xFF)
+    p[1] = <char>((n >> 16) & 0xFF)
+    p[2] = <char>((n >> 8) & 0xFF)
+    p[3] = <char>(n & 0xFF)
+
+
 cdef bytes _trace_id_of(bytes prefix, const char* first, size_t first_size, const char* second,
                        size_t second_size):
     """`ids._trace_id` of the BLAKE2b-128 of `prefix`, then the bytes at `first` and `second`."""
@@ -260,8 +272,7 @@ cdef object _adhoc_context(dict index, object arrival_subject):
     decides (no key: its error; a key that is not a plain `str` with a UTF-8 form)."""
     cdef Py_ssize_t size = 0
     cdef const char* text
-    cdef unsigned char length[4]
-    cdef int i
+    cdef char length[4]
     if arrival_subject:
         key = arrival_subject
     else:
@@ -274,7 +285,8 @@ cdef object _adhoc_context(dict index, object arrival_subject):
         text = PyUnicode_AsUTF8AndSize(key, &size)  # `_fields`' encoding, but for surrogates
     except UnicodeEncodeError:
         return None
-    for i in range(4):  # `_fields(key)`: its length (4 bytes, big-endian), then its bytes
-        length[i] = <unsigned char>((<unsigned long long>size) >> (8 * (3 - i)))
-    trace_id = _trace_id_of(_ADHOC_GROUP_PREFIX, <const char*>length, 4, text, <size_t>size)
+    if size >= 0x100000000:  # past `_fields`' 4-byte length: its error
+        return None
+    _length(length, size)  # `_fields(key)`: its length, then its bytes
+    trace_id = _trace_id_of(_ADHOC_GROUP_PREFIX, length, 4, text, <size_t>size)
     return _TraceContext(trace_id, b"", index.get("tracestate") or "", True, key)

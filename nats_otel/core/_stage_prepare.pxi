@@ -254,13 +254,6 @@ cdef Py_ssize_t _decimal(unsigned long long value, char* out):
     return n
 
 
-cdef inline void _length(char* p, Py_ssize_t n):
-    p[0] = <char>((n >> 24) & 0xFF)
-    p[1] = <char>((n >> 16) & 0xFF)
-    p[2] = <char>((n >> 8) & 0xFF)
-    p[3] = <char>(n & 0xFF)
-
-
 cdef bytes _identity(object server_id, object ts_ns, object cid):
     # ids.identity: _fields(server id, str(ts_ns), str(cid)) in one buffer; odd values
     # (not a str, lone surrogates, numbers outside a uint64) go to the reference's `ids._fields`

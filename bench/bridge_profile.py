@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--frequency", type=int, default=2999, help="samples per second (default 2999)")
     parser.add_argument("--out", type=Path, default=Path("bridge-profile.perf.data"), help="perf's data file")
     parser.add_argument("--top", type=int, default=40, help="functions listed (default 40)")
+    parser.add_argument("--call-graph", action="store_true",
+                        help="record call chains (perf's dwarf unwinding: larger data; read with perf report -g caller)")
     args = parser.parse_args()
     if shutil.which("perf") is None:
         raise SystemExit("needs perf: apt-get install linux-perf")
@@ -58,7 +60,8 @@ def main() -> None:
             time.sleep(2.0)  # its start-up done: the profile is the burst's
             sampler = Sampler(bridge.pid)
             cpu0 = sampler.cpu()
-            perf = subprocess.Popen(["perf", "record", "-F", str(args.frequency), "-o", str(args.out),
+            chains = ["--call-graph", "dwarf,16384"] if args.call_graph else []
+            perf = subprocess.Popen(["perf", "record", "-F", str(args.frequency), *chains, "-o", str(args.out),
                                      "-p", str(bridge.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(0.5)
             published = bench.publish("bench.profile", limit=args.messages)

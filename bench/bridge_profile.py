@@ -5,6 +5,7 @@ object and by function.
     python bench/bridge_profile.py                         # 60k trace messages, the corpus mix
     python bench/bridge_profile.py --encoding snappy       # every message compressed so
     python bench/bridge_profile.py --baseline /tmp/base    # that checkout's bridge instead
+    python bench/bridge_profile.py --call-graph            # with call chains (perf report -g caller)
 
 One nats-server, one bridge (core mode, one worker, OTLP/gRPC to the bench's receiver), the
 burst published as fast as one client can (issue 48's scenario). perf samples the CPU clock
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bridge-profile.perf.data"), help="perf's data file")
     parser.add_argument("--top", type=int, default=40, help="functions listed (default 40)")
     parser.add_argument("--call-graph", action="store_true",
-                        help="record call chains (perf's dwarf unwinding: larger data; read with perf report -g caller)")
+                        help="record call chains (DWARF unwinding: larger data; perf report -g caller)")
     args = parser.parse_args()
     if shutil.which("perf") is None:
         raise SystemExit("needs perf: apt-get install linux-perf")

@@ -150,11 +150,12 @@ cpdef object parse_traceparent(object value):
 
 cdef unsigned long long _SHAPE_DIGEST_C = SHAPE_DIGEST
 
-cdef inline unsigned char* _put_u32_le(unsigned char* at, Py_ssize_t value) noexcept:
+cdef inline unsigned char* _put_le(unsigned char* at, unsigned long long value, int count) noexcept:
+    """`value.to_bytes(count, "little")` written at `at` (its low `count` bytes); the end."""
     cdef int i
-    for i in range(4):
-        at[i] = <unsigned char>((<unsigned long long>value) >> (8 * i))
-    return at + 4
+    for i in range(count):
+        at[i] = <unsigned char>(value >> (8 * i))
+    return at + count
 
 
 cpdef object shape_digest(object size, list own):
@@ -201,19 +202,18 @@ cpdef object shape_digest(object size, list own):
         return _shape_digest(size, own)
     data = PyBytes_FromStringAndSize(NULL, total)
     at = <unsigned char*>PyBytes_AS_STRING(data)
-    for i in range(8):  # size.to_bytes(16, "little", signed=True)
-        at[i] = <unsigned char>((<unsigned long long>size_c) >> (8 * i))
-    memset(at + 8, 0xFF if size_c < 0 else 0, 8)
-    at += 16
+    at = _put_le(at, <unsigned long long>size_c, 8)  # size.to_bytes(16, "little", signed=True)
+    memset(at, 0xFF if size_c < 0 else 0, 8)
+    at += 8
     for i in range(count):
         name, values = <tuple>ordered[i]
         text = PyUnicode_AsUTF8AndSize(name, &length)
-        at = _put_u32_le(at, length)
+        at = _put_le(at, <unsigned long long>length, 4)
         memcpy(at, text, length)
-        at = _put_u32_le(at + length, len(<list>values))
+        at = _put_le(at + length, <unsigned long long>len(<list>values), 4)
         for j in range(len(<list>values)):
             text = PyUnicode_AsUTF8AndSize((<list>values)[j], &length)
-            at = _put_u32_le(at, length)
+            at = _put_le(at, <unsigned long long>length, 4)
             memcpy(at, text, length)
             at += length
     parts[0] = <const unsigned char*>PyBytes_AS_STRING(data)

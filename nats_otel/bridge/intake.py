@@ -20,8 +20,10 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD, Delivery, charge
+from nats_otel.core import accel
 
 __all__ = ["DELAYED_BATCHES", "MESSAGE_OVERHEAD", "Intake", "charge"]
 
@@ -31,10 +33,50 @@ __all__ = ["DELAYED_BATCHES", "MESSAGE_OVERHEAD", "Intake", "charge"]
 DELAYED_BATCHES = 4096
 
 
-class Intake:
+class _IntakeState:
+    """An intake's numbers and queue (`Intake.__init__` says what each is) and `offer`, the
+    one step per message. The reference of its compiled twin, `sources._frames.IntakeState`,
+    which keeps them as C fields: the compiled receive path (`DeliverySink`) offers without
+    a Python call or attribute look-up per message (issue 48)."""
+
+    __slots__ = ("_items", "_stopped", "_waiter", "_wanted", "bytes", "held", "max_bytes", "max_messages")
+    _items: deque[Delivery]
+    _stopped: bool
+    _waiter: asyncio.Future[None] | None
+    _wanted: int
+    bytes: int
+    held: int
+    max_bytes: int
+    max_messages: int | None
+
+    def offer(self, delivery: Delivery) -> bool:
+        """Queue `delivery`; False (nothing queued) when it does not fit."""
+        size = delivery.size
+        items = self._items
+        if self.bytes + size > self.max_bytes or (
+                self.max_messages is not None and len(items) >= self.max_messages):
+            return False
+        items.append(delivery)
+        self.bytes += size
+        self.held += 1
+        if self._waiter is not None and len(items) >= self._wanted:
+            _wake(self._waiter)
+        return True
+
+
+if TYPE_CHECKING:
+    _State = _IntakeState
+else:
+    _compiled_frames = accel.compiled("nats_otel.bridge.sources._frames")
+    _State = _IntakeState if _compiled_frames is None else _compiled_frames.IntakeState
+
+
+class Intake(_State):
     """A FIFO of deliveries that refuses (never blocks) when `max_bytes` or `max_messages`
     would be exceeded; the caller counts the refusal as a drop. `bytes` and `held` count
     what waits and what was taken but not yet released."""
+
+    __slots__ = ()
 
     def __init__(self, max_bytes: int, max_messages: int | None = None) -> None:
         self.max_bytes = max_bytes
@@ -52,20 +94,6 @@ class Intake:
         self._waiter: asyncio.Future[None] | None = None
         self._wanted = 1
         self._stopped = False  # `stop_waiting`: no wait for a first delivery any more
-
-    def offer(self, delivery: Delivery) -> bool:
-        """Queue `delivery`; False (nothing queued) when it does not fit."""
-        size = delivery.size
-        items = self._items
-        if self.bytes + size > self.max_bytes or (
-                self.max_messages is not None and len(items) >= self.max_messages):
-            return False
-        items.append(delivery)
-        self.bytes += size
-        self.held += 1
-        if self._waiter is not None and len(items) >= self._wanted:
-            _wake(self._waiter)
-        return True
 
     def get_nowait(self) -> Delivery | None:
         """The oldest delivery, or None when empty. It stays charged until `release`d."""

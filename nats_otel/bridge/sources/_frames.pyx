@@ -1,10 +1,19 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The compiled twin of `frames.python_scan` (see frames.py: what is served, what is left to
 nats-py, and why). Same frames served, same results; the control line is read byte by byte
-instead of split, and each payload is copied once, straight from the buffer."""
+instead of split, and each payload is copied once, straight from the buffer.
 
-from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.string cimport memchr
+`DeliverySink` is the compiled twin of a core source's per-message handler (`nats_core`'s
+`on_raw`, the reference) with `Intake.offer` inline: `scan` hands it a frame of its sid
+without a Python call, and without the subject's bytes when the subject is the last one."""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.string cimport memchr, memcmp
+
+from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD as _MESSAGE_OVERHEAD, Delivery as _Delivery
+from nats_otel.core.decode import RawTraceMessage as _RawTraceMessage
+
+cdef Py_ssize_t MESSAGE_OVERHEAD = _MESSAGE_OVERHEAD
 
 MORE = 0
 OTHER = 1
@@ -108,6 +117,17 @@ def scan(bytearray buf not None, dict handlers not None):
         stop = start + total
         if stop + 2 > end:
             return pos, served, size, MORE
+        if type(handler) is DeliverySink:  # a trace subscription's: no Python call, no reply
+            payload = _copy(data + start + header_size, total - header_size)
+            headers = _copy(data + start, header_size) if header_size else None
+            pos = stop + 2
+            served += 1
+            size += total - header_size
+            try:
+                (<DeliverySink>handler).take(data + field_start[0], field_end[0] - field_start[0], headers, payload)
+            except Exception as exc:
+                return pos, served, size, exc
+            continue
         subject = _copy(data + field_start[0], field_end[0] - field_start[0])
         reply = _copy(data + field_start[2], field_end[2] - field_start[2]) if nfields == max_fields else None
         headers = _copy(data + start, header_size) if header_size else None
@@ -120,3 +140,92 @@ def scan(bytearray buf not None, dict handlers not None):
         except Exception as exc:
             return pos, served, size, exc
     return pos, served, size, MORE
+
+
+cdef class IntakeState:
+    """The numbers and the queue of the bridge's `Intake` (intake.py, its subclass), as C
+    fields, and its `offer`: `DeliverySink` offers without a Python call or attribute
+    look-up; Python reads and writes the fields as before. The reference is the pure-Python
+    twin, `intake._IntakeState`."""
+
+    cdef public object _items           # the deliveries waiting, oldest first (a deque)
+    cdef public Py_ssize_t bytes, held  # charged: waiting, and taken but not released
+    cdef public Py_ssize_t max_bytes
+    cdef public object max_messages     # int or None
+    cdef public object _waiter          # the collector's future, or None
+    cdef public Py_ssize_t _wanted      # deliveries that wake it
+    cdef public bint _stopped
+
+    def offer(self, delivery):
+        """Queue `delivery`; False (nothing queued) when it does not fit (`intake._IntakeState.offer`)."""
+        return self._offer(delivery, delivery.size)
+
+    cdef bint _offer(self, object delivery, Py_ssize_t size) except -1:
+        cdef Py_ssize_t waiting = len(self._items)
+        if self.bytes + size > self.max_bytes or (
+                self.max_messages is not None and waiting >= <Py_ssize_t>self.max_messages):
+            return False
+        self._items.append(delivery)
+        self.bytes += size
+        self.held += 1
+        waiter = self._waiter
+        if waiter is not None and waiting + 1 >= self._wanted and not waiter.done():
+            waiter.set_result(None)
+        return True
+
+
+cdef class DeliverySink:
+    """A core source's direct handler (`CoreSource.direct_handler`): each frame becomes a
+    `Delivery` offered to the bridge's `Intake` (`IntakeState._offer`, a C call), or a drop
+    counted (`queue_full`). The compiled twin of the Python handler `on_raw` there, which
+    stays the reference (tests/bridge/test_frames.py runs both on the same frames); that
+    Python path was ~1.3 µs of the event loop's CPU per trace message (issue 48). Callable
+    as any handler too (nats-py's own parser, `python_scan`)."""
+
+    cdef IntakeState intake
+    cdef object source, tally, queue_full, headers_of, subjects, stamp, link
+    cdef str name
+    cdef bytes last_subject  # the last subject's bytes and text: a trace subscription sees few
+    cdef str last_text
+
+    def __init__(self, source, intake, tally, queue_full, headers_of, subjects, stamp, link, str name):
+        self.source = source          # its `_dropped` is read per message, as `on_raw` reads it
+        self.intake = <IntakeState?>intake
+        self.tally = tally
+        self.queue_full = queue_full
+        self.headers_of = headers_of
+        self.subjects = subjects
+        self.stamp = stamp
+        self.link = link
+        self.name = name
+        self.last_subject = b""
+        self.last_text = None
+
+    def __call__(self, bytes subject, reply, header_block, bytes payload):
+        self.take(<const unsigned char*>PyBytes_AS_STRING(subject), PyBytes_GET_SIZE(subject), header_block,
+                  payload)
+
+    cdef int take(self, const unsigned char* subject, Py_ssize_t subject_size, object header_block,
+                  bytes payload) except -1:
+        self.tally.value += 1
+        cdef str text = self._text(subject, subject_size)
+        raw = _RawTraceMessage(text, self.headers_of(header_block) if header_block else {}, payload,
+                               self.stamp[0])
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(payload) + len(text) + MESSAGE_OVERHEAD
+        breaks = self.source._dropped + self.link.downs
+        if self.intake._offer(_Delivery(raw, self.name, size, None, breaks), size):
+            return 0
+        self.queue_full.inc()
+        self.source._dropped += 1
+        return 0
+
+    cdef str _text(self, const unsigned char* subject, Py_ssize_t size):
+        """`subjects.get(subject) or subjects.add(subject)`, the last subject's text at once."""
+        cdef bytes last = self.last_subject
+        if size == PyBytes_GET_SIZE(last) and self.last_text is not None and \
+                memcmp(PyBytes_AS_STRING(last), subject, size) == 0:
+            return self.last_text
+        key = PyBytes_FromStringAndSize(<const char*>subject, size)
+        text = self.subjects.get(key) or self.subjects.add(key)
+        self.last_subject, self.last_text = key, text
+        return text

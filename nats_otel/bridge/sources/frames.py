@@ -28,7 +28,7 @@ from typing import Any
 
 from nats_otel.core import accel
 
-__all__ = ["IMPLEMENTATION", "MORE", "OTHER", "python_scan", "scan"]
+__all__ = ["IMPLEMENTATION", "MORE", "OTHER", "delivery_sink", "python_scan", "scan"]
 
 #: The scan stopped at an incomplete frame, or at the end: wait for more bytes.
 MORE = 0
@@ -100,3 +100,9 @@ if _compiled is not None:
 
 #: "compiled" or "python": which scanner this process runs (logged when a source subscribes).
 IMPLEMENTATION = "python" if _compiled is None else "compiled"
+
+
+def delivery_sink() -> Any:
+    """The compiled scanner's `DeliverySink` class (a core source's handler, served without a
+    Python call), or None where the scanner is the Python one."""
+    return None if _compiled is None else _compiled.DeliverySink

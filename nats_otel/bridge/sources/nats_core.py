@@ -27,6 +27,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
+from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.settings import BatchSettings, NatsSettings, NatsSource
 from nats_otel.bridge.sources import direct, frames
 from nats_otel.bridge.sources.connection import connect_source, raw_from_msg
@@ -145,6 +146,16 @@ class CoreSource:
         )
 
     def direct_handler(self) -> direct.DirectHandler:
+        """The per-message function of the direct path: the compiled `DeliverySink` when the
+        frame scanner is compiled and the intake is the bridge's `Intake` (whose `offer` it
+        runs inline), else `on_raw` below, the reference."""
+        sink = frames.delivery_sink()
+        if sink is not None and type(self.intake) is Intake:
+            return sink(self, self.intake, self._received, self._queue_full, self._headers, SubjectTexts(),
+                        _STAMP, self.link, self.source.name)
+        return self.python_handler()
+
+    def python_handler(self) -> direct.DirectHandler:
         """The per-message function of the direct path, its lookups bound once: it runs for
         every message inside nats-py's parser, so it never awaits and never raises."""
         tally = self._received

@@ -14,7 +14,9 @@ network samples counted into the live network view (`NetworkMetrics.record`, as
 `accounting` does; exemplars included); `window`, the conversion thread's work in the live
 bridge: each batch converted a link window (60 batches) after it was observed, one request
 per batch, GC on with the bridge's settings (what the records held through the window cost;
-issue 48). The machine is shared and noisy:
+issue 48); `receive`, the event loop's receive path: the messages as NATS frames, read by
+read, scanned into a core source's handler and the bridge's intake, taken in batches of 512
+(the frame scanner, the handler, the intake). The machine is shared and noisy:
 alternation spreads the noise over both, and the summary gives the best round of each and
 their ratio. For CPU per message, not throughput: nothing else runs.
 
@@ -117,6 +119,38 @@ def window_calls(raws) -> None:
             gc_tuning.after_batch()
 
 
+_READS: dict[int, list[bytes]] = {}  # the frames of a pool, cut into reads: made once per process
+
+
+def receive_calls(raws) -> None:
+    """The event loop's receive path (issue 48): the messages as NATS frames of one
+    subscription, read 64 KiB at a time, scanned into a core source's direct handler and the
+    bridge's intake, then taken and released in batches of 512, as the bridge's batcher does."""
+    from nats_otel.bridge.intake import Intake
+    from nats_otel.bridge.settings import BatchSettings, NatsSource
+    from nats_otel.bridge.sources import frames
+    from nats_otel.bridge.sources.nats_core import CoreSource
+    from nats_otel.bridge.telemetry import Metrics
+
+    reads = _READS.get(id(raws))
+    if reads is None:
+        stream = b"".join(b"MSG %s 1 %d\r\n%s\r\n" % (raw.subject.encode(), len(raw.payload), raw.payload)
+                          for raw in raws)
+        reads = _READS[id(raws)] = [stream[at:at + 65536] for at in range(0, len(stream), 65536)]
+    intake = Intake(1 << 40)
+    source = CoreSource(NatsSource(name="bench", urls=["nats://127.0.0.1:4222"], subjects=["trace.>"]),
+                        BatchSettings(), intake, Metrics())
+    handlers = {1: source.direct_handler()}
+    buf = bytearray()
+    for data in reads:
+        buf += data
+        used = frames.scan(buf, handlers)[0]
+        del buf[:used]
+        while intake.qsize() >= 512:
+            intake.release(intake.take(512))
+    intake.release(intake.take(len(raws)))
+
+
 def measure(messages: int, path: str, passes: int = 0, encoding: str | None = None,
             variant: str | None = None) -> None:
     """In the child: print microseconds of CPU per message, best of 3 passes; with `passes`,
@@ -127,7 +161,7 @@ def measure(messages: int, path: str, passes: int = 0, encoding: str | None = No
     from corpus_replay import replicate
 
     run_path = {"bridge": bridge_calls, "view": lambda raws: bridge_calls(raws, view=True),
-                "window": window_calls}.get(path, ours)
+                "window": window_calls, "receive": receive_calls}.get(path, ours)
     raws = replicate(messages, encoding=encoding, variant=variant)
     if path == "window":  # the collector as the bridge runs it: the window's cost includes it
         from nats_otel import gc_tuning
@@ -182,10 +216,11 @@ def main() -> None:
     parser.add_argument("baseline", type=Path, nargs="?", help="the other checkout")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--path", choices=("convert", "bridge", "view", "window"), default="convert",
+    parser.add_argument("--path", choices=("convert", "bridge", "view", "window", "receive"), default="convert",
                         help="convert: Converter.convert per message + requests; bridge: the bridge's batch calls; "
                              "view: those and the network view's counting; window: the bridge's calls with a link "
-                             "window held, one request per batch, the bridge's GC settings")
+                             "window held, one request per batch, the bridge's GC settings; receive: the event "
+                             "loop's receive path, frames into the intake")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per message (valgrind) instead of timing rounds")
     parser.add_argument("--encoding", choices=("gzip", "snappy"),

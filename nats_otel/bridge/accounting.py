@@ -12,8 +12,8 @@ from nats_otel.bridge.processor import BatchOutcome
 from nats_otel.bridge.readiness import BackendReadiness
 from nats_otel.bridge.settings import TelemetrySettings
 from nats_otel.bridge.telemetry import Metrics
-from nats_otel.core.network import NetworkSample
-from nats_otel.core.pipeline import Converted, Rejected
+from nats_otel.core.engine import tally_results
+from nats_otel.core.pipeline import Rejected
 
 __all__ = ["BatchAccounting"]
 
@@ -42,10 +42,9 @@ class BatchAccounting:
         results = outcome.results
         if outcome.held:  # counted when they are finally mapped (redelivered)
             results = [r for i, r in enumerate(results) if i not in outcome.held]
-        # One comprehension per fact instead of one Python loop with a branch per message
-        # and fact: this runs for every message on the event loop's thread (issue 39).
-        converted = [r for r in results if isinstance(r, Converted)]
-        decoded = len(converted)
+        # One pass over the batch, compiled with the core (`tally_results`): this runs for
+        # every message on the event loop's thread (issues 39, 48).
+        decoded, links, issue_list, samples = tally_results(results)
         # Every result is converted or rejected: look for the rejected only when some are
         # missing. (An isinstance that fails is the slow one: msgspec's metaclass is asked,
         # ~3x a match; it was the costliest pass of this method in py-spy, issue 39.)
@@ -55,9 +54,7 @@ class BatchAccounting:
                     m.rejected.labels(result.reason).inc()
                     log.warning("trace message rejected", extra={"fields": {
                         "reason": result.reason, "subject": result.subject, "detail": result.detail[:300]}})
-        links = Counter([r.link for r in converted if r.link])
-        issues = Counter([i.split(":", 1)[0] for r in converted if r.issues for i in r.issues])
-        samples: list[NetworkSample] = [r.network for r in converted if r.network is not None]
+        issues = Counter([issue.split(":", 1)[0] for issue in issue_list])
         self.network.record(samples, outcome.expired_unmatched)
         m.decoded.inc(decoded)
         for kind, count in issues.items():

@@ -72,6 +72,7 @@ from nats_otel.core.otlp_wire import _resource as _reference_resource, _span as 
 from nats_otel.core.pipeline import _BAD_TRACEPARENT as _BAD_TRACEPARENT_, _MAX_DEPTH as _ADHOC_DEPTH_
 from nats_otel.core.pipeline import Converted as _Converted, Prepared as _Prepared, Rejected as _Rejected
 from nats_otel.core.pipeline import encode_results as _reference_encode_results, observed
+from nats_otel.core.pipeline import tally_results as _reference_tally_results
 from nats_otel.core.pipeline import prepare as _reference_prepare
 from nats_otel.core.report_ledger import ReportLedger as _ReportLedger, _Member, _ServerRuns
 from nats_otel.core.sequences import HopSequences as _HopSequences, _LinkPairs
@@ -85,7 +86,7 @@ from nats_otel.core.span_layout import layouts as _layouts
 
 __all__ = ["IMPLEMENTATION", "Converter", "LinkIndex", "Linker", "convert_batch", "encode_request", "encode_results",
            "encode_spans", "event_span_id", "finish", "handed_to_reference", "map_encode", "network_sample",
-           "observed", "parse_traceparent", "prepare", "server_span_id"]
+           "observed", "parse_traceparent", "prepare", "server_span_id", "tally_results"]
 
 IMPLEMENTATION = "compiled"
 

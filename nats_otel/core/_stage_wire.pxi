@@ -341,3 +341,36 @@ def encode_results(results, held=frozenset()):
         spans += <Py_ssize_t>(<object>PyTuple_GET_ITEM(encoded, 2))
         items.append(encoded)
     return (encode_request(items) if spans else b""), spans
+
+
+def tally_results(results):
+    """`pipeline.tally_results` in one pass in C: what the bridge's accounting counts of every
+    batch, on the event loop (~1.3k instructions a message in Python's comprehensions, issue
+    48). Anything but a list of `Converted` / `Rejected` whose links are strings and issues
+    lists goes to the reference: the same tally, or the same error."""
+    cdef Py_ssize_t at, decoded = 0
+    cdef dict links = {}
+    cdef list issues = [], samples = []
+    cdef PyObject* count
+    if type(results) is not list:
+        return _reference_tally_results(results)
+    for at in range(len(<list>results)):
+        result = (<list>results)[at]
+        if type(result) is not _Converted:
+            if type(result) is _Rejected:
+                continue
+            return _reference_tally_results(results)
+        link = field(result, CONVERTED.link)
+        found = field(result, CONVERTED.issues)
+        if type(link) is not str or type(found) is not list:
+            return _reference_tally_results(results)
+        decoded += 1
+        if PyUnicode_GET_LENGTH(link):
+            count = PyDict_GetItemWithError(links, link)
+            links[link] = 1 if count is NULL else <object>count + 1
+        if PyList_GET_SIZE(found):
+            issues.extend(found)
+        network = field(result, CONVERTED.network)
+        if network is not None:
+            samples.append(network)
+    return decoded, links, issues, samples

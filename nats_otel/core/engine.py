@@ -36,6 +36,7 @@ __all__ = [
     "parse_traceparent",
     "prepare",
     "server_span_id",
+    "tally_results",
     "unavailable",
 ]
 
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # one interface: type checkers see the reference
         parse_traceparent,
         prepare,
         server_span_id,
+        tally_results,
     )
 else:
     IMPLEMENTATION = _chosen.IMPLEMENTATION
@@ -76,6 +78,7 @@ else:
     prepare, finish, convert_batch, observed = _chosen.prepare, _chosen.finish, _chosen.convert_batch, _chosen.observed
     map_encode, network_sample = _chosen.map_encode, _chosen.network_sample
     encode_request, encode_results, encode_spans = _chosen.encode_request, _chosen.encode_results, _chosen.encode_spans
+    tally_results = _chosen.tally_results
     parse_traceparent, server_span_id, event_span_id = (_chosen.parse_traceparent, _chosen.server_span_id,
                                                         _chosen.event_span_id)
     handed_to_reference = _chosen.handed_to_reference

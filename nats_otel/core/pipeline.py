@@ -53,7 +53,7 @@ from nats_otel.core.shapes import message_shape
 from nats_otel.core.span_bytes import EncodedSpans, encode_request, map_encode
 
 __all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonConverter", "PythonLinker", "Rejected",
-           "convert_batch", "encode_results", "finish", "observed", "observed_at", "prepare"]
+           "convert_batch", "encode_results", "finish", "observed", "observed_at", "prepare", "tally_results"]
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.
@@ -336,6 +336,21 @@ def encode_results(results: Sequence[Converted | Rejected], held: frozenset[int]
              if isinstance(r, Converted) and r.encoded is not None and at not in held]
     spans = sum(item.span_count for item in items)
     return (encode_request(items) if spans else b""), spans
+
+
+def tally_results(results: Sequence[Converted | Rejected]) -> tuple[int, dict[str, int], list[str],
+                                                                     list[NetworkSample]]:
+    """What the bridge counts of a batch's results (`accounting`): how many were converted,
+    their hop links by how each was found (origins, with no link, not counted), their mapping
+    issues in order, and their network samples. One pass, on the event loop, per batch."""
+    converted = [r for r in results if isinstance(r, Converted)]
+    links: dict[str, int] = {}
+    for result in converted:
+        if result.link:
+            links[result.link] = links.get(result.link, 0) + 1
+    issues = [issue for r in converted if r.issues for issue in r.issues]
+    samples = [r.network for r in converted if r.network is not None]
+    return len(converted), links, issues, samples
 
 
 def observed(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[Prepared]:

@@ -237,3 +237,31 @@ def test_odd_converted_batches_go_to_the_reference(kernel, corpus_raws):
                         ([*results, odd_span_count], none), ([*results, odd_encoded], none),
                         ([*results, "text"], none)]:
         assert outcome(kernel.encode_results, batch, held) == outcome(pipeline.encode_results, batch, held)
+
+
+def test_a_converted_batch_is_tallied_alike(kernel, corpus_raws):
+    """`tally_results`, what the bridge's accounting counts of a batch: the converted, their
+    links by kind, their issues in order, their network samples, on both twins; and the
+    counts are those of the results themselves."""
+    results = _encoded_batch(corpus_raws)
+    with_issue = pipeline.Converted([], issues=["malformed_header: x", "unknown_event: y"], link="matched")
+    rejected = [r for r in results if isinstance(r, pipeline.Rejected)]
+    for batch in (results, [*results, with_issue, with_issue], [], rejected):
+        decoded, links, issues, samples = kernel.tally_results(batch)
+        assert (decoded, links, issues, samples) == pipeline.tally_results(batch)
+        converted = [r for r in batch if isinstance(r, pipeline.Converted)]
+        assert decoded == len(converted)
+        assert sum(links.values()) == sum(1 for r in converted if r.link) and "" not in links
+        assert issues == [i for r in converted for i in r.issues]
+        assert samples == [r.network for r in converted if r.network is not None]
+    assert kernel.tally_results(results)[1]["matched"] > 0 and rejected
+    assert kernel.tally_results([*results, with_issue])[2][-2:] == with_issue.issues
+
+
+def test_odd_batches_are_tallied_by_the_reference(kernel, corpus_raws):
+    """Not a list, a result of another type, a link that is not a string or issues not a
+    list: the reference's tally (or its error) on both."""
+    results = _encoded_batch(corpus_raws)[:12]
+    for batch in (tuple(results), [*results, None], [*results, "text"],
+                  [*results, pipeline.Converted([], link=None)], [*results, pipeline.Converted([], issues=("a",))]):
+        assert outcome(kernel.tally_results, batch) == outcome(pipeline.tally_results, batch)

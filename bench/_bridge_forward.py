@@ -22,15 +22,18 @@ from _bridge_meters import Sampler, scrape, total
 __all__ = ["phase_forward", "report_forward"]
 
 
-def phase_forward(bench: Any, round_number: int, settle_s: float = 3.0) -> dict:
+def phase_forward(bench: Any, round_number: int, settle_s: float = 3.0, src: Any = None) -> dict:
     """The burst to two bridges in one queue group; returns the pair's CPU, the reports
     forwarded and received as forwards, whether every span arrived, and the CPU per
-    forwarded report against this round's single bridge (`burst-core-w1`), when it ran."""
-    name = "forward-2"
+    forwarded report against this round's single bridge (`burst-core-w1`), when it ran.
+    `src`: the bridges of another checkout (the baseline: `base-forward-2`, against its
+    own single bridge, `base-burst-core-w1`)."""
+    prefix = "base-" if src else ""
+    name = prefix + "forward-2"
     bench.rx.reset(track=False)
     subject = f"bench.{name}.{round_number}"
-    bridges = [bench.start_bridge(f"{name}-{i}-{round_number}", 1, subject=subject, extra=["--queue", "fwd"])
-               for i in (1, 2)]
+    bridges = [bench.start_bridge(f"{name}-{i}-{round_number}", 1, subject=subject, extra=["--queue", "fwd"],
+                                  src=src) for i in (1, 2)]
     # Each bridge waits to hear the other before it routes (routing.SETTLE_S); heartbeats
     # come every second: give both time to agree on the ring before the burst.
     time.sleep(settle_s)
@@ -57,7 +60,7 @@ def phase_forward(bench: Any, round_number: int, settle_s: float = 3.0) -> dict:
          "dropped": sum(total(m, "nats_otel_messages_dropped") for m in metrics),
          "split": [total(m, "nats_otel_messages_received") for m in metrics],
          "rss": sum(s.peak_rss for s in samplers)}
-    one = bench.by_round.get("burst-core-w1", [])
+    one = bench.by_round.get(prefix + "burst-core-w1", [])
     if len(one) > round_number and r["forwarded"]:
         single = one[round_number]
         single_cpu_s = single["us_per_msg"] * single["spans"] / bench.spans_per_msg / 1e6
@@ -75,18 +78,18 @@ def phase_forward(bench: Any, round_number: int, settle_s: float = 3.0) -> dict:
     return r
 
 
-def report_forward(by_round: dict[str, list[dict]]) -> None:
+def report_forward(by_round: dict[str, list[dict]], prefix: str = "") -> None:
     """Per round, the forwarding path's CPU per forwarded report against the bare
-    subscriber's per message; then the medians."""
+    subscriber's per message; then the medians (`prefix` "base-": the baseline's)."""
     from statistics import median
 
-    rounds = by_round.get("forward-2", [])
+    rounds = by_round.get(prefix + "forward-2", [])
     if not rounds:
         return
     raws = by_round.get("raw", [])
-    print("\n== the forwarding path: two bridges, one queue group (trace ownership), the burst; CPU beyond one "
-          "bridge per forwarded report ==")
-    singles = by_round.get("burst-core-w1", [])
+    print(f"\n== the forwarding path{' of the baseline' if prefix else ''}: two bridges, one queue group (trace "
+          "ownership), the burst; CPU beyond one bridge per forwarded report ==")
+    singles = by_round.get(prefix + "burst-core-w1", [])
     print(f"{'round':>5}{'bare':>8}{'single':>8}{'pair':>8}{'pair/single':>12}{'forwarded':>11}{'us/fwd':>8}"
           f"{'bare/fwd':>10}{'whole':>7}")
     nan = float("nan")
@@ -112,4 +115,8 @@ def report_forward(by_round: dict[str, list[dict]]) -> None:
         from_medians = ((median(r["us_per_msg"] for r in rounds) - median(s["us_per_msg"] for s in singles))
                         * sent / forwarded)
         print(f"from the medians (pair - single, per forwarded report): {from_medians:.1f} us")
-
+    base = by_round.get("base-forward-2", [])
+    if not prefix and base and len(base) == len(rounds):
+        report_forward(by_round, "base-")
+        pairs = [b["us_per_msg"] / r["us_per_msg"] for r, b in zip(rounds, base, strict=True)]
+        print(f"the pair's CPU per message, base / ours, round by round: {spread(pairs, 3)}")

@@ -373,7 +373,8 @@ def main() -> None:
                         for src in sources:
                             bench.phase_core(w, round_number, rate=args.paced_rate or 1.3 * burst, src=src)
                 if "forward" not in args.skip:  # after the round's core-w1: the pair's CPU beyond it
-                    phase_forward(bench, round_number)
+                    for src in ([None, args.baseline] if args.baseline else [None]):
+                        phase_forward(bench, round_number, src=src)
                 if "pair" not in args.skip:
                     bench.phase_pair(1, round_number)
                     bench.phase_pair(1, round_number, rate=1.3 * bench.results["burst-core-2x-w1"]["rate"])

@@ -4,8 +4,9 @@ nats-py, and why). Same frames served, same results; the control line is read by
 instead of split, and each payload is copied once, straight from the buffer.
 
 `DeliverySink` is the compiled twin of a core source's per-message handler (`nats_core`'s
-`on_raw`, the reference) with `Intake.offer` inline: `scan` hands it a frame of its sid
-without a Python call, and without the subject's bytes when the subject is the last one."""
+`on_raw`, the reference): `scan` hands it a frame of its sid without a Python call (and
+without the subject's bytes when the subject is the last one), and it offers the delivery
+to the intake's compiled state (`IntakeState`, twin of `intake._IntakeState`) in C."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.string cimport memchr, memcmp
@@ -178,9 +179,10 @@ cdef class DeliverySink:
     """A core source's direct handler (`CoreSource.direct_handler`): each frame becomes a
     `Delivery` offered to the bridge's `Intake` (`IntakeState._offer`, a C call), or a drop
     counted (`queue_full`). The compiled twin of the Python handler `on_raw` there, which
-    stays the reference (tests/bridge/test_frames.py runs both on the same frames); that
-    Python path was ~1.3 µs of the event loop's CPU per trace message (issue 48). Callable
-    as any handler too (nats-py's own parser, `python_scan`)."""
+    stays the reference (tests/bridge/test_delivery_sink.py runs both on the same frames).
+    With the scan, ~5.8k instructions a message where the Python handler and offer took
+    ~9.6k (`bench/core_ab.py --path receive`, issue 48). Callable as any handler too
+    (nats-py's own parser, `python_scan`)."""
 
     cdef IntakeState intake
     cdef object source, tally, queue_full, headers_of, subjects, stamp, link

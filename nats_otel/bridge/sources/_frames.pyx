@@ -58,6 +58,7 @@ def scan(bytearray buf not None, dict handlers not None):
     cdef Py_ssize_t field_start[MAX_FIELDS]
     cdef Py_ssize_t field_end[MAX_FIELDS]
     cdef int nfields, min_fields, max_fields
+    cdef bint sink
     cdef long long sid, total
     cdef unsigned char c
     while pos < end:
@@ -118,26 +119,21 @@ def scan(bytearray buf not None, dict handlers not None):
         stop = start + total
         if stop + 2 > end:
             return pos, served, size, MORE
-        if type(handler) is DeliverySink:  # a trace subscription's: no Python call, no reply
-            payload = _copy(data + start + header_size, total - header_size)
-            headers = _copy(data + start, header_size) if header_size else None
-            pos = stop + 2
-            served += 1
-            size += total - header_size
-            try:
-                (<DeliverySink>handler).take(data + field_start[0], field_end[0] - field_start[0], headers, payload)
-            except Exception as exc:
-                return pos, served, size, exc
-            continue
-        subject = _copy(data + field_start[0], field_end[0] - field_start[0])
-        reply = _copy(data + field_start[2], field_end[2] - field_start[2]) if nfields == max_fields else None
+        # A trace subscription's sink is called in C: its subject is read in place, its reply unused.
+        sink = type(handler) is DeliverySink
+        if not sink:
+            subject = _copy(data + field_start[0], field_end[0] - field_start[0])
+            reply = _copy(data + field_start[2], field_end[2] - field_start[2]) if nfields == max_fields else None
         headers = _copy(data + start, header_size) if header_size else None
         payload = _copy(data + start + header_size, total - header_size)
         pos = stop + 2  # nats-py skips the two bytes after the payload without looking
         served += 1
         size += total - header_size
         try:
-            handler(subject, reply, headers, payload)
+            if sink:
+                (<DeliverySink>handler).take(data + field_start[0], field_end[0] - field_start[0], headers, payload)
+            else:
+                handler(subject, reply, headers, payload)
         except Exception as exc:
             return pos, served, size, exc
     return pos, served, size, MORE

@@ -18,6 +18,7 @@ from nats_otel.archive import archive_record
 from nats_otel.bridge.export.file import FileExporter
 from nats_otel.bridge.export.otlp import make_otlp_exporter
 from nats_otel.bridge.export.result import ExportResult
+from nats_otel.bridge.observed_batches import ObservedBatches
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core import accel, engine
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
@@ -36,7 +37,7 @@ from nats_otel.core.evidence import (
     observe_numbers,
 )
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
-from nats_otel.core.pipeline import Converted, Rejected, observed_at
+from nats_otel.core.pipeline import Converted, Rejected, observed_entries
 from nats_otel.core.records import SpanRecord
 
 __all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]
@@ -60,6 +61,9 @@ class BytesExporter(Exporter, Protocol):
 
 
 _UNLINKED = frozenset({"unmatched", "ambiguous"})
+# Observed messages held through the link window (`ObservedBatches`), as many as the
+# converter's own store keeps (`pending_capacity`): past it, the oldest are decoded again.
+_HELD_MESSAGES = 200_000
 
 
 @dataclass(slots=True)
@@ -127,6 +131,8 @@ class Processor:
         # The kernel counts per process: from here on, this processor's (one per process in the bridge).
         self._handed_seen: dict[str, int] = engine.handed_to_reference()
         self.implementation = log_core()
+        # What `observe` decoded, held until `convert` (the link window): see observed_batches.
+        self._observed = ObservedBatches(self.converter, _HELD_MESSAGES)
 
     def observe(self, raws: Sequence[RawTraceMessage], sender: str | None = None,
                 received: Sequence[tuple[str, int] | None] | None = None, streams: Streams | None = None) -> bytes:
@@ -138,33 +144,35 @@ class Processor:
         (`ReportLedger.vouch`), as it observes each report, and so do the peers, told what
         `streams` say of themselves (`wholeness.Wholeness.streams`)."""
         now = time.monotonic()
+        observe_held = self.converter.observe_held
         if received is None or not raws:
-            self.converter.observe_many(raws, now)
+            entries = observe_held(raws, now)
         else:
             ledger = self.converter.linker.index.sequences.ledger
             try:
                 if received.count(received[0]) == len(received):  # the common case: one stream, no loss
                     ledger.receiving = received[0]
-                    self.converter.observe_many(raws, now)
+                    entries = observe_held(raws, now)
                 else:  # in runs of one stream and one count of losses, in arrival order
-                    start = 0
+                    entries, start = [], 0
                     for end in range(1, len(raws) + 1):
                         if end == len(raws) or received[end] != received[start]:
                             ledger.receiving = received[start]
-                            self.converter.observe_many(raws[start:end], now)
+                            entries += observe_held(raws[start:end], now)
                             start = end
             finally:
                 ledger.receiving = None
+        self._observed.put(entries)
         if sender is None:
             return b""
         states = [StreamState(name, *state) for name, state in (streams or {}).items()]
         if received is None or not states:
-            reports = [evidence_of(p) for p in observed(self.converter, raws)]
+            reports = [evidence_of(p) for _, p in observed_entries(entries)]
         else:
             index = {state.name: at for at, state in enumerate(states)}
             reports = [evidence_of(p) if (got := received[at]) is None
                        else evidence_of(p, index.get(got[0], -1), got[1])
-                       for at, p in observed_at(self.converter, raws)]
+                       for at, p in observed_entries(entries)]
         return encode_batch(sender, reports, self.link_latencies(), states) if reports else b""
 
     def whole(self, streams: Streams, departures: tuple[float, int] | None = None,
@@ -201,7 +209,9 @@ class Processor:
 
     def report_numbers(self, raws: Sequence[RawTraceMessage]) -> bytes:
         """The event numbers of just-observed messages, for the sibling worker processes."""
-        return encode_numbers(observed(self.converter, raws), self.link_latencies())
+        entries = self._observed.peek(raws)
+        decoded = observed(self.converter, raws) if entries is None else [p for _, p in observed_entries(entries)]
+        return encode_numbers(decoded, self.link_latencies())
 
     def observe_numbers(self, data: bytes) -> None:
         """Record a sibling worker's `report_numbers` (its latencies where none is known)."""
@@ -224,7 +234,9 @@ class Processor:
             self._archive.write(b"".join(archive_record(raw) for raw in raws))
         now = time.monotonic()
         encoded = self._encoded
-        outcome = BatchOutcome(self.converter.convert_many(raws, now, encoded))
+        # As observed (`observe`), whole batches in order: their entries given back; else
+        # (`take` gave them to the converter) the converter finds each message's.
+        outcome = BatchOutcome(self.converter.convert_many(raws, now, encoded, self._observed.take(raws)))
         index = self.converter.linker.index
         outcome.evicted, self._evicted_seen = index.evicted - self._evicted_seen, index.evicted
         outcome.expired_unmatched = {side: count - self._expired_seen.get(side, 0)

@@ -60,6 +60,21 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     return converted
 
 
+cdef list _aligned(object raws, object observed):
+    """`observed` as a new list, checked to be `observe_held`'s entries of `raws`, in order
+    (checked whole before any is converted: a mismatch converts none)."""
+    cdef list entries = list(observed)
+    cdef list messages = raws if type(raws) is list else list(raws)
+    cdef Py_ssize_t at
+    if len(entries) != len(messages):
+        raise ValueError(f"{len(entries)} observed entries for {len(messages)} messages")
+    for at in range(len(entries)):
+        entry = entries[at]
+        if type(entry) is not tuple or len(<tuple>entry) != 3 or (<tuple>entry)[0] is not messages[at]:
+            raise ValueError(f"observed entry {at} is not observe_held's entry of that message")
+    return entries
+
+
 @cython.final
 cdef class Converter:
     """Streaming conversion (the live bridge): `observe` on arrival, `convert` later."""
@@ -92,10 +107,32 @@ cdef class Converter:
             entry = PyDict_GetItemWithError(pending, key)
             if entry is NULL or (<tuple>entry)[0] is not raw:
                 pending[key] = self._prepare_one(raw, now)
-        over = len(pending) - self._pending_capacity
+        self._bound()
+
+    def observe_held(self, raws, now=0.0):
+        """`observe_many`, handing the batch's entries (one per raw, in order) to the caller
+        instead of keeping them in `_pending`: `convert_many(raws, observed=...)` takes them
+        back. See `pipeline.PythonConverter.observe_held`."""
+        cdef dict pending = self._pending
+        cdef list entries = []
+        for raw in raws:
+            entry = pending.pop(id(raw), None) if pending else None  # observed before, kept
+            entries.append(entry if entry is not None and (<tuple>entry)[0] is raw else self._prepare_one(raw, now))
+        return entries
+
+    def adopt(self, observed):
+        """Keep entries from `observe_held` in `_pending` after all (bounded), as if observed
+        by `observe_many`: for a caller that will not convert them as observed."""
+        cdef dict pending = self._pending
+        for entry in observed:
+            pending[id((<tuple?>entry)[0])] = entry
+        self._bound()
+
+    cdef void _bound(self) except *:
+        over = len(self._pending) - self._pending_capacity
         if over > 0:  # the oldest are decoded again when their turn comes
-            for key in list(islice(pending, over)):
-                del pending[key]
+            for key in list(islice(self._pending, over)):
+                del self._pending[key]
 
     def convert(self, raw, now=0.0, encoded=False):
         """Spans of an observed (or not yet observed) message, or why it gave none."""
@@ -104,12 +141,25 @@ cdef class Converter:
         index.expire(now)
         return self._convert_one(raw, now, encoded, index)
 
-    def convert_many(self, raws, now=0.0, encoded=False):
-        """`convert` each of a batch (observed with `observe_many` or `observe`, or not)."""
+    def convert_many(self, raws, now=0.0, encoded=False, observed=None):
+        """`convert` each of a batch (observed with `observe_many` or `observe`, or not; or
+        with `observe_held`, its entries given back as `observed`)."""
         index = self.linker.index
-        index.expire(now)
         cdef bint as_bytes = encoded
-        return [self._convert_one(raw, now, as_bytes, index) for raw in raws]
+        cdef list entries
+        cdef Py_ssize_t at
+        if observed is None:
+            index.expire(now)
+            return [self._convert_one(raw, now, as_bytes, index) for raw in raws]
+        entries = _aligned(raws, observed)
+        index.expire(now)
+        for at in range(len(entries)):
+            entry = entries[at]
+            result = (<tuple>entry)[1]
+            if type(result) is not _Rejected:
+                result = _finish(result, self.linker, self.options, as_bytes, (<tuple>entry)[2])
+            entries[at] = result
+        return entries
 
     cdef object _convert_one(self, object raw, object now, bint encoded, object index):
         entry = self._pending.pop(id(raw), None)

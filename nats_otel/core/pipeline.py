@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from msgspec import Struct
 
@@ -52,8 +53,9 @@ from nats_otel.core.records import SpanRecord
 from nats_otel.core.shapes import message_shape
 from nats_otel.core.span_bytes import EncodedSpans, encode_request, map_encode
 
-__all__ = ["Converted", "Converter", "Linker", "Prepared", "PythonConverter", "PythonLinker", "Rejected",
-           "convert_batch", "encode_results", "finish", "observed", "observed_at", "prepare", "tally_results"]
+__all__ = ["Converted", "Converter", "Linker", "Observed", "Prepared", "PythonConverter", "PythonLinker",
+           "Rejected", "convert_batch", "encode_results", "finish", "observed", "observed_at", "observed_entries",
+           "prepare", "tally_results"]
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.
@@ -249,6 +251,13 @@ def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded:
     return Converted(spans, issues, placement.link, sample, encoding)
 
 
+# An observed message's entry, as a converter keeps it between `observe` and `convert` (or
+# hands it to the caller: `observe_held`): the raw message first, then what the twin needs
+# (this twin: its decoded form; the kernel's: also its forwarding egresses' span ids).
+# Opaque to callers, who give it back to the converter that made it.
+Observed = tuple[Any, ...]
+
+
 class PythonConverter:
     """Streaming conversion (the live bridge): `observe` on arrival, `convert` later. The
     reference of the kernel's `Converter` (`_stage_convert.pxi`).
@@ -271,7 +280,7 @@ class PythonConverter:
         # hash of ~1 kB per message was a visible cost. The entry holds the raw, so its id
         # cannot be reused while the entry lives. A redelivery (another object, same bytes)
         # is decoded again; the linker records its evidence once all the same.
-        self._pending: dict[int, tuple[RawTraceMessage, Prepared | Rejected]] = {}
+        self._pending: dict[int, Observed] = {}
         self._pending_capacity = pending_capacity
 
     def observe(self, raw: RawTraceMessage, now: float = 0.0) -> None:
@@ -287,10 +296,34 @@ class PythonConverter:
             entry = pending.get(key)
             if entry is None or entry[0] is not raw:
                 pending[key] = (raw, prepare_one(raw, now))
-        over = len(pending) - self._pending_capacity
+        self._bound()
+
+    def observe_held(self, raws: Iterable[RawTraceMessage], now: float = 0.0) -> list[Observed]:
+        """`observe_many`, handing the batch's entries (one per raw, in order) to the caller
+        instead of keeping them in `_pending`: `convert_many(raws, observed=...)` takes them
+        back. The bridge's path: a burst holds tens of thousands of observed messages, and a
+        look-up in a dict that size per message, twice, costs more than the decode's bookkeeping
+        should (~3 % of the bridge's CPU in issue 48's burst). What was kept (`observe_many`)
+        is handed over, not observed again."""
+        pending, prepare_one = self._pending, self._prepare
+        entries: list[Observed] = []
+        for raw in raws:
+            entry = pending.pop(id(raw), None) if pending else None
+            entries.append(entry if entry is not None and entry[0] is raw else (raw, prepare_one(raw, now)))
+        return entries
+
+    def adopt(self, observed: Iterable[Observed]) -> None:
+        """Keep entries from `observe_held` in `_pending` after all (bounded), as if observed
+        by `observe_many`: for a caller that will not convert them as observed."""
+        for entry in observed:
+            self._pending[id(entry[0])] = entry
+        self._bound()
+
+    def _bound(self) -> None:
+        over = len(self._pending) - self._pending_capacity
         if over > 0:  # the oldest are decoded again when their turn comes
-            for key in list(itertools.islice(pending, over)):
-                del pending[key]
+            for key in list(itertools.islice(self._pending, over)):
+                del self._pending[key]
 
     def convert(self, raw: RawTraceMessage, now: float = 0.0, encoded: bool = False) -> Converted | Rejected:
         """Spans of an observed (or not yet observed) message, or why it gave none. Never raises.
@@ -299,9 +332,16 @@ class PythonConverter:
         return self.convert_many((raw,), now, encoded)[0]
 
     def convert_many(self, raws: Iterable[RawTraceMessage], now: float = 0.0,
-                     encoded: bool = False) -> list[Converted | Rejected]:
-        """`convert` each of a batch (observed with `observe_many` or `observe`, or not)."""
+                     encoded: bool = False, observed: Sequence[Observed] | None = None) -> list[Converted | Rejected]:
+        """`convert` each of a batch (observed with `observe_many` or `observe`, or not; or
+        with `observe_held`, its entries given back as `observed`: checked whole to be those
+        of `raws`, in order, before any is converted, else ValueError)."""
         pending, linker, options = self._pending, self.linker, self.options
+        if observed is not None:
+            entries = _aligned(raws, observed, 2)
+            linker.index.expire(now)
+            return [prepared if type(prepared) is Rejected else python_finish(prepared, linker, options, encoded)
+                    for _, prepared in entries]
         linker.index.expire(now)
         out: list[Converted | Rejected] = []
         for raw in raws:
@@ -311,7 +351,7 @@ class PythonConverter:
             else:  # never observed (or forgotten): its evidence is new, the bounds apply again
                 result = self._prepare(raw, now)
                 linker.index.expire(now)
-            out.append(result if type(result) is Rejected else python_finish(result, linker, options, encoded))  # type: ignore[arg-type]  # a Prepared
+            out.append(result if type(result) is Rejected else python_finish(result, linker, options, encoded))
         return out
 
     def _prepare(self, raw: RawTraceMessage, now: float) -> Prepared | Rejected:
@@ -321,6 +361,18 @@ class PythonConverter:
             return Rejected(exc.reason, exc.detail, raw.subject)
         self.linker.observe(prepared, now)
         return prepared
+
+
+def _aligned(raws: Iterable[RawTraceMessage], observed: Sequence[Observed], size: int) -> list[Observed]:
+    """`observed` as a list, checked to be `observe_held`'s entries (tuples of `size`) of
+    `raws`, in order."""
+    entries, messages = list(observed), list(raws)
+    if len(entries) != len(messages):
+        raise ValueError(f"{len(entries)} observed entries for {len(messages)} messages")
+    for at, (entry, raw) in enumerate(zip(entries, messages, strict=True)):
+        if type(entry) is not tuple or len(entry) != size or entry[0] is not raw:
+            raise ValueError(f"observed entry {at} is not observe_held's entry of that message")
+    return entries
 
 
 # The references of the kernel's `finish` and `Converter` (`_stage_convert.pxi`).
@@ -358,6 +410,12 @@ def observed(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[Prep
     yet (either twin keeps them in `_pending`, by the raw's id): what the bridge shares with
     other bridges (`evidence`)."""
     return [prepared for _, prepared in observed_at(converter, raws)]
+
+
+def observed_entries(entries: Iterable[Observed]) -> list[tuple[int, Prepared]]:
+    """The decoded forms among `observe_held`'s entries (of either twin), each with its
+    position: `observed_at` of a batch whose entries the caller holds."""
+    return [(at, entry[1]) for at, entry in enumerate(entries) if type(entry[1]) is Prepared]
 
 
 def observed_at(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[tuple[int, Prepared]]:

@@ -2,7 +2,8 @@
 `_stage_convert.pxi`) against the pure references (`pipeline.PythonConverter`,
 `pipeline.python_finish`): the same results, in the same order, with the same link index
 afterwards, whatever the calls: batches observed first or not, single messages,
-redeliveries (the same object again, or the same bytes in another object), a pending store
+redeliveries (the same object again, or the same bytes in another object), entries held by
+the caller (`observe_held`) and given back or left to the converter (`adopt`), a pending store
 and a link index at their bounds, encoded or as span records. As in test_twins.py, the
 kernel comes from the `kernel` fixture (skipped under NATS_OTEL_NO_EXTENSIONS=1) and is
 compared with the reference in one process. Also: a compiled module that refuses to
@@ -50,10 +51,18 @@ def _play(converter, raws: list[RawTraceMessage], seed: int) -> list:
         now += rnd.choice([0.0, 0.001, 0.002, 0.03])
         style = rnd.random()
         encoded = rnd.random() < 0.5
-        if style < 0.5:  # the bridge: observed on arrival, converted a little later
+        if style < 0.3:  # observed on arrival, converted a little later
             converter.observe_many(batch, now)
             out.append(("waiting", len(converter._pending)))  # bounded by the pending capacity
             out.extend(converter.convert_many(batch, now + 0.003, encoded))
+        elif style < 0.55:  # the bridge: the batch's entries held by the caller, given back
+            entries = converter.observe_held(batch, now)
+            if rnd.random() < 0.25:  # not converted as observed: the converter keeps them after all
+                converter.adopt(entries)
+                out.append(("waiting", len(converter._pending)))
+                out.extend(converter.convert_many(batch[::-1], now + 0.003, encoded))
+            else:
+                out.extend(converter.convert_many(batch, now + 0.003, encoded, entries))
         elif style < 0.7:  # observed one by one, some converted twice
             for raw in batch:
                 converter.observe(raw, now)
@@ -265,3 +274,23 @@ def test_odd_batches_are_tallied_by_the_reference(kernel, corpus_raws):
     for batch in (tuple(results), [*results, None], [*results, "text"],
                   [*results, pipeline.Converted([], link=None)], [*results, pipeline.Converted([], issues=("a",))]):
         assert outcome(kernel.tally_results, batch) == outcome(pipeline.tally_results, batch)
+
+
+@pytest.mark.parametrize("twin", ["reference", "kernel"])
+def test_entries_not_of_the_batch_convert_nothing(kernel, corpus_raws, twin):
+    """`convert_many(observed=...)` checks the entries against the batch before it converts
+    any: another batch's, too few, reordered, or another twin's entries are a ValueError,
+    and nothing was converted (the link index is as before)."""
+    converter_type = pipeline.PythonConverter if twin == "reference" else kernel.Converter
+    other_type = kernel.Converter if twin == "reference" else pipeline.PythonConverter
+    converter = converter_type(MappingOptions(), LIMITS, LinkSettings())
+    first, second = list(corpus_raws[:6]), list(corpus_raws[6:12])
+    held = converter.observe_held(first, 0.0)
+    before = _index_state(converter.linker.index)
+    foreign = other_type(MappingOptions(), LIMITS, LinkSettings()).observe_held(first, 0.0)
+    for raws, entries in [(second, held), (first, held[:-1]), (first, held[::-1]), (first, foreign)]:
+        with pytest.raises(ValueError, match="observed entr"):
+            converter.convert_many(raws, 0.01, True, entries)
+        assert _index_state(converter.linker.index) == before
+    assert converter.convert_many(first, 0.01, True, held) == converter_type(
+        MappingOptions(), LIMITS, LinkSettings()).convert_many(first, 0.01, True)

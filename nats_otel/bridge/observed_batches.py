@@ -1,0 +1,89 @@
+"""What the processor observed, held batch by batch through the link window: the entries of
+each observed batch (`Converter.observe_held`), by its first message, until `convert` gives
+them back (`Converter.convert_many(raws, observed=...)`).
+
+Why not the converter's own store (`_pending`, a dict by each raw message's id): in issue
+48's burst it holds ~60k observed messages, and its two look-ups a message (on observe and
+on convert: the table, the key and the entry each a cache miss in a dict that size) cost
+~3 % of the bridge's CPU. The bridge converts its batches whole and in the order observed
+(the ripening joins whole batches: `ripening.py`), so one look-up a batch finds them here.
+
+What is not converted as it was observed (a batch split or reordered, or held past the
+bound here: a drain that ran out never converts its batches) goes back to the converter
+(`Converter.adopt`), which then finds it by message and bounds it (`pending_capacity`) as
+before: nothing observed is observed twice, nothing held grows without bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.engine import Converter
+from nats_otel.core.pipeline import Observed
+
+__all__ = ["ObservedBatches"]
+
+
+class ObservedBatches:
+    """Observed batches' entries by their first message, oldest first, at most `max_messages`
+    entries in all (past it the oldest batches go back to the converter)."""
+
+    def __init__(self, converter: Converter, max_messages: int) -> None:
+        self._converter = converter
+        self._batches: dict[int, list[Observed]] = {}  # id of the batch's first raw -> its entries
+        self._max_messages = max_messages
+        self.messages = 0
+
+    def put(self, entries: list[Observed]) -> None:
+        """Hold one observed batch's entries (`observe_held`'s, in order)."""
+        if not entries:
+            return
+        # An entry holds its raw message, so no other live message has its id: a key is held
+        # once (a message observed again went through `observe_held`, which took it back).
+        self._batches[id(entries[0][0])] = entries
+        self.messages += len(entries)
+        while self.messages > self._max_messages:
+            oldest = self._batches.pop(next(iter(self._batches)))
+            self.messages -= len(oldest)
+            self._converter.adopt(oldest)
+
+    def peek(self, raws: Sequence[RawTraceMessage]) -> list[Observed] | None:
+        """The entries of `raws` if they are one held batch, as observed (kept held)."""
+        entries = self._batches.get(id(raws[0])) if raws else None
+        return entries if entries is not None and _covers(entries, raws, 0) else None
+
+    def take(self, raws: Sequence[RawTraceMessage]) -> list[Observed] | None:
+        """The entries of `raws` (removed) if they are held batches, whole and in order;
+        else None, and every held batch given back to the converter (rare: it then finds
+        each message's entry itself)."""
+        taken: list[Observed] = []
+        at, end = 0, len(raws)
+        while at < end:
+            entries = self._batches.pop(id(raws[at]), None)
+            if entries is None:
+                break
+            self.messages -= len(entries)
+            taken += entries
+            if not _covers(entries, raws, at):
+                break
+            at += len(entries)
+        else:
+            return taken
+        self._converter.adopt(taken)
+        self.give_back()
+        return None
+
+    def give_back(self) -> None:
+        """Every held batch to the converter (which finds each message's entry itself)."""
+        for entries in self._batches.values():
+            self._converter.adopt(entries)
+        self._batches.clear()
+        self.messages = 0
+
+
+def _covers(entries: list[Observed], raws: Sequence[RawTraceMessage], at: int) -> bool:
+    """The batch's first and last messages are `raws`' from `at` on (the converter checks the
+    rest: `convert_many`'s `observed`)."""
+    last = at + len(entries) - 1
+    return last < len(raws) and entries[0][0] is raws[at] and entries[-1][0] is raws[last]

@@ -7,7 +7,12 @@ reference (new label sets, the bound on them, failures of hops, account and subj
 labels), counts that one and hands back, so every bucket's exemplar is its last sample."""
 
 from cpython.long cimport PyLong_AsLongLong
+from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.string cimport memset
+
+cdef extern from *:
+    bint __builtin_saddll_overflow(long long a, long long b, long long* out) nogil
 
 DEF MAX_BOUNDS = 64  # more buckets than this: every sample goes to the reference
 
@@ -60,17 +65,6 @@ cdef inline Py_ssize_t _bucket(const long long* bounds, Py_ssize_t n, long long 
     return lo
 
 
-cdef inline int _count(list row, list exemplars, const long long* bounds, Py_ssize_t n, object value_ns,
-                       long long value, object sample) except -1:
-    """`network_metrics._count`: the bucket, then the sum (Python ints: exact); the sample is
-    the bucket's exemplar."""
-    cdef Py_ssize_t at = _bucket(bounds, n, value)
-    row[at] = row[at] + 1
-    row[n + 1] = row[n + 1] + value_ns
-    exemplars[at] = sample
-    return 0
-
-
 cdef inline tuple _rows_of(dict cache, object key):
     """The (latency row, error row, exemplars) lists cached under `key`, or None."""
     rows = cache.get(key)
@@ -81,49 +75,146 @@ cdef inline tuple _rows_of(dict cache, object key):
     return rows
 
 
+# The rows a call counts into, with what it counted since it last wrote them: the counts of
+# each bucket, the sum, the errors (C integers) and each bucket's last sample. Written into
+# the Python rows (`_flush`) once per call, or before a sample the reference counts: a batch
+# touches a few servers and edges, so a handful of Python int additions a row per batch
+# where adding into the rows per sample made ~5 new ints a sample (issue 48).
+DEF SLOTS = 16
+
+cdef struct Slot:
+    PyObject* key_a     # the server's name, or the edge's from_server
+    PyObject* key_b     # the edge's to_server and kind (NULL for a server's rows)
+    PyObject* key_c
+    PyObject* rows      # the cached (latency, errors, exemplars) tuple: the cache holds it
+    Py_ssize_t n        # its buckets, but +Inf
+    long long counts[MAX_BOUNDS + 1]
+    PyObject* last[MAX_BOUNDS + 1]   # the batch list holds these samples through the call
+    long long total
+    long long errors
+
+
+cdef class _Slots:
+    cdef Slot slots[SLOTS]
+    cdef int used
+
+    cdef int flush(self) except -1:
+        """Add what each slot counted into its Python rows, and forget the slots."""
+        cdef int i
+        cdef Py_ssize_t b
+        cdef Slot* slot
+        for i in range(self.used):
+            slot = &self.slots[i]
+            latency = <list>PyTuple_GET_ITEM(<tuple>slot.rows, 0)
+            exemplars = <list>PyTuple_GET_ITEM(<tuple>slot.rows, 2)
+            for b in range(slot.n + 1):
+                if slot.counts[b]:
+                    latency[b] = latency[b] + slot.counts[b]
+                    exemplars[b] = <object>slot.last[b]
+            self.flush_total(slot)
+            if slot.key_b is NULL:
+                errors = <list>PyTuple_GET_ITEM(<tuple>slot.rows, 1)
+                errors[0] = errors[0] + slot.errors
+        self.used = 0
+        return 0
+
+    cdef int flush_total(self, Slot* slot) except -1:
+        """The slot's sum into its row's (Python ints: exact past 64 bits)."""
+        latency = <list>PyTuple_GET_ITEM(<tuple>slot.rows, 0)
+        latency[slot.n + 1] = latency[slot.n + 1] + slot.total
+        slot.total = 0
+        return 0
+
+    cdef Slot* find(self, object a, object b, object c, dict cache, Py_ssize_t n) except? NULL:
+        """The slot of a server's rows (`b` and `c` None) or an edge's, found in `cache` (by
+        the server's name, or by the edge's tuple) the first time; NULL when the cache has
+        none (the reference counts the sample). There is room for a new slot: `record_known`
+        flushes them before a sample when fewer than two are free."""
+        cdef int i
+        cdef Slot* slot
+        cdef PyObject* pa = <PyObject*>a
+        cdef PyObject* pb = NULL if b is None else <PyObject*>b
+        cdef PyObject* pc = NULL if c is None else <PyObject*>c
+        for i in range(self.used):
+            slot = &self.slots[i]
+            if slot.key_a == pa and slot.key_b == pb and slot.key_c == pc:
+                return slot
+        rows = _rows_of(cache, a if b is None else (a, b, c))
+        if rows is None or len(<list>PyTuple_GET_ITEM(rows, 0)) != n + 2 \
+                or len(<list>PyTuple_GET_ITEM(rows, 2)) != n + 1 or len(<list>PyTuple_GET_ITEM(rows, 1)) < 1:
+            return NULL
+        for i in range(self.used):  # its rows under another key object of equal value: one slot,
+            if self.slots[i].rows == <PyObject*>rows:  # so that each bucket's last sample is the last
+                return &self.slots[i]
+        slot = &self.slots[self.used]
+        self.used += 1
+        memset(slot, 0, sizeof(Slot))
+        # The keys are the sample's (the batch list holds them through the call); the rows, the cache's.
+        slot.key_a, slot.key_b, slot.key_c, slot.rows, slot.n = pa, pb, pc, <PyObject*>rows, n
+        return slot
+
+
+cdef inline int _add(_Slots slots, Slot* slot, const long long* bounds, long long value, object sample) except -1:
+    """`network_metrics._count` into the slot: the bucket, the sum; the sample is the bucket's
+    last (its exemplar)."""
+    cdef Py_ssize_t at = _bucket(bounds, slot.n, value)
+    cdef long long total
+    if __builtin_saddll_overflow(slot.total, value, &total):  # past 64 bits: into the Python int first
+        slots.flush_total(slot)
+        total = value
+    slot.counts[at] += 1
+    slot.total = total
+    slot.last[at] = <PyObject*>sample
+    return 0
+
+
 def record_known(list samples, Py_ssize_t start, dict server_rows, dict hop_rows, list server_bounds,
                  list hop_bounds):
     """Count the samples from `start` on whose rows are in `server_rows`/`hop_rows`
     (NetworkMetrics' caches, keyed by server name and by edge: no account or subject labels)
     into those rows, in order, up to the first it does not take; return that one's index
-    (`len(samples)` when it took them all), for the reference loop."""
+    (`len(samples)` when it took them all), for the reference loop. The rows are written
+    before it returns: as the loop would have left them."""
     cdef long long sb[MAX_BOUNDS]
     cdef long long hb[MAX_BOUNDS]
     cdef Py_ssize_t ns = _fill(server_bounds, sb), nh = _fill(hop_bounds, hb), at, end = len(samples)
     cdef long long in_server = 0, hop_ns = 0
-    cdef list latency, errors, exemplars, hop_latency = None, hop_exemplars = None
-    cdef tuple rows, hop_rows_of = None
     cdef object sample, hop, failed, failed_hops
+    cdef Slot* server_slot
+    cdef Slot* hop_slot
     if ns < 0 or nh < 0 or start < 0:
         return start
+    cdef _Slots slots = _Slots.__new__(_Slots)
     for at in range(start, end):
         sample = samples[at]
+        if slots.used > SLOTS - 2:  # room for this sample's two rows
+            slots.flush()
         if type(sample) is not _Sample:  # its fields are those checked at import
+            slots.flush()
             return at
         failed = <object>PyTuple_GET_ITEM(sample, 4)
         hop = <object>PyTuple_GET_ITEM(sample, 5)
         failed_hops = <object>PyTuple_GET_ITEM(sample, 6)
-        if type(failed) is not bool or type(failed_hops) is not tuple or PyTuple_GET_SIZE(failed_hops):
+        if (type(failed) is not bool or type(failed_hops) is not tuple or PyTuple_GET_SIZE(failed_hops)
+                or not _small(<object>PyTuple_GET_ITEM(sample, 3), &in_server)):
+            slots.flush()
             return at  # a failed hop (rare), or odd values: the reference counts it
-        rows = _rows_of(server_rows, <object>PyTuple_GET_ITEM(sample, 0))
-        if rows is None or not _small(<object>PyTuple_GET_ITEM(sample, 3), &in_server):
-            return at
-        latency, errors = <list>PyTuple_GET_ITEM(rows, 0), <list>PyTuple_GET_ITEM(rows, 1)
-        exemplars = <list>PyTuple_GET_ITEM(rows, 2)
-        if hop is not None:
+        server_slot = slots.find(<object>PyTuple_GET_ITEM(sample, 0), None, None, server_rows, ns)
+        hop_slot = NULL
+        if server_slot is not NULL and hop is not None:
             if type(hop) is not _Hop or not _small(<object>PyTuple_GET_ITEM(hop, 3), &hop_ns):
-                return at
-            hop_rows_of = _rows_of(hop_rows, (<object>PyTuple_GET_ITEM(hop, 0), <object>PyTuple_GET_ITEM(hop, 1),
-                                              <object>PyTuple_GET_ITEM(hop, 2)))
-            if hop_rows_of is None:
-                return at
-            hop_latency = <list>PyTuple_GET_ITEM(hop_rows_of, 0)
-            hop_exemplars = <list>PyTuple_GET_ITEM(hop_rows_of, 2)
-        if (len(latency) != ns + 2 or len(errors) < 1 or len(exemplars) != ns + 1
-                or (hop is not None and (len(hop_latency) != nh + 2 or len(hop_exemplars) != nh + 1))):
+                server_slot = NULL
+            else:
+                hop_slot = slots.find(<object>PyTuple_GET_ITEM(hop, 0), <object>PyTuple_GET_ITEM(hop, 1),
+                                      <object>PyTuple_GET_ITEM(hop, 2), hop_rows, nh)
+                if hop_slot is NULL:
+                    server_slot = NULL
+        if server_slot is NULL:
+            slots.flush()
             return at
-        _count(latency, exemplars, sb, ns, <object>PyTuple_GET_ITEM(sample, 3), in_server, sample)
-        errors[0] = errors[0] + failed
-        if hop is not None:
-            _count(hop_latency, hop_exemplars, hb, nh, <object>PyTuple_GET_ITEM(hop, 3), hop_ns, sample)
+        _add(slots, server_slot, sb, in_server, sample)
+        server_slot.errors += failed is True
+        if hop_slot is not NULL:
+            _add(slots, hop_slot, hb, hop_ns, sample)
+    slots.flush()
     return end

@@ -152,18 +152,18 @@ def test_repeated_label_sets_count_every_sample_in_every_batch():
 
 def _random_batches(rng: random.Random, batches: int) -> list[list[NetworkSample]]:
     """Batches of samples as the core makes them, and odd ones: repeated servers and edges
-    (rows found before), failures, failed hops, clock skew, sums past 64 bits, ints that
-    are not plain ints."""
+    (rows found before; more in a batch than the compiled counting keeps at once), failures,
+    failed hops, clock skew, values and sums past 64 bits, ints that are not plain ints."""
     servers = [f"n{i}" for i in range(8)]
     out = []
     for _ in range(batches):
         batch = []
         for _ in range(rng.randrange(0, 60)):
             server = rng.choice(servers)
-            in_server = rng.choice([rng.randrange(0, 2_000_000_000), 0, 10_000, 2**70, -5])
+            in_server = rng.choice([rng.randrange(0, 2_000_000_000), 0, 10_000, 2**70, -5, 2**62 + 7])
             hop = None
             if rng.random() < 0.7:
-                latency = rng.choice([rng.randrange(-1_000_000, 600_000_000), 100_000, 2**64])
+                latency = rng.choice([rng.randrange(-1_000_000, 600_000_000), 100_000, 2**64, 2**62 + 3])
                 hop = HopSample(rng.choice(servers), server, rng.choice(["router", "gateway", "leaf"]), latency)
             failed = rng.random() < 0.1
             failed_hops = (("n1", "router"),) if rng.random() < 0.05 else ()
@@ -233,3 +233,24 @@ def test_the_compiled_counting_refuses_samples_laid_out_otherwise():
     python_loop, why = done.stdout.splitlines()
     assert python_loop == "True"  # the Python loop counts every sample
     assert why.startswith("NetworkSample's fields are ('server', 'subject'): the compiled counting reads others")
+
+
+def test_a_server_named_by_equal_strings_keeps_its_last_sample_as_exemplar():
+    """The same server's name as two str objects in one batch (the parse's name cache may
+    make either): one row, whose bucket's exemplar is the batch's last sample in it, as the
+    Python loop has it."""
+    def sample(name: str, seed: int) -> NetworkSample:
+        rng = random.Random(seed)
+        hop = HopSample("up", name, "router", 100_000)
+        return NetworkSample(name, "A", "s", 5_000, False, hop, (), rng.randbytes(16), rng.randbytes(56),
+                             rng.randbytes(30))
+
+    names = ["".join(["n", "1"]) for _ in range(2)]
+    assert names[0] == names[1] and names[0] is not names[1]
+    compiled_registry, python_registry = CollectorRegistry(), CollectorRegistry()
+    compiled = NetworkMetrics(compiled_registry)
+    python = PythonNetworkMetrics(python_registry)
+    for batch in ([sample("n1", 0)], [sample(names[0], 1), sample(names[1], 2), sample(names[0], 3)]):
+        compiled.record(batch)
+        python.record(batch)
+    assert openmetrics.generate_latest(compiled_registry) == openmetrics.generate_latest(python_registry)

@@ -88,7 +88,8 @@ WINDOW_BATCHES = 60
 
 def window_calls(raws) -> None:
     """The conversion thread's work in the live bridge: each batch of 512 observed on
-    arrival and converted `WINDOW_BATCHES` batches later (the link window), into one export
+    arrival and converted `WINDOW_BATCHES` batches later (the link window; its entries held
+    as the bridge holds them), into one export
     request, with the bridge's collector settings (`gc_tuning`, set by `measure`): what the
     records a message holds through the window cost the allocator, the collector and the
     caches shows here (issue 48), where `bridge` converts each batch at once, GC off."""
@@ -102,12 +103,21 @@ def window_calls(raws) -> None:
     encode_results = getattr(core, "encode_results", None)
     held: frozenset[int] = frozenset()  # the positions a JetStream bridge holds back: none here
     batches = [raws[start : start + 512] for start in range(0, len(raws), 512)]
+    # The bridge holds each batch's entries itself where the checkout has it (`observe_held`,
+    # `observed_batches`), else the converter keeps them (`observe_many`).
+    held_entries = hasattr(converter, "observe_held")
+    observed: list = []
     for k in range(len(batches) + WINDOW_BATCHES):
         if k < len(batches):
-            converter.observe_many(batches[k], 0.0)
+            if held_entries:
+                observed.append(converter.observe_held(batches[k], 0.0))
+            else:
+                converter.observe_many(batches[k], 0.0)
             gc_tuning.after_batch()  # as the bridge does after each observed batch (`Bridge._observe`)
         if k >= WINDOW_BATCHES:
-            results = converter.convert_many(batches[k - WINDOW_BATCHES], 0.0, True)
+            batch = batches[k - WINDOW_BATCHES]
+            results = (converter.convert_many(batch, 0.0, True, observed.pop(0)) if held_entries
+                       else converter.convert_many(batch, 0.0, True))
             if encode_results is not None:  # the bridge's pass over the results, as it makes it
                 encode_results(results, held)
             else:  # a checkout from before `encode_results`: the bridge's comprehension then

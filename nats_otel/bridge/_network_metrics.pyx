@@ -1,10 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The compiled twin of the per-sample loop of `NetworkMetrics.record` (network_metrics.py),
 for the common case: a sample whose server's rows (and hop's rows) were found before, with
-no failed hop, its numbers plain ints. It counts those (each the exemplar of its bucket, as
-there), in order, and stops at the first other sample: the Python loop, which stays the
-reference (new label sets, the bound on them, failures of hops, account and subject
-labels), counts that one and hands back, so every bucket's exemplar is its last sample."""
+no failed hop, its numbers plain ints. It counts those, in order, into C integers per row
+(`Slot`) and writes each row once (`_Slots.flush`), and stops at the first other sample:
+the Python loop, which stays the reference (new label sets, the bound on them, failures of
+hops, account and subject labels), counts that one after the rows are written, and hands
+back; so every bucket's exemplar is its last sample, as there. The Python twin's test:
+tests/bridge/test_network_metrics.py (the same exposition, exemplars included)."""
 
 from cpython.long cimport PyLong_AsLongLong
 from cpython.object cimport PyObject

@@ -4,14 +4,16 @@ them back (`Converter.convert_many(raws, observed=...)`).
 
 Why not the converter's own store (`_pending`, a dict by each raw message's id): in issue
 48's burst it holds ~60k observed messages, and its two look-ups a message (on observe and
-on convert: the table, the key and the entry each a cache miss in a dict that size) cost
-~3 % of the bridge's CPU. The bridge converts its batches whole and in the order observed
-(the ripening joins whole batches: `ripening.py`), so one look-up a batch finds them here.
+on convert: the table, the key and the entry each a cache miss in a dict that size) were
+~2-3 % of the bridge's CPU (`perf`, docs/performance.md, session 39). The bridge converts
+its batches whole and in the order observed (the ripening joins whole batches:
+`ripening.py`), so one look-up a batch finds them here.
 
 What is not converted as it was observed (a batch split or reordered, or held past the
 bound here: a drain that ran out never converts its batches) goes back to the converter
-(`Converter.adopt`), which then finds it by message and bounds it (`pending_capacity`) as
-before: nothing observed is observed twice, nothing held grows without bound.
+(`Converter.adopt`), which then finds each message's entry and bounds them as before
+(`pending_capacity`: past it the oldest are decoded again when converted). Nothing held
+grows without bound: at most `max_messages` here, `pending_capacity` there.
 """
 
 from __future__ import annotations

@@ -301,10 +301,11 @@ class PythonConverter:
     def observe_held(self, raws: Iterable[RawTraceMessage], now: float = 0.0) -> list[Observed]:
         """`observe_many`, handing the batch's entries (one per raw, in order) to the caller
         instead of keeping them in `_pending`: `convert_many(raws, observed=...)` takes them
-        back. The bridge's path: a burst holds tens of thousands of observed messages, and a
-        look-up in a dict that size per message, twice, costs more than the decode's bookkeeping
-        should (~3 % of the bridge's CPU in issue 48's burst). What was kept (`observe_many`)
-        is handed over, not observed again."""
+        back. The bridge's path (`bridge/observed_batches.py`): a burst holds tens of thousands
+        of observed messages, and two look-ups a message in a dict that size were ~2-3 % of
+        the bridge's CPU in issue 48's burst. What was kept (`observe_many`, `adopt`) is
+        handed over, not observed again. A raw twice in one batch is observed twice (the
+        linker records its evidence once all the same), where `observe_many` keeps one."""
         pending, prepare_one = self._pending, self._prepare
         entries: list[Observed] = []
         for raw in raws:

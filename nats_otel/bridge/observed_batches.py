@@ -41,9 +41,15 @@ class ObservedBatches:
         """Hold one observed batch's entries (`observe_held`'s, in order)."""
         if not entries:
             return
-        # An entry holds its raw message, so no other live message has its id: a key is held
-        # once (a message observed again went through `observe_held`, which took it back).
-        self._batches[id(entries[0][0])] = entries
+        # An entry holds its raw message, so no other live message has its id; but the same
+        # message may begin two batches (the bridge makes each anew; a caller may not): the
+        # earlier batch goes to the converter, so that the count stays exact.
+        key = id(entries[0][0])
+        earlier = self._batches.pop(key, None)
+        if earlier is not None:
+            self.messages -= len(earlier)
+            self._converter.adopt(earlier)
+        self._batches[key] = entries
         self.messages += len(entries)
         while self.messages > self._max_messages:
             oldest = self._batches.pop(next(iter(self._batches)))

@@ -95,3 +95,15 @@ def test_the_processor_observes_and_converts_through_them(corpus_raws):
     assert not processor.converter._pending and processor._observed.messages == 0
     processor.close()
     reference.close()
+
+
+def test_a_batch_begun_again_by_its_first_message_hands_the_earlier_to_the_converter(core, corpus_raws):
+    batch = list(corpus_raws[:10])
+    converter = core.Converter()
+    held = ObservedBatches(converter, 10_000)
+    earlier = converter.observe_held(batch, 0.0)
+    held.put(earlier)
+    held.put(converter.observe_held(batch[:4], 0.0))
+    assert held.messages == 4  # the earlier batch no longer counted here
+    assert [entry[0] for entry in converter._pending.values()] == batch  # but kept by the converter
+    assert held.take(batch[:4]) is not None and held.messages == 0

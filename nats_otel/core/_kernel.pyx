@@ -96,6 +96,29 @@ cdef frozenset _SERVER_HEADERS = SERVER_HEADERS
 cdef frozenset _CONTEXT_HEADERS = CONTEXT_HEADERS
 cdef object _SHAPE_DIGEST = SHAPE_DIGEST
 cdef frozenset _FORWARDING = frozenset(FORWARDING_KINDS)
+# `kind in FORWARDING_KINDS` for the exact ints the parse makes, as a bit per kind below 64:
+# the set holds IntEnum members, and a plain int found in it is compared through the rich
+# comparison's slow path (~160 instructions, several times a message).
+cdef unsigned long long _FORWARDING_BITS = 0
+for _kind in FORWARDING_KINDS:
+    if not 0 <= _kind < 64:
+        raise ImportError(f"a forwarding kind the kernel cannot hold as a bit: {_kind}")
+    _FORWARDING_BITS |= 1ULL << int(_kind)
+# `shapes.SERVER_HEADERS` and `CONTEXT_HEADERS` in one look-up: a lowered name -> True for
+# a server's header, False for the trace context's (a server's wins, as in `message_shape`).
+cdef dict _HEADER_CLASS = {**{name: False for name in CONTEXT_HEADERS}, **{name: True for name in SERVER_HEADERS}}
+
+
+cdef inline bint _forwards(object kind) except -1:
+    # `kind in FORWARDING_KINDS`: a bit test for an exact int (what the parse makes), the
+    # set for anything else (an IntEnum member, a big number)
+    cdef long long value
+    cdef int overflow
+    if type(kind) is int:
+        value = PyLong_AsLongLongAndOverflow(kind, &overflow)
+        if overflow == 0 and 0 <= value < 64:
+            return (_FORWARDING_BITS >> value) & 1
+    return kind in _FORWARDING
 cdef tuple _NOT_FAILURES = tuple(_NOT_FAILURES_)
 cdef dict _KIND_LABELS = dict(_KIND_LABELS_)
 cdef tuple _BAD_TRACEPARENT = tuple(_BAD_TRACEPARENT_)

@@ -215,6 +215,7 @@ cdef class LinkIndex:
     cdef public object evicted
     cdef public dict expired_unmatched
     cdef dict _buckets  # link key -> _Bucket
+    cdef _Bucket _spare  # the bucket the next new key gets (`_add`)
     cdef object _fifo  # (observed at, is egress, bucket, entry) in observation order
     cdef dict _refreshed  # (is egress, key, entry) observed again -> its later fifo records (`linking`)
     cdef bint _bounded
@@ -262,11 +263,14 @@ cdef class LinkIndex:
         self._add(False, key, _entry(arrival), now)
 
     cdef void _add(self, bint is_egress, object key, tuple entry, object now) except *:
-        cdef _Bucket bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = _Bucket.__new__(_Bucket)
+        # One look-up for a key new or known (a key's tuple is hashed anew at each): the
+        # spare bucket goes in if the key is new, and a new spare is made next time.
+        if self._spare is None:
+            self._spare = _Bucket.__new__(_Bucket)
+        cdef _Bucket bucket = <_Bucket>PyDict_SetDefault(self._buckets, key, self._spare)
+        if bucket is self._spare:
             bucket.key = key
-            self._buckets[key] = bucket
+            self._spare = None
         if not bucket.side(is_egress).add(entry):
             if self._bounded:  # observed again (a redelivery): kept `retention_s` from now
                 self._refreshed[(is_egress, key, entry)] = self._refreshed.get((is_egress, key, entry), 0) + 1
@@ -398,7 +402,7 @@ cdef class Linker:
         for event in _read(msg, _TraceMessage, MSG.events, "events"):
             position += 1
             # `event.forwards`, without a call to the property (a Python frame per egress).
-            if type(event) is _EgressEvent and field(event, EG.hop) and field(event, EG.kind) in _FORWARDING:
+            if type(event) is _EgressEvent and field(event, EG.hop) and _forwards(field(event, EG.kind)):
                 size = _read(prepared, _Prepared, PREPARED.size, "size")
                 if size < 0:
                     size = _message_shape(_read(msg, _TraceMessage, MSG.msg_size, "msg_size"),

@@ -136,7 +136,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         if ts > end:
             end = ts
     hop = ""
-    if ingress_kind in _FORWARDING:
+    if _forwards(ingress_kind):
         hop = (<dict>first).get("nats-trace-hop") or ""
     # the server span
     if not put_span_head(s, trace_id, <char*>server_id, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent),
@@ -190,7 +190,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             name = field(event, EG.name)
             # `event.forwards`, as the linker's `_observe` tells a forwarding egress: it hashed
             # this one's id already (`egress_ids`, in the same order).
-            forwards = field(event, EG.hop) and connection in _FORWARDING
+            forwards = field(event, EG.hop) and _forwards(connection)
             known = None
             if forwards and egress_ids is not None and forwarded < len(<tuple>egress_ids):
                 known = (<tuple>egress_ids)[forwarded]

@@ -55,7 +55,7 @@ cpdef object network_sample(object msg, object upstream_egress_ns, object trace_
         if event_failed:
             failed = 1
             # Egress.forwards
-            if kind is _EgressEvent and field(event, EG.hop) and field(event, EG.kind) in _FORWARDING:
+            if kind is _EgressEvent and field(event, EG.hop) and _forwards(field(event, EG.kind)):
                 failed_hops += ((field(event, EG.name), _label(field(event, EG.kind))),)
         ts = field(event, TS_NS)
         if type(ts) is not int:  # only ints here: the reference raises in its own order

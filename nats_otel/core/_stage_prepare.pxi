@@ -93,16 +93,18 @@ cpdef object prepare(object raw, object limits=_UNSET):
     cdef PyObject* key_p
     cdef PyObject* values_p
     cdef list own = None  # the message's own headers, when it has any (shapes.message_shape)
+    cdef PyObject* header_class
     while PyDict_Next(message_headers, &at, &key_p, &values_p):
         key = <object>key_p
         values = <list>values_p  # msgspec gave a dict[str, list[str]]
         lowered = _lower(key)
         if values:
             PyDict_SetDefault(index, lowered, values[0])
-        if lowered in _SERVER_HEADERS:
+        header_class = PyDict_GetItemWithError(_HEADER_CLASS, lowered)
+        if header_class is not NULL and <object>header_class is True:
             for value in values:
                 size -= len(key) + len(value) + 4
-        elif lowered not in _CONTEXT_HEADERS:
+        elif header_class is NULL:  # neither a server's nor the trace context's
             if own is None:
                 own = []
             own.append((lowered, values))
@@ -146,7 +148,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     ident = _identity(field(server, SRV.id), ts_ns, field(ingress, IN.cid))
     # pipeline._arrival: only a message that came in from another server has one
     arrival = None
-    if field(ingress, IN.kind) in _FORWARDING:
+    if _forwards(field(ingress, IN.kind)):
         hop = index.get(_HOP_HEADER) or ""
         if hop:
             arrival = ((id_fields, hop, field(ingress, IN.name), field(server, SRV.name)),
@@ -204,9 +206,20 @@ cdef object _content_encoding(dict headers):
     return None
 
 
+# The lowered forms of the last names with capitals, by the name object: the parse's names
+# are its cached texts (`_name`), the same objects from message to message, so a server's
+# `Nats-Trace-Hop` is lowered (a new string, hashed anew as the index's key) once, not per
+# message. Direct-mapped, owned references: an entry's name cannot be freed and its id reused.
+cdef enum:
+    LOWERED_SLOTS = 64  # a power of two
+cdef PyObject* _lowered_names[LOWERED_SLOTS]
+cdef PyObject* _lowered_texts[LOWERED_SLOTS]
+
+
 cdef str _lower(str key):
     # key.lower(), without a new string when an ASCII name has no capital (most do not)
     cdef Py_ssize_t n, i
+    cdef size_t slot
     cdef unsigned char* text
     cdef unsigned char* out
     cdef bint upper = False
@@ -220,10 +233,20 @@ cdef str _lower(str key):
             break
     if not upper:
         return key
+    slot = (<size_t><PyObject*>key >> 4) & (LOWERED_SLOTS - 1)
+    if _lowered_names[slot] == <PyObject*>key:
+        return <str>_lowered_texts[slot]
     lowered = PyUnicode_New(n, 127)
     out = PyUnicode_1BYTE_DATA(lowered)
     for i in range(n):
         out[i] = text[i] + 32 if 65 <= text[i] <= 90 else text[i]
+    # No Python code runs between the read above and these writes (the GIL is held).
+    Py_INCREF(key)
+    Py_INCREF(lowered)
+    Py_XDECREF(_lowered_names[slot])
+    Py_XDECREF(_lowered_texts[slot])
+    _lowered_names[slot] = <PyObject*>key
+    _lowered_texts[slot] = <PyObject*>lowered
     return lowered
 
 

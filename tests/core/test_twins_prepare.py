@@ -261,3 +261,34 @@ def test_the_decode_and_context_hooks_check_alike(primitives):
     msgspec.structs.force_setattr(bare, "id_fields", b"")
     primitives.context_post_init(bare)  # not given: the leaf writes the reference's fields
     assert bare.id_fields == ids._context_fields(b"\x01" * 16, b"\x02" * 8)
+
+
+# --- the compiled path's look-asides: a kind's bit, a lowered name kept by its name object ---
+
+
+@pytest.mark.parametrize("kind", [*range(70), 2**62, 2**63])
+def test_every_connection_kind_prepares_alike(kernel, kind):
+    # The kernel tests a forwarding kind as a bit below 64 and asks the set above it: an
+    # arrival (a hop to link) for exactly the kinds `FORWARDING_KINDS` names.
+    doc = f.message(f.ingress(kind=kind), headers={"traceparent": [TP], "Nats-Trace-Hop": ["h1"]})
+    raw = RawTraceMessage("trace.a", {}, _dumps(doc))
+    ours = outcome(kernel.prepare, raw)
+    assert ours == outcome(pipeline.python_prepare, raw)
+    if isinstance(ours, pipeline.Prepared):
+        assert (ours.arrival is not None) == (kind in {1, 2, 4})
+
+
+def test_many_capitalized_names_prepare_alike_again_and_again(kernel):
+    # More capitalized names than the kernel keeps lowered (64 slots), each met several times
+    # in an order that replaces slots between meetings, and names too long for the parse's
+    # name cache (a new object each message): every message prepared as the reference does.
+    names = [f"X-Hdr-{i}" for i in range(300)] + [f"X-Long-{'A' * 70}-{i}" for i in range(3)]
+    for round_number in range(3):
+        for at, name in enumerate(names[round_number::2] + names[::-3]):
+            doc = f.message(f.ingress(kind=1), headers={"traceparent": [TP], name: [f"v{at}"],
+                                                        "Nats-Trace-Hop": ["h1"]})
+            raw = RawTraceMessage("trace.a", {}, orjson.dumps(doc))
+            ours = outcome(kernel.prepare, raw)
+            assert isinstance(ours, pipeline.Prepared)
+            assert ours == outcome(pipeline.python_prepare, raw)
+            assert ours.msg.header_index[name.lower()] == f"v{at}"

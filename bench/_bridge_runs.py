@@ -196,6 +196,8 @@ class Bench:
         argv = [PY, "-m", "nats_otel.cli", "bridge", "--nats-url", self.url, "--subject", subject,
                 "--otlp-endpoint", self.rx.endpoint, "--metrics-port", str(mport), "--log-level", "WARNING",
                 "--mode", mode, *(extra or [])]
+        if src is None:  # `--ours-flag`: our bridge's flags, its baseline's left at their defaults
+            argv += getattr(self.args, "ours_flag", None) or []
         if workers != 1:
             argv += ["--workers", str(workers)]
         log = open(self.workdir / f"bridge-{name}.log", "wb")  # noqa: SIM115

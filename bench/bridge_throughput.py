@@ -321,6 +321,10 @@ def main() -> None:
     parser.add_argument("--variant", choices=["header"],
                         help="header: every trace message's traced message carries a header of its "
                              "application's own (Nats-Msg-Id), as many applications send (corpus_replay)")
+    parser.add_argument("--ours-flag", action="append", metavar="FLAG",
+                        help="a `nats-otel bridge` flag for our bridge only (repeatable; e.g. "
+                             "--ours-flag=--cpu-affinity --ours-flag=auto): the same code with and without it "
+                             "when --baseline is this checkout")
     parser.add_argument("--skip", action="append", default=[], choices=phases)
     parser.add_argument("--only", action="append", choices=phases, help="run only these phases (repeatable)")
     args = parser.parse_args()

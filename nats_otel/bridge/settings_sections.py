@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nats_otel.bridge.cpu_affinity import check_setting
 from nats_otel.core.linking import LinkSettings
 
 __all__ = [
@@ -216,10 +217,27 @@ class BatchSettings(_Model):
     pending_msgs_limit: int = Field(65_536, ge=1, description="core mode: nats-py per-subscription limit")
     workers: int = Field(1, ge=1, le=64, description="1: convert/export in one thread; N > 1: in N worker "
                          "processes (sharded by trace id), for more than one core")
+    cpu_affinity: str = Field("off", description="off: the bridge's processes run where the scheduler puts them; "
+                              "auto: each on one CPU of those the bridge may use, the highest first (the bridge's own "
+                              "process, then each worker process in turn); or a CPU list (e.g. 3, or 2-3): those, "
+                              "in that order. Less CPU per message (bridge/cpu_affinity.py), but a "
+                              "process held on a CPU cannot move off it when something else keeps it busy")
     # One export at a time capped a bridge at one batch per round trip (~15k messages/s to a
     # local receiver; less to a remote backend); the Collector's exporters send 10 at once.
     exports_in_flight: int = Field(4, ge=1, le=64, description="export requests sent at once (per worker "
                                    "process with workers > 1), while the next batch is converted")
+
+    @field_validator("cpu_affinity", mode="before")
+    @classmethod
+    def _cpu_affinity(cls, value: object) -> object:
+        # YAML reads a bare `off` as false (and `on` as true): off is off; on says too little
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError("on/true is not a placement: auto, off or a CPU list")
+        if isinstance(value, int):  # `cpu_affinity: 3` in YAML
+            return check_setting(str(value))
+        return check_setting(value) if isinstance(value, str) else value
 
 
 class LinkSettingsModel(_Model):

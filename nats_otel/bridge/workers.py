@@ -39,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from nats_otel import gc_tuning
+from nats_otel.bridge import cpu_affinity
 from nats_otel.bridge.processor import BatchOutcome, ConvertedBatch, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.bridge.sharding import evidence_shard, shard_key
@@ -73,7 +74,7 @@ class WorkerDied(RuntimeError):
 
 
 def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: Any, workers: int = 1,
-                 sender: str = "") -> None:
+                 sender: str = "", cpus: frozenset[int] | None = None) -> None:
     """A worker process: a `Processor` fed sub-batches until it reads None (or EOF).
 
     Each worker sees its shard of the traces, but deciding a crowded hop in order needs
@@ -90,6 +91,7 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     # or a stray SIGTERM must not kill a worker in the middle of a batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    cpu_affinity.apply(cpus)  # `batch.cpu_affinity`, before this process starts a thread
     settings = BridgeSettings.model_validate(settings_doc)
     processor = Processor(settings, make_exporters(settings))
     if workers > 1:  # the ledger numbers every worker's reports (the window holds this one's)
@@ -234,7 +236,8 @@ class _Worker:
         child_in, self._to_child = ctx.Pipe(duplex=False)
         self._from_child, child_out = ctx.Pipe(duplex=False)
         self.process = ctx.Process(target=_worker_main, name=f"nats-otel-worker-{index}", daemon=True,
-                                   args=(settings_doc, index, child_in, child_out, workers, sender))
+                                   args=(settings_doc, index, child_in, child_out, workers, sender,
+                                         cpu_affinity.worker_cpus(index)))
         self.process.start()
         child_in.close()
         child_out.close()

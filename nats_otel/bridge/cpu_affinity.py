@@ -15,7 +15,8 @@ the operator places (a dedicated core, Kubernetes' static CPU manager).
 processes, the CPU of each process (the bridge's own first, then each worker's, in turn
 over the list; auto lists the highest CPU first). `apply` pins the calling thread, which
 threads started later inherit: the CLI calls it before the bridge starts any (as it tunes
-the collector), each worker process at its start. A program embedding `Bridge` keeps its own placement.
+the collector), each worker process at its start. A program embedding `Bridge` keeps its
+own placement.
 """
 
 from __future__ import annotations

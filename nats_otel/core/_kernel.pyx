@@ -107,18 +107,6 @@ for _kind in FORWARDING_KINDS:
 # `shapes.SERVER_HEADERS` and `CONTEXT_HEADERS` in one look-up: a lowered name -> True for
 # a server's header, False for the trace context's (a server's wins, as in `message_shape`).
 cdef dict _HEADER_CLASS = {**{name: False for name in CONTEXT_HEADERS}, **{name: True for name in SERVER_HEADERS}}
-
-
-cdef inline bint _forwards(object kind) except -1:
-    # `kind in FORWARDING_KINDS`: a bit test for an exact int (what the parse makes), the
-    # set for anything else (an IntEnum member, a big number)
-    cdef long long value
-    cdef int overflow
-    if type(kind) is int:
-        value = PyLong_AsLongLongAndOverflow(kind, &overflow)
-        if overflow == 0 and 0 <= value < 64:
-            return (_FORWARDING_BITS >> value) & 1
-    return kind in _FORWARDING
 cdef tuple _NOT_FAILURES = tuple(_NOT_FAILURES_)
 cdef dict _KIND_LABELS = dict(_KIND_LABELS_)
 cdef tuple _BAD_TRACEPARENT = tuple(_BAD_TRACEPARENT_)
@@ -131,6 +119,18 @@ cdef object _DEFAULT_LIMITS = DecodeLimits()
 cdef object _DEFAULT_LINK = LinkSettings()
 cdef object _UNMATCHED_LINK = _Link(_UNMATCHED)  # immutable: one for every unmatched arrival
 cdef object _decode_document = _DOCUMENT.decode
+
+
+cdef inline bint _forwards(object kind) except -1:
+    # `kind in FORWARDING_KINDS`: a bit test for an exact int (what the parse makes), the
+    # set for anything else (an IntEnum member, a big number)
+    cdef long long value
+    cdef int overflow
+    if type(kind) is int:
+        value = PyLong_AsLongLongAndOverflow(kind, &overflow)
+        if overflow == 0 and 0 <= value < 64:
+            return (_FORWARDING_BITS >> value) & 1
+    return kind in _FORWARDING
 
 
 # --- what the kernel hands to the reference -----------------------------------------------

@@ -65,8 +65,8 @@ def check_setting(value: str) -> str:
 
 def plan(setting: str, allowed: frozenset[int], workers: int = 1) -> AffinityPlan:
     """Each process's CPU: off, nothing pinned; auto, the CPUs this process may use, the
-    highest first (the lowest are where a machine's interrupts and other processes tend to
-    run: held on CPU 0 here the bridge saved less, and lost in some rounds); a list, those,
+    highest first (CPU 0 is where a machine's device interrupts usually go: held on it here
+    the bridge saved less, and lost in some rounds); a list, those,
     in that order (each must be one it may use: ValueError naming them otherwise). The
     bridge's own process gets the first, worker i the (i + 1)-th, round the list."""
     setting = check_setting(setting)

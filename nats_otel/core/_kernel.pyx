@@ -92,8 +92,6 @@ IMPLEMENTATION = "compiled"
 
 cdef object _UNSET = object()
 cdef str _HOP_HEADER = "nats-trace-hop"
-cdef frozenset _SERVER_HEADERS = SERVER_HEADERS
-cdef frozenset _CONTEXT_HEADERS = CONTEXT_HEADERS
 cdef object _SHAPE_DIGEST = SHAPE_DIGEST
 cdef frozenset _FORWARDING = frozenset(FORWARDING_KINDS)
 # `kind in FORWARDING_KINDS` for the exact ints the parse makes, as a bit per kind below 64:

@@ -161,6 +161,8 @@ except _LayoutChanged as exc:
 
 include "_stage_ids.pxi"
 include "_json.pxi"
+include "_parse_specs.pxi"
+include "_parse_kept.pxi"
 include "_stage_parse.pxi"
 include "_stage_snappy.pxi"
 include "_stage_prepare.pxi"

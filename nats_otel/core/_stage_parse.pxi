@@ -15,108 +15,19 @@
 # A record is made by copying a template of its type (as msgspec's `__copy__` does: a C copy
 # of its slots, no hook; `_struct_copy`, without the method call) and replacing the slots
 # read from the payload (`set_field`, at the offsets `_fields.h` finds). The templates are
-# msgspec's own decode of a minimal document: the defaults are msgspec's.
+# msgspec's own decode of a minimal document: the defaults are msgspec's (`_parse_specs.pxi`).
+# What repeats from report to report of one sender - a server's members before its numbers,
+# an event's after its `ts` - is read once and kept (`_parse_kept.pxi`).
 
 from cpython.long cimport PyLong_FromLongLong
 from cpython.list cimport PyList_Append
-
-from msgspec.json import decode as _msgspec_decode
 
 from libc.stdint cimport int64_t
 
 from nats_otel.core._primitives cimport rfc3339_bytes_c, timestamp_ns_c
 
-cdef enum:
-    F_STR = 1       # a string
-    F_UINT = 2      # a non-negative integer below 10**18 (cid, seq, kind)
-    F_BOOL = 3
-    F_TAGS = 4      # a list of strings, kept as a tuple
-    F_TS = 5        # `ts`: a string, and `ts_ns` from it (the events' hook)
-    F_TIME = 6      # `time`: a string or null, and `time_ns` from it (the server's hook)
-    F_DECLINE = 7   # a field the parse does not read: a message that has it goes to msgspec
-
-cdef struct FieldSpec:
-    const char* name    # the name on the wire (msgspec's `encode_name`)
-    Py_ssize_t size
-    Py_ssize_t offset
-    Py_ssize_t derived  # F_TS, F_TIME: the offset of the field derived from it
-    int kind
-
-cdef struct TypeSpec:
-    FieldSpec fields[16]
-    int count
-    unsigned int required   # a bit per field that msgspec requires
-    PyObject* template      # held by _TEMPLATES
-    # The field a member's name can be, by `_name_slot` of the name: its index + 1; 0 when
-    # none; -1 when several share the slot (then they are searched one by one). A name can
-    # only be a field's whose slot it has, so one compare decides most members.
-    signed char by_slot[64]
-
-
-cdef inline Py_ssize_t _name_slot(const unsigned char* name, Py_ssize_t size) noexcept:
-    # the length and the first and last bytes (size > 0): the wire names differ there
-    return (size * 7 + name[0] * 3 + name[size - 1]) & 63
-
-cdef TypeSpec SERVER_SPEC, INGRESS_SPEC, EGRESS_SPEC, JS_SPEC, SI_SPEC, SE_SPEC, SM_SPEC
-cdef list _TEMPLATES = []   # keeps the templates and the names' bytes alive
 cdef Py_ssize_t _declined = 0
 
-# The field kinds by Python name; any other field of a record is F_DECLINE.
-_KIND_OF = {"name": F_STR, "id": F_STR, "host": F_STR, "cluster": F_STR, "domain": F_STR, "version": F_STR,
-            "tags": F_TAGS, "jetstream": F_BOOL, "seq": F_UINT, "time": F_TIME, "ts": F_TS, "kind": F_UINT,
-            "cid": F_UINT, "account": F_STR, "subject": F_STR, "error": F_STR, "hop": F_STR,
-            "subscription": F_STR, "queue": F_STR, "to": F_STR, "from_subject": F_STR, "stream": F_STR,
-            "no_interest": F_BOOL}
-_DERIVED = {"ts": "ts_ns", "time": "time_ns"}
-
-
-cdef void _spec(TypeSpec* spec, object cls, bytes minimal, bint tagged) except *:
-    cdef Py_ssize_t i, slot
-    _plain(cls, True)  # its records are copies of the template (`_struct_copy`)
-    fields = _struct_fields(cls)
-    if len(fields) + tagged > 16:
-        raise TypeError(f"{cls.__name__} has more fields than the parse reads")
-    template = _msgspec_decode(minimal, type=cls)
-    _TEMPLATES.append(template)
-    spec.template = <PyObject*>template
-    spec.count = 0
-    spec.required = 0
-    entries = [(f.encode_name, f.name, f.required) for f in fields]
-    if tagged:  # a second `type` key: msgspec's to decide
-        entries.append(("type", "", False))
-    for encode_name, name, required in entries:
-        encoded = encode_name.encode()
-        _TEMPLATES.append(encoded)
-        entry = &spec.fields[spec.count]
-        entry.name = encoded
-        entry.size = len(encoded)
-        entry.kind = _KIND_OF.get(name, F_DECLINE)
-        entry.offset = field_offset(cls, name) if name else -1
-        entry.derived = field_offset(cls, _DERIVED[name]) if name in _DERIVED else -1
-        if required:
-            if entry.kind == F_DECLINE:
-                raise TypeError(f"{cls.__name__}.{name} is required and not read")
-            spec.required |= 1u << spec.count
-        spec.count += 1
-    for i in range(64):
-        spec.by_slot[i] = 0
-    for i in range(spec.count):
-        if spec.fields[i].size == 0:
-            raise TypeError(f"{cls.__name__} has a field without a name on the wire")
-        slot = _name_slot(<const unsigned char*>spec.fields[i].name, spec.fields[i].size)
-        spec.by_slot[slot] = i + 1 if spec.by_slot[slot] == 0 else -1
-
-
-try:
-    _spec(&SERVER_SPEC, _ServerInfo, b'{"name":"","id":""}', False)
-    _spec(&INGRESS_SPEC, _Ingress, b'{"ts":"1970-01-01T00:00:00Z","kind":0}', True)
-    _spec(&EGRESS_SPEC, _EgressEvent, b'{"ts":"1970-01-01T00:00:00Z","kind":0}', True)
-    _spec(&JS_SPEC, _JetStreamEvent, b'{"ts":"1970-01-01T00:00:00Z"}', True)
-    _spec(&SI_SPEC, _ServiceImport, b'{"ts":"1970-01-01T00:00:00Z"}', True)
-    _spec(&SE_SPEC, _StreamExport, b'{"ts":"1970-01-01T00:00:00Z"}', True)
-    _spec(&SM_SPEC, _SubjectMapping, b'{"ts":"1970-01-01T00:00:00Z"}', True)
-except TypeError as exc:
-    raise ImportError(f"a record is not laid out as the kernel's parse reads it: {exc}") from exc
 
 
 def declined_by_parser():
@@ -138,17 +49,30 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
     # The members of one record's object from `at` (after `{`, or after an event's `type`
     # member and its `,`; at `}` when it has none); `end` gets the index after its `}`.
     cdef Py_ssize_t name[2]
-    cdef Py_ssize_t i, size, value_end
+    cdef Py_ssize_t i, size, key_at
     cdef int slot
     cdef unsigned int seen = 0
-    cdef long long number
-    cdef int64_t ns
-    cdef bint ascii
+    cdef bint varying
     cdef FieldSpec* entry
-    obj = _struct_copy(<object>spec.template)
-    if at < n and s[at] == 125:  # }
-        at = -(at + 1) - 1
+    # What is kept of it (`_parse_kept.pxi`): a server's members before its numbers, from
+    # `start` to `cut`; an event's after its `ts`, from `rest_at` (`rest_seen`: read before).
+    cdef KeptPrefix* prefix = NULL
+    cdef KeptRest* rest = NULL
+    cdef Py_ssize_t start = at, cut = -1, rest_at = -1
+    cdef unsigned int cut_seen = 0, rest_seen = 0, kept_fields = 0
+    obj = cut_record = None
+    if spec.keep == KEEP_PREFIX:
+        prefix = _prefix_slot(s, at, n)
+        if prefix is not NULL:
+            obj = _kept_prefix(prefix, s, at, n, &seen, &at)
+            if obj is not None:
+                prefix = NULL  # kept already
+    if obj is None:
+        obj = _struct_copy(<object>spec.template)
+        if at < n and s[at] == 125:  # }
+            at = -(at + 1) - 1
     while at >= 0:
+        key_at = at
         at = _key(s, at, n, name)
         if at < 0:
             return _NO
@@ -164,64 +88,90 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
                 if spec.fields[i].size == size and memcmp(s + name[0], spec.fields[i].name, size) == 0:
                     entry = &spec.fields[i]
                     break
+        varying = False
         if entry is NULL:
             at = _skip_member(s, at, n)
         else:
             if seen & (1u << i) or entry.kind == F_DECLINE:
                 return _NO
+            varying = (spec.varying >> i) & 1
+            if varying and prefix is not NULL and cut < 0:  # the first number: the prefix ends here
+                cut, cut_seen, cut_record = key_at, seen, _struct_copy(obj)
             seen |= 1u << i
-            if entry.kind == F_STR or entry.kind == F_TS or entry.kind == F_TIME:
-                if entry.kind == F_TIME and _literal(s, at, n, b"null", 4) >= 0:
-                    at += 4  # the template's None, and its time_ns None
-                    at = _next(s, at, n, 125)
-                    continue
-                if at >= n or s[at] != 34:
-                    return _NO
-                value_end = _string_end(s, at + 1, n, &ascii)
-                if value_end < 0:
-                    return _NO
-                if entry.kind == F_STR:
-                    text = _name(s, at + 1, value_end, ascii)
-                else:
-                    text = _text(s, at + 1, value_end, ascii)
-                if text is _NO:
-                    return _NO
-                set_field(obj, entry.offset, text)
-                if entry.kind != F_STR:  # the hook's derived nanoseconds; its error is msgspec's
-                    if ascii and rfc3339_bytes_c(s + at + 1, value_end - at - 1, &ns):
-                        set_field(obj, entry.derived, PyLong_FromLongLong(ns))
-                    else:  # another form: the hook's own function decides
-                        try:
-                            set_field(obj, entry.derived, timestamp_ns_c(text))
-                        except Exception:  # whatever it raises, msgspec's decode raises it again
-                            return _NO
-                at = value_end + 1
-            elif entry.kind == F_UINT:
-                at = _digits(s, at, n, &number)
-                if at < 0:
-                    return _NO
-                set_field(obj, entry.offset, PyLong_FromLongLong(number))
-            elif entry.kind == F_BOOL:
-                if _literal(s, at, n, b"true", 4) >= 0:
-                    set_field(obj, entry.offset, True)
-                    at += 4
-                elif _literal(s, at, n, b"false", 5) >= 0:
-                    set_field(obj, entry.offset, False)
-                    at += 5
-                else:
-                    return _NO
-            else:  # F_TAGS
-                tags = _strings(s, n, at, &at, True)
-                if tags is _NO:
-                    return _NO
-                set_field(obj, entry.offset, tuple(<list>tags))
+            at = _member(entry, obj, s, n, at)
         if at < 0:
             return _NO
         at = _next(s, at, n, 125)
+        if varying and spec.keep == KEEP_REST and rest_at < 0 and at >= 0:  # after the first `ts`
+            rest_at, rest_seen = at, seen
+            rest = _rest_slot(s, at, n)
+            if rest is not NULL:
+                kept = _kept_rest(rest, <const void*>spec, s, at, n, seen, &kept_fields, &at)
+                if kept is not None:
+                    seen |= _copy_kept(spec, obj, kept, kept_fields)
+                    if (seen & spec.required) != spec.required:
+                        return _NO
+                    end[0] = at
+                    return obj
     if at == -1 or (seen & spec.required) != spec.required:
         return _NO
     end[0] = -at - 1
+    if prefix is not NULL and cut > start:
+        _keep_prefix(prefix, s + start, cut - start, cut_record, cut_seen)
+    if rest is not NULL:
+        _keep_rest(rest, <const void*>spec, s + rest_at, end[0] - rest_at, obj, seen & ~rest_seen)
     return obj
+
+
+cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py_ssize_t n, Py_ssize_t at) except? -2:
+    # One member's value at `at` into its field of `obj` (and what it derives); the index
+    # after the value, or -1 (declined).
+    cdef Py_ssize_t value_end
+    cdef long long number
+    cdef int64_t ns
+    cdef bint ascii
+    if entry.kind == F_STR or entry.kind == F_TS or entry.kind == F_TIME:
+        if entry.kind == F_TIME and _literal(s, at, n, b"null", 4) >= 0:
+            return at + 4  # the template's None, and its time_ns None
+        if at >= n or s[at] != 34:
+            return -1
+        value_end = _string_end(s, at + 1, n, &ascii)
+        if value_end < 0:
+            return -1
+        if entry.kind == F_STR:
+            text = _name(s, at + 1, value_end, ascii)
+        else:
+            text = _text(s, at + 1, value_end, ascii)
+        if text is _NO:
+            return -1
+        set_field(obj, entry.offset, text)
+        if entry.kind != F_STR:  # the hook's derived nanoseconds; its error is msgspec's
+            if ascii and rfc3339_bytes_c(s + at + 1, value_end - at - 1, &ns):
+                set_field(obj, entry.derived, PyLong_FromLongLong(ns))
+            else:  # another form: the hook's own function decides
+                try:
+                    set_field(obj, entry.derived, timestamp_ns_c(text))
+                except Exception:  # whatever it raises, msgspec's decode raises it again
+                    return -1
+        return value_end + 1
+    if entry.kind == F_UINT:
+        at = _digits(s, at, n, &number)
+        if at >= 0:
+            set_field(obj, entry.offset, PyLong_FromLongLong(number))
+        return at
+    if entry.kind == F_BOOL:
+        if _literal(s, at, n, b"true", 4) >= 0:
+            set_field(obj, entry.offset, True)
+            return at + 4
+        if _literal(s, at, n, b"false", 5) >= 0:
+            set_field(obj, entry.offset, False)
+            return at + 5
+        return -1
+    tags = _strings(s, n, at, &at, True)  # F_TAGS
+    if tags is _NO:
+        return -1
+    set_field(obj, entry.offset, tuple(<list>tags))
+    return at
 
 
 cdef object _strings(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end, bint names):

@@ -332,3 +332,118 @@ def test_timestamps_after_a_known_date_are_checked_whole(kernel):
                 raw = RawTraceMessage("trace.a", {}, data)
                 assert outcome(kernel.prepare, raw) == outcome(pipeline.python_prepare, raw), stamp
     assert taken > 100
+
+
+# --- a server's members before its numbers, kept ---------------------------------------------
+
+def _server_doc(server: dict) -> bytes:
+    """The base document with `server` (a dict, its members in order) as its server object."""
+    doc = json.loads(json.dumps(BASE))
+    doc["server"] = server
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _reported(i: int, seq: int, time: int = 5, **extra) -> dict:
+    """Server i's object as a server sends it: the same members, then its numbers."""
+    return {"name": f"east-{i}", "host": "127.0.0.1", "id": f"NBPCNIC6DYZOIO5BHM6DUUGI7E7ZTAQB3RIH7PGSS-{i:04d}",
+            "cluster": "east", "ver": "2.15.1", "feature_flags": {"js_ack_fc_v2": False}, "jetstream": False,
+            "flags": 0, "seq": seq, "time": f.ts(time), **extra}
+
+
+def test_a_servers_members_before_its_numbers_kept_are_decided_as_the_first_time(kernel):
+    """The parse keeps, for the last servers seen, the bytes of a server object before its
+    first number (`seq`, `time`) and the record they gave; an object beginning with those
+    bytes is a copy of it, the rest read as always. Whatever follows the kept bytes - other
+    numbers, members after them, a kept member given again, an object cut short, the end of
+    the object where a member should be - is decided as msgspec decides it, for more servers
+    than there are slots, in turns."""
+    kernel.forget_kept()
+    hits = kernel.kept_hits()["prefix"]
+    for rounds in range(3):
+        for i in range(40):  # more servers than slots
+            for seq in (1 + rounds, 2**40 + i):
+                assert same_or_declined(kernel, _server_doc(_reported(i, seq, time=seq % 1000)))
+    assert kernel.kept_hits()["prefix"] - hits >= 40  # kept, and used (the same servers again)
+
+    # After bytes that are kept: what follows them decided anew each time.
+    kept = _server_doc(_reported(7, 1))
+    assert same_or_declined(kernel, kept) and same_or_declined(kernel, kept)
+    before = kernel.kept_hits()["prefix"]
+    variants = [
+        _reported(7, 9, tags=["a", "b"]),                          # a member after the numbers
+        _reported(7, 9, name="again"),                             # a kept member given again
+        {**_reported(7, 9), "time": None},                         # null time
+        {k: v for k, v in _reported(7, 9).items() if k != "seq"},  # time first
+        {**_reported(7, 9), "cluster": "west"},                    # same keys, a kept value differs
+    ]
+    for server in variants:
+        data = _server_doc(server)
+        taken = same_or_declined(kernel, data)
+        if not taken:
+            raw = RawTraceMessage("trace.a", {}, data)
+            assert outcome(kernel.prepare, raw) == outcome(pipeline.python_prepare, raw)
+    assert kernel.kept_hits()["prefix"] - before >= 3
+    # The kept bytes, then not a member where one must be: declined; cut short: declined,
+    # never read past the end; then a member other than the one kept after them: taken.
+    at = kept.index(b'"seq"')
+    rest = kept[at + len(b'"seq":1,'):]  # from `"time"` on
+    for wrong in (b"}", b"]", b",", b'"seq"'):
+        assert kernel.own_parse(kept[:at] + wrong + rest) is None
+    assert same_or_declined(kernel, kept[:at] + rest)
+    for end in range(at - 10, len(kept)):
+        assert kernel.own_parse(kept[:end]) is None
+
+
+def test_a_long_server_object_is_not_kept(kernel):
+    """What is kept is bounded: members of more than 2 KiB before the numbers are parsed each
+    time, not kept."""
+    kernel.forget_kept()
+    server = {"name": "big", "id": "x", "notes": "n" * 5000, "seq": 1, "time": f.ts(1)}
+    before = kernel.kept_hits()["prefix"]
+    for seq in range(1, 5):
+        assert same_or_declined(kernel, _server_doc({**server, "seq": seq}))
+    assert kernel.kept_hits()["prefix"] == before
+
+
+def _event_doc(*events: dict) -> bytes:
+    return json.dumps(f.message(*events), separators=(",", ":")).encode()
+
+
+def test_an_events_members_after_its_ts_kept_are_decided_as_the_first_time(kernel):
+    """An event's members after its `ts` (the connection, its account, the subject) are kept
+    with the record they ended; an event whose `ts` is followed by the same bytes takes
+    those fields. Other stamps, other subjects, an egress and an ingress whose members read
+    alike, a member given again, more connections than slots, in turns: each decided as
+    msgspec decides it."""
+    kernel.forget_kept()
+    before = kernel.kept_hits()["rest"]
+    for rounds in range(3):
+        for i in range(150):  # 80 connections: more than slots
+            c = i % 40
+            ingress = f.ingress(t=rounds * 1000 + i, name=f"conn-{c}", subj=f"orders.{c % 7}.new")
+            egress = f.egress(t=rounds * 1000 + i + 5, kind=1, name=f"s{c}", hop=f"{c % 3}")
+            assert same_or_declined(kernel, _event_doc(ingress, egress))
+    assert kernel.kept_hits()["rest"] - before >= 200  # kept, and used
+    # After kept bytes: the same members under another type, a kept member given before
+    # its `ts`, a stamp that is not one, an object cut short.
+    same = {"kind": 0, "cid": 5, "name": "pub-x", "acc": "A", "subj": "orders.same.new"}
+    assert same_or_declined(kernel, _event_doc({"type": "in", "ts": f.ts(1), **same}))
+    assert same_or_declined(kernel, _event_doc({"type": "in", "ts": f.ts(2), **same}))
+    # A key given twice (before the `ts` and in the kept bytes) is msgspec's to decide.
+    twice = _event_doc({"type": "in", "ts": f.ts(9), **same}).replace(b'"type":"in","ts"', b'"type":"in","kind":1,"ts"')
+    assert twice.count(b'"kind"') == 2 and kernel.own_parse(twice) is None
+    variants = [
+        [{"type": "in", "ts": f.ts(3), **same}, {"type": "eg", "ts": f.ts(4), **same}],  # an egress, alike
+        [{"type": "in", "kind": 0, "ts": f.ts(5), **same}],  # `kind` before `ts`, then again
+        [{"type": "in", "ts": "not a time", **same}],
+        [{"type": "in", "ts": f.ts(6), **same, "extra": [1, 2]}],
+        [{"type": "in", "ts": f.ts(7), **{k: v for k, v in same.items() if k != "acc"}}],
+    ]
+    for events in variants:
+        data = _event_doc(*events)
+        if not same_or_declined(kernel, data):
+            raw = RawTraceMessage("trace.a", {}, data)
+            assert outcome(kernel.prepare, raw) == outcome(pipeline.python_prepare, raw)
+    data = _event_doc({"type": "in", "ts": f.ts(8), **same})
+    for end in range(data.index(b'"kind"'), len(data)):
+        assert kernel.own_parse(data[:end]) is None

@@ -158,13 +158,67 @@ def test_a_failing_header_reader_is_the_scans_error_and_the_frame_counted() -> N
     src = source(intake, Metrics())
     src._headers = failing
     sink = src.direct_handler()
-    data = bytearray(b"HMSG t.a 1 12 14\r\nNATS/1.0\r\n\r\nab\r\nMSG t.a 1 2\r\ncd\r\n")
+    # a status: not a plain block, so the reader is called (`plain_headers` takes the rest in C)
+    data = bytearray(b"HMSG t.a 1 16 18\r\nNATS/1.0 503\r\n\r\nab\r\nMSG t.a 1 2\r\ncd\r\n")
     first_frame = data.index(b"\r\nMSG") + 2
     used, served, size, stop = compiled().scan(data, {SID: sink})
     assert isinstance(stop, Boom) and served == 1 and size == 2 and used == first_frame
     del data[:used]
     assert compiled().scan(data, {SID: sink})[:3] == (len(data), 1, 2)
     assert [d.raw.payload for d in intake.take(5)] == [b"cd"] and src._received.value == 2
+
+
+# -- a plain header block in C ------------------------------------------------------------------
+
+_NAMES = st.sampled_from(["Content-Encoding", "traceparent", "A", "Nats-Msg-Id", "x", "a b", " A", "A ", "é",
+                          "Status", ""])
+_VALUES = st.sampled_from(["snappy", "gzip", "", " 1 ", "\t7\t", "a:b", "é", "x\x0by", "00-0af7-01", "\x7f"])
+
+
+@st.composite
+def header_block(draw: Any) -> bytes:
+    """Header blocks as servers and clients write them, and near misses: names with spaces,
+    colons in values, empty lines, statuses, bytes outside ASCII, lone CR or LF, no colon."""
+    first = draw(st.sampled_from(["NATS/1.0", "NATS/1.0", "NATS/1.0 503", "NATS/1.0 404 No Messages", "NATS/1.1",
+                                  "HTTP/1.0"]))
+    lines = [first]
+    for _ in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["pair", "pair", "pair", "empty", "no colon", "bare"]))
+        if kind == "pair":
+            lines.append(f"{draw(_NAMES)}:{draw(_VALUES)}")
+        elif kind == "empty":
+            lines.append("")
+        elif kind == "no colon":
+            lines.append(draw(_NAMES))
+        else:
+            lines.append(draw(st.sampled_from(["a\nb: c", "a\rb: c", "k: v\r"])))
+    end = draw(st.sampled_from(["\r\n\r\n", "\r\n\r\n", "\r\n", ""]))
+    return ("\r\n".join(lines) + end).encode()
+
+
+@settings(max_examples=3000, deadline=None)
+@given(block=header_block())
+def test_a_plain_header_block_reads_as_the_python_reader_reads_it(block: bytes) -> None:
+    """`_frames.plain_headers` takes a plain block (what servers send with a compressed trace
+    message) and gives what `headers.parse_headers` gives, with nothing malformed; anything
+    else it leaves to the Python reader (None)."""
+    from nats_otel.bridge.sources.headers import parse_headers
+
+    ours = compiled().plain_headers(block)
+    theirs, malformed = parse_headers(block)
+    if ours is not None:
+        assert (ours, malformed) == (theirs, 0), block
+        assert [type(v) for v in ours.values()] == [list] * len(ours)
+
+
+def test_the_plain_blocks_servers_send_are_read_in_c() -> None:
+    plain = compiled().plain_headers
+    assert plain(b"NATS/1.0\r\nContent-Encoding: snappy\r\n\r\n") == {"Content-Encoding": ["snappy"]}
+    assert plain(b"NATS/1.0\r\nA: 1\r\nA:2\r\nB:\r\n\r\n") == {"A": ["1", "2"], "B": [""]}
+    assert plain(b"NATS/1.0\r\n\r\n") == {}
+    for other in (b"NATS/1.0 503\r\n\r\n", b"NATS/1.0\r\nno colon\r\n\r\n", b"NATS/1.0\r\nA b: 1\r\n\r\n",
+                  b"NATS/1.0\r\nA: \xc3\xa9\r\n\r\n", b"NATS/1.0\r\nA: 1\n\r\n", b"NATS/1.0"):
+        assert plain(other) is None, other
 
 
 # -- the intake's offer, both states ------------------------------------------------------------

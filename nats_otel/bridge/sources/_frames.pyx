@@ -45,6 +45,61 @@ cdef inline bytes _copy(const unsigned char* start, Py_ssize_t length):
     return PyBytes_FromStringAndSize(<const char*>start, length)
 
 
+def plain_headers(bytes block not None):
+    """`headers.parse_headers(block)[0]` for a plain block (`NATS/1.0`, then `Name: value`
+    lines of printable ASCII): what servers send with a compressed trace message
+    (`Content-Encoding`). None for anything else - a status, a byte outside printable ASCII
+    and tab, a line without a colon or with a space in its name -, which the Python reader
+    (the reference) decides and counts when malformed."""
+    return _plain_headers(<const unsigned char*>PyBytes_AS_STRING(block), PyBytes_GET_SIZE(block))
+
+
+cdef object _plain_headers(const unsigned char* s, Py_ssize_t n):
+    cdef dict out = {}
+    cdef Py_ssize_t at, end, colon, name_end, value_start, value_end, i
+    cdef unsigned char c
+    if n < 10 or memcmp(s, b"NATS/1.0\r\n", 10) != 0:
+        return None
+    at = 10
+    while at < n:
+        end = at  # the line's end: its \r\n (a lone \r or \n is the reference's to decide)
+        colon = -1
+        while end < n and s[end] != 13:
+            c = s[end]
+            if c == 58 and colon < 0:  # :
+                colon = end
+            elif c == 10 or (c < 32 and c != 9) or c > 126:
+                return None
+            end += 1
+        if end + 1 >= n or s[end + 1] != 10:
+            return None
+        if end > at:  # an empty line is skipped, as the reference skips it
+            if colon <= at:
+                return None
+            name_end = colon
+            while name_end > at and (s[name_end - 1] == 32 or s[name_end - 1] == 9):
+                name_end -= 1
+            for i in range(at, name_end):  # no space inside the name (the reference: malformed)
+                if s[i] == 32 or s[i] == 9:
+                    return None
+            if name_end == at:
+                return None
+            value_start, value_end = colon + 1, end
+            while value_start < value_end and (s[value_start] == 32 or s[value_start] == 9):
+                value_start += 1
+            while value_end > value_start and (s[value_end - 1] == 32 or s[value_end - 1] == 9):
+                value_end -= 1
+            name = (<const char*>s)[at:name_end].decode("ascii")
+            value = (<const char*>s)[value_start:value_end].decode("ascii")
+            values = out.get(name)
+            if values is None:
+                out[name] = [value]
+            else:
+                (<list>values).append(value)
+        at = end + 2
+    return out
+
+
 def scan(bytearray buf not None, dict handlers not None):
     """As `frames.python_scan`."""
     cdef Py_ssize_t end = len(buf)
@@ -207,8 +262,15 @@ cdef class DeliverySink:
                   bytes payload) except -1:
         self.tally.value += 1
         cdef str text = self._text(subject, subject_size)
-        raw = _RawTraceMessage(text, self.headers_of(header_block) if header_block else {}, payload,
-                               self.stamp[0])
+        headers = {}
+        if type(header_block) is bytes and header_block:  # a plain block in C; the Python reader
+            headers = _plain_headers(<const unsigned char*>PyBytes_AS_STRING(header_block),
+                                     PyBytes_GET_SIZE(header_block))
+            if headers is None:  # decides (and counts) the rest
+                headers = self.headers_of(header_block)
+        elif header_block:
+            headers = self.headers_of(header_block)
+        raw = _RawTraceMessage(text, headers, payload, self.stamp[0])
         cdef Py_ssize_t size = PyBytes_GET_SIZE(payload) + len(text) + MESSAGE_OVERHEAD
         breaks = self.source._dropped + self.link.downs
         if self.intake._offer(_Delivery(raw, self.name, size, None, breaks), size):

@@ -16,6 +16,8 @@ import logging
 import time
 from typing import Any
 
+from nats_otel.core import accel
+
 __all__ = ["HeaderReader", "SubjectTexts", "parse_headers"]
 
 _VERSION = b"NATS/1.0"
@@ -79,6 +81,10 @@ class HeaderReader:
         self._since_log = 0
 
     def __call__(self, block: bytes) -> dict[str, list[str]]:
+        if _plain_headers is not None:  # a plain block (a compressed trace message's) in C
+            plain = _plain_headers(block)
+            if plain is not None:
+                return plain
         headers, malformed = parse_headers(block)
         if malformed:
             self._counter.inc()
@@ -89,6 +95,12 @@ class HeaderReader:
                     **self._where, "messages": self._since_log, "example": block[:200].decode(errors="replace")}})
                 self._logged_at, self._since_log = now, 0
         return headers
+
+
+# `parse_headers` for the plain blocks servers send (`_frames.plain_headers`, tested against
+# it in tests/bridge/test_delivery_sink.py); None where the compiled modules are not used.
+_compiled: Any = accel.compiled("nats_otel.bridge.sources._frames")
+_plain_headers: Any = None if _compiled is None else _compiled.plain_headers
 
 
 class SubjectTexts(dict[bytes, str]):

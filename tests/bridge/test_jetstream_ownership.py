@@ -194,12 +194,12 @@ def _conflicts(truth, rx: OTLPGrpcReceiver, bridges: _Bridges) -> str:
         hop = by_span_id.get(span_id)
         if len(seen) > 1 and hop is not None:
             kinds = sorted("right" if parent == hop.parent_span_id else (link or "other") for parent, link in seen)
-            lines.append(f"hop #{hop.index} on {hop.link.label()} arrived at +{(hop.arrival_ts_ns - first) / 1e6:.0f} ms: "
-                         f"{kinds}")
+            at_ms = (hop.arrival_ts_ns - first) / 1e6
+            lines.append(f"hop #{hop.index} on {hop.link.label()} arrived at +{at_ms:.0f} ms: {kinds}")
     counters = {f"{name}{{{value}}}": bridges.total(name, **{label: value})
                 for name, label, values in (("nats_otel_routed_total", "result", ("forwarded", "received", "answered",
                                                                                   "unanswered", "rerouted", "refused")),
                                             ("nats_otel_link_evidence_total", "result", ("received", "replayed")))
                 for value in values}
     counters["nats_otel_link_held_total"] = bridges.total("nats_otel_link_held_total")
-    return "\n".join(lines + [f"the running bridges' counters: {counters}"])
+    return "\n".join([*lines, f"the running bridges' counters: {counters}"])

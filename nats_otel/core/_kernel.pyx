@@ -119,6 +119,17 @@ cdef object _UNMATCHED_LINK = _Link(_UNMATCHED)  # immutable: one for every unma
 cdef object _decode_document = _DOCUMENT.decode
 
 
+cdef object _DEQUE_APPEND = deque.append  # the method itself: no look-up on the object per call
+
+
+cdef inline void _append(object fifo, object item) except *:
+    # `fifo.append(item)`, for an exact deque without finding the method each time
+    if type(fifo) is deque:
+        _DEQUE_APPEND(fifo, item)
+    else:
+        fifo.append(item)
+
+
 cdef inline bint _forwards(object kind) except -1:
     # `kind in FORWARDING_KINDS`: a bit test for an exact int (what the parse makes), the
     # set for anything else (an IntEnum member, a big number)

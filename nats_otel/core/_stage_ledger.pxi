@@ -47,7 +47,7 @@ cdef void ledger_observe(object ledger, object ident, object server_id, object s
     if not _runs_extend(runs, seq, ts_ns, now):
         runs.add(seq, ts_ns, now)
     if field(ledger, LEDGER._bounded):
-        field(ledger, LEDGER._fifo).append((now, ident))
+        _append(field(ledger, LEDGER._fifo), (now, ident))
     receiving = field(ledger, LEDGER.receiving)
     if receiving is not None:
         stream, breaks = <tuple>receiving
@@ -124,7 +124,7 @@ cdef bint _latency_learn(object latency, object link, object latency_ns) except 
     samples = (<dict>field(latency, LATENCY._samples)).get(link)
     if samples is None:
         return False
-    samples.append(latency_ns)
+    _append(samples, latency_ns)
     (<dict>field(latency, LATENCY._estimates)).pop(link, None)
     return True
 

@@ -274,11 +274,11 @@ cdef class LinkIndex:
         if not bucket.side(is_egress).add(entry):
             if self._bounded:  # observed again (a redelivery): kept `retention_s` from now
                 self._refreshed[(is_egress, key, entry)] = self._refreshed.get((is_egress, key, entry), 0) + 1
-                self._fifo.append((now, is_egress, bucket, entry))
+                _append(self._fifo, (now, is_egress, bucket, entry))
             return
         self._count += 1
         if self._bounded:
-            self._fifo.append((now, is_egress, bucket, entry))
+            _append(self._fifo, (now, is_egress, bucket, entry))
 
     def resolve(self, key, arrival):
         """The egress that forwarded the message of `arrival`, if the evidence says so."""

@@ -56,16 +56,20 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
     cdef FieldSpec* entry
     # What is kept of it (`_parse_kept.pxi`): a server's members before its numbers, from
     # `start` to `cut`; an event's after its `ts`, from `rest_at` (`rest_seen`: read before).
-    cdef KeptPrefix* prefix = NULL
-    cdef KeptRest* rest = NULL
+    cdef Kept* prefix = NULL
+    cdef Kept* rest = NULL
+    cdef Kept* kept
     cdef Py_ssize_t start = at, cut = -1, rest_at = -1
-    cdef unsigned int cut_seen = 0, rest_seen = 0, kept_fields = 0
+    cdef unsigned int cut_seen = 0, rest_seen = 0
     obj = cut_record = None
     if spec.keep == KEEP_PREFIX:
-        prefix = _prefix_slot(s, at, n)
+        prefix = _pair(&PREFIXES, s, at, n)
         if prefix is not NULL:
-            obj = _kept_prefix(prefix, s, at, n, &seen, &at)
-            if obj is not None:
+            kept = _taken(&PREFIXES, prefix, <const void*>spec, s, at, n, 0)
+            if kept is not NULL:  # a copy of its record, made before anything else runs
+                obj = _struct_copy(<object>kept.record)
+                seen = kept.seen
+                at += kept.size  # at the next member's key
                 prefix = NULL  # kept already
     if obj is None:
         obj = _struct_copy(<object>spec.template)
@@ -104,22 +108,23 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
         at = _next(s, at, n, 125)
         if varying and spec.keep == KEEP_REST and rest_at < 0 and at >= 0:  # after the first `ts`
             rest_at, rest_seen = at, seen
-            rest = _rest_slot(s, at, n)
+            rest = _pair(&RESTS, s, at, n)
             if rest is not NULL:
-                kept = _kept_rest(rest, <const void*>spec, s, at, n, seen, &kept_fields, &at)
-                if kept is not None:
-                    seen |= _copy_kept(spec, obj, kept, kept_fields)
+                kept = _taken(&RESTS, rest, <const void*>spec, s, at, n, seen)
+                if kept is not NULL:  # its fields into this record, and the object ends with its bytes
+                    seen |= kept.seen
+                    end[0] = at + kept.size
+                    _copy_kept(spec, obj, <object>kept.record, kept.seen)
                     if (seen & spec.required) != spec.required:
                         return _NO
-                    end[0] = at
                     return obj
     if at == -1 or (seen & spec.required) != spec.required:
         return _NO
     end[0] = -at - 1
     if prefix is not NULL and cut > start:
-        _keep_prefix(prefix, s + start, cut - start, cut_record, cut_seen)
+        _keep(&PREFIXES, prefix, <const void*>spec, s + start, cut - start, cut_record, cut_seen)
     if rest is not NULL:
-        _keep_rest(rest, <const void*>spec, s + rest_at, end[0] - rest_at, obj, seen & ~rest_seen)
+        _keep(&RESTS, rest, <const void*>spec, s + rest_at, end[0] - rest_at, obj, seen & ~rest_seen)
     return obj
 
 

@@ -151,6 +151,12 @@ class OtlpSettings(_Model):
     retry_max_elapsed: float = Field(10.0, ge=0, description="seconds of retries before giving up a batch")
     retry_initial_backoff: float = Field(0.2, gt=0)
     retry_max_backoff: float = Field(5.0, gt=0)
+    # gRPC receivers refuse a message over 4 MiB unless told otherwise (the OpenTelemetry
+    # Collector, Jaeger, Tempo): a batch's request over this is sent in parts
+    # (export/request_split.py), never refused whole at every retry.
+    max_request_bytes: int = Field(4_000_000, ge=64 * 1024, description="bytes of one export request at most: a "
+                                   "larger batch is sent in several (default: under the 4 MiB a gRPC receiver "
+                                   "takes by default)")
 
     @model_validator(mode="after")
     def _tls(self) -> OtlpSettings:

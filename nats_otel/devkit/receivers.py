@@ -227,14 +227,18 @@ class OTLPGrpcReceiver(_Recorder):
     an exporter configured once sees the same endpoint come back after :meth:`stop`.
     """
 
-    __slots__ = ("_server", "host", "max_workers", "port", "tls")
+    __slots__ = ("_server", "host", "max_receive_bytes", "max_workers", "port", "tls")
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, max_workers: int = 4,
-                 keep_requests: bool = True, tls: tuple[bytes, bytes, bytes | None] | None = None) -> None:
+                 keep_requests: bool = True, tls: tuple[bytes, bytes, bytes | None] | None = None,
+                 max_receive_bytes: int = 64 << 20) -> None:
         super().__init__(keep_requests)
         self.host = host
         self.port = port
         self.max_workers = max_workers
+        #: The largest request taken; a larger one is refused RESOURCE_EXHAUSTED, as gRPC
+        #: does. 64 MiB by default; real receivers take 4 MiB unless told otherwise.
+        self.max_receive_bytes = max_receive_bytes
         #: ``(certificate PEM, key PEM, client CA PEM or None)``: serve TLS; with a client
         #: CA, clients must present a certificate it signed (mutual TLS).
         self.tls = tls
@@ -258,7 +262,7 @@ class OTLPGrpcReceiver(_Recorder):
             ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="otlp-grpc-rx"),
             # gRPC sets SO_REUSEPORT by default: binding a port another process holds would
             # then "succeed" and split the traffic. Off, so a taken port fails loudly.
-            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 << 20)],
+            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", self.max_receive_bytes)],
         )
         add_TraceServiceServicer_to_server(_TraceService(self), server)
         try:
@@ -347,6 +351,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         rx = self.server.receiver
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if rx.max_body_bytes is not None and len(body) > rx.max_body_bytes:
+            self._reply(413, f"request body over {rx.max_body_bytes} bytes".encode())
+            return
         if self.path.split("?", 1)[0] != rx.path:
             self._reply(404, b"not found")
             return
@@ -414,14 +421,16 @@ class OTLPHttpReceiver(_Recorder):
     deflate. ``port=0`` picks a free port at the first :meth:`start`; restarts reuse it.
     """
 
-    __slots__ = ("_server", "_thread", "host", "path", "port")
+    __slots__ = ("_server", "_thread", "host", "max_body_bytes", "path", "port")
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, path: str = "/v1/traces",
-                 keep_requests: bool = True) -> None:
+                 keep_requests: bool = True, max_body_bytes: int | None = None) -> None:
         super().__init__(keep_requests)
         self.host = host
         self.port = port
         self.path = path
+        #: A body larger than this (as sent) is refused 413, as a receiver with a bound does.
+        self.max_body_bytes = max_body_bytes
         self._server: _HttpServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -24,6 +24,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from nats_otel import __version__
+from nats_otel.bridge.export.request_split import split_request
 from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import OtlpSettings
 from nats_otel.core.encode import to_protobuf_bytes
@@ -109,6 +110,24 @@ def _with_attempts(result: ExportResult, attempts: int) -> ExportResult:
     return dataclasses.replace(result, attempts=attempts)
 
 
+def in_parts(request: bytes, max_bytes: int, send: Callable[[bytes], ExportResult]) -> ExportResult:
+    """`send` the request, or, over `max_bytes`, each of its parts in turn (`split_request`):
+    ok when every part was taken (their refused spans summed); else the first part's failure,
+    with every attempt counted. The parts before it were delivered: a retried batch sends
+    them again, as after any failure (a backend takes a span twice: OTLP's ids are the same)."""
+    parts = split_request(request, max_bytes)
+    if len(parts) == 1:
+        return send(parts[0])
+    attempts = rejected = 0
+    for part in parts:
+        result = send(part)
+        attempts += result.attempts
+        if not result.ok:
+            return _with_attempts(result, attempts)
+        rejected += result.rejected_spans
+    return ExportResult.success(attempts, rejected)
+
+
 class GrpcExporter:
     """OTLP/gRPC (opentelemetry-proto's TraceService/Export, pre-serialized requests): TLS, headers, gzip, timeout."""
 
@@ -145,7 +164,11 @@ class GrpcExporter:
         return self.export_bytes(to_protobuf_bytes(spans), deadline)
 
     def export_bytes(self, request: bytes, deadline: float | None = None) -> ExportResult:
-        """Send one serialized `ExportTraceServiceRequest`, retrying transient failures."""
+        """Send one serialized `ExportTraceServiceRequest` (in parts over `max_request_bytes`),
+        retrying transient failures."""
+        return in_parts(request, self.settings.max_request_bytes, lambda part: self._send(part, deadline))
+
+    def _send(self, request: bytes, deadline: float | None) -> ExportResult:
         return retry(lambda timeout: self._attempt(request, timeout), self.settings, deadline, self._stop, self._rng)
 
     def probe(self) -> ExportResult:
@@ -205,7 +228,11 @@ class HttpExporter:
         return self.export_bytes(to_protobuf_bytes(spans), deadline)
 
     def export_bytes(self, body: bytes, deadline: float | None = None) -> ExportResult:
-        """POST one serialized `ExportTraceServiceRequest`, retrying transient failures."""
+        """POST one serialized `ExportTraceServiceRequest` (in parts over `max_request_bytes`),
+        retrying transient failures."""
+        return in_parts(body, self.settings.max_request_bytes, lambda part: self._send(part, deadline))
+
+    def _send(self, body: bytes, deadline: float | None) -> ExportResult:
         if self.settings.compression == "gzip":
             body = gzip.compress(body, compresslevel=6)
         return retry(lambda timeout: self._attempt(body, timeout), self.settings, deadline, self._stop, self._rng)

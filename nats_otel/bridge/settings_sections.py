@@ -203,7 +203,14 @@ class NatsSettings(_Model):
 class BatchSettings(_Model):
     """Batching and the bounded intake (core mode)."""
 
-    max_messages: int = Field(512, ge=1, description="trace messages per export batch")
+    # Each batch pays fixed costs whatever it holds: three trips between the event loop and a
+    # thread (observe, convert, export: ~70-110 µs of CPU each on this project's machine,
+    # wake-ups mostly) and an export request (~250-400 µs with gRPC). Under load, batches of
+    # 512 paid ~1 µs a trace message for them; 1,024 halve it. The messages in flight to the
+    # backend (`exports_in_flight` times this: what the exports hold, and what one round
+    # trip carries) stay 2,048, as before: the same memory, the same reach to a slow backend
+    # (docs/performance.md, session 42).
+    max_messages: int = Field(1024, ge=1, description="trace messages per export batch")
     max_delay: float = Field(0.2, gt=0, description="seconds a message may wait for its batch")
     # At a moderate rate a sidecar's batches hold tens of trace messages, and each is converted
     # and exported on its own: a conversion, an export request and their hand-offs per fifth
@@ -230,7 +237,7 @@ class BatchSettings(_Model):
                               "process held on a CPU cannot move off it when something else keeps it busy")
     # One export at a time capped a bridge at one batch per round trip (~15k messages/s to a
     # local receiver; less to a remote backend); the Collector's exporters send 10 at once.
-    exports_in_flight: int = Field(4, ge=1, le=64, description="export requests sent at once (per worker "
+    exports_in_flight: int = Field(2, ge=1, le=64, description="export requests sent at once (per worker "
                                    "process with workers > 1), while the next batch is converted")
 
     @field_validator("cpu_affinity", mode="before")

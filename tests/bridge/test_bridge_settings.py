@@ -81,6 +81,8 @@ def test_output_alone_turns_otlp_off_and_flags_apply_to_every_file_source(tmp_pa
         ("otlp: {protocol: thrift}", "config file", "otlp.protocol", "'grpc' or 'http/protobuf'"),
         ("otlp: {endpont: x}", "config file", "otlp.endpont", "Extra inputs are not permitted"),
         ("batch: {max_messages: 0}", "config file", "batch.max_messages", "greater than or equal to 1"),
+        ("batch: {max_messages: 20000}", "config file", "batch.max_messages", "less than or equal to 10000"),
+        ("otlp: {max_request_bytes: 1000}", "config file", "otlp.max_request_bytes", "greater than or equal to 65536"),
         ("sources: [{subjects: [t], user: u}]", "config file", "sources.0", "user and password"),
         ("sources: [{subjects: []}]", "config file", "sources.0.subjects", "at least one trace subject"),
         ("mode: jetstream\nsources: [{subjects: [t], queue: q}]", "config file", "sources.0.queue", "core mode"),

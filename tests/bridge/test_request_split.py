@@ -91,6 +91,16 @@ def test_bytes_that_are_not_a_request_are_a_clear_error():
         split_request(b"\x0f" * 100, 50)
 
 
+def test_bytes_that_cannot_be_cut_go_whole_and_the_backend_decides():
+    from nats_otel.bridge.export.otlp import in_parts
+    from nats_otel.bridge.export.result import ExportResult
+
+    sent: list[bytes] = []
+    junk = b"\x0f" * 100
+    result = in_parts(junk, 50, lambda part: sent.append(part) or ExportResult(False, error="refused"))
+    assert sent == [junk] and not result.ok and result.error == "refused"
+
+
 def _fan_out_request(messages: int, subscribers: int) -> tuple[bytes, int]:
     """The request the bridge sends (its converter, `encode_results`) for trace messages
     each delivered to `subscribers` clients: a span per egress, the heavy messages of a big

@@ -112,10 +112,15 @@ def _with_attempts(result: ExportResult, attempts: int) -> ExportResult:
 
 def in_parts(request: bytes, max_bytes: int, send: Callable[[bytes], ExportResult]) -> ExportResult:
     """`send` the request, or, over `max_bytes`, each of its parts in turn (`split_request`):
-    ok when every part was taken (their refused spans summed); else the first part's failure,
-    with every attempt counted. The parts before it were delivered: a retried batch sends
-    them again, as after any failure (a backend takes a span twice: OTLP's ids are the same)."""
-    parts = split_request(request, max_bytes)
+    ok when every part was taken (their refused spans summed); else the failing part's
+    result, with every attempt counted. The parts before it were delivered: a retried batch
+    sends them again, as after any failure (duplicates a backend takes; never a loss). Bytes
+    that cannot be cut (not a serialized request: never ours) go whole, and the backend
+    decides: an export fails as a result, never an exception."""
+    try:
+        parts = split_request(request, max_bytes)
+    except ValueError:
+        parts = [request]
     if len(parts) == 1:
         return send(parts[0])
     attempts = rejected = 0

@@ -210,9 +210,9 @@ class BatchSettings(_Model):
     # backend (`exports_in_flight` times this: what the exports hold, and what one round
     # trip carries) stay 2,048, as before: the same memory, the same reach to a slow backend
     # (docs/performance.md, session 42).
-    # At most 10,000: a forwarded share of one batch is bounded as hostile input above that
-    # (ownership.py's `_MAX_FRAMES`), and a batch's request is sent in parts past
-    # `otlp.max_request_bytes` anyway.
+    # At most 10,000: ownership.py bounds a forwarded share of one batch as hostile input
+    # (`_MAX_FRAMES`) on that promise; and past `otlp.max_request_bytes` a batch's request
+    # goes in parts anyway.
     max_messages: int = Field(1024, ge=1, le=10_000, description="trace messages per export batch")
     max_delay: float = Field(0.2, gt=0, description="seconds a message may wait for its batch")
     # At a moderate rate a sidecar's batches hold tens of trace messages, and each is converted

@@ -47,14 +47,20 @@ cdef unsigned char _rest_text[REST_SLOTS][REST_MAX]
 cdef Kept _prefix_slots[PREFIX_SLOTS]
 cdef Kept _rest_slots[REST_SLOTS]
 cdef KeptTable PREFIXES, RESTS
-PREFIXES.slots, PREFIXES.count, PREFIXES.hashed, PREFIXES.room, PREFIXES.hits = \
-    _prefix_slots, PREFIX_SLOTS, PREFIX_HASHED, PREFIX_MAX, 0
-RESTS.slots, RESTS.count, RESTS.hashed, RESTS.room, RESTS.hits = _rest_slots, REST_SLOTS, REST_HASHED, REST_MAX, 0
-for _i in range(PREFIX_SLOTS):
-    _prefix_slots[_i].text = _prefix_text[_i]
-for _i in range(REST_SLOTS):
-    _rest_slots[_i].text = _rest_text[_i]
 cdef unsigned long long _uses = 0
+
+
+cdef void _table(KeptTable* table, Kept* slots, unsigned char* text, size_t count, Py_ssize_t hashed,
+                 Py_ssize_t room) noexcept:
+    # Its empty slots, each given its room in `text` (a loop in C: no module-level name left behind)
+    cdef size_t i
+    table.slots, table.count, table.hashed, table.room, table.hits = slots, count, hashed, room, 0
+    for i in range(count):
+        slots[i].text = text + i * room
+
+
+_table(&PREFIXES, _prefix_slots, &_prefix_text[0][0], PREFIX_SLOTS, PREFIX_HASHED, PREFIX_MAX)
+_table(&RESTS, _rest_slots, &_rest_text[0][0], REST_SLOTS, REST_HASHED, REST_MAX)
 
 
 cdef Kept* _pair(KeptTable* table, const unsigned char* s, Py_ssize_t at, Py_ssize_t n) noexcept:

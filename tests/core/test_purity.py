@@ -99,9 +99,10 @@ ALLOWED = {
     "core": {"core"},
     "archive": {"core"},
     "gc_tuning": set(),
-    "bridge": {"core", "bridge", "archive", "gc_tuning"},
+    "malloc_tuning": set(),
+    "bridge": {"core", "bridge", "archive", "gc_tuning", "malloc_tuning"},
     "devkit": {"core", "bridge", "archive", "devkit"},
-    "commands": {"core", "bridge", "archive", "devkit", "gc_tuning", "commands"},
+    "commands": {"core", "bridge", "archive", "devkit", "gc_tuning", "malloc_tuning", "commands"},
     "cli": {"commands"},
 }
 

@@ -1,6 +1,7 @@
 """Issue 48's burst against bridges of different settings, alternated round by round: each
 bridge's CPU per trace message by thread (the event loop's, the conversion thread's, the
-other Python threads' (exports), gRPC's own), its peak RSS and the export requests it sent.
+other Python threads' (exports), gRPC's own), the page faults it took per message (minor:
+fresh memory touched), its peak RSS and the export requests it sent.
 
     python bench/burst_threads.py default batch2048.yaml --rounds 8
     python bench/burst_threads.py default src=/path/to/baseline --rounds 8
@@ -46,6 +47,12 @@ def thread_cpu(pid: int) -> Counter[str]:
     return out
 
 
+def minor_faults(pid: int) -> int:
+    """The process's minor page faults so far (every thread's)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[7])
+
+
 def peak_rss_mb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM"):
@@ -60,16 +67,16 @@ def burst(bench: Bench, config: str, label: str, messages: int) -> dict[str, flo
     proc, _ = bench.start_bridge("threads", 1, subject=label, extra=extra, src=src)
     try:
         time.sleep(1.5)  # its start-up done: the CPU counted is the burst's
-        before = thread_cpu(proc.pid)
+        before, faults = thread_cpu(proc.pid), minor_faults(proc.pid)
         sent = bench.publish(label, limit=messages)["sent"]
         bench.rx.wait_quiet(bench.expected_spans(sent), quiet=2.5, timeout=300)
-        after = thread_cpu(proc.pid)
+        after, faults = thread_cpu(proc.pid), minor_faults(proc.pid) - faults
         per = {k: (after[k] - before.get(k, 0.0)) / sent * 1e6 for k in after}
         python = sorted((v for k, v in per.items() if k.startswith("python:")), reverse=True)
         row = {"main": per.get("main", 0.0), "convert": python[0] if python else 0.0,  # the busiest: conversion
                "exports": sum(python[1:]), "grpc": sum(v for k, v in per.items() if k != "main"
                                                        and not k.startswith("python:")),
-               "rss": peak_rss_mb(proc.pid), "requests": bench.rx.requests,
+               "faults": faults / sent, "rss": peak_rss_mb(proc.pid), "requests": bench.rx.requests,
                "whole": bench.rx.spans >= bench.expected_spans(sent)}
         row["total"] = row["main"] + row["convert"] + row["exports"] + row["grpc"]
         return row
@@ -94,7 +101,8 @@ def main() -> None:
                     totals[config].append(row["total"])
                     print(f"round {r} {config:28} total {row['total']:5.1f} µs/msg: event loop {row['main']:.2f}, "
                           f"conversion {row['convert']:.2f}, exports {row['exports']:.2f}, gRPC {row['grpc']:.2f}; "
-                          f"peak RSS {row['rss']} MB, {row['requests']} requests, every span {row['whole']}",
+                          f"{row['faults']:.2f} page faults a message, peak RSS {row['rss']} MB, "
+                          f"{row['requests']} requests, every span {row['whole']}",
                           flush=True)
         finally:
             for proc in bench.procs:

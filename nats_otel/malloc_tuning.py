@@ -8,15 +8,18 @@ heap is trimmed past its trim threshold, which start at 128 KiB and move with wh
 freed last. The next burst, or the next batch's request, then touches fresh pages again:
 each a page fault, the page cleared by the kernel, and the memory cgroup charged (a
 profile of issue 48's 60k burst, docs/performance.md, session 43: the kernel ~28 % of the
-bridge's CPU, page faults about half of it).
+bridge's CPU, page faults about half of it, most of them the link window's growth, which
+no allocator setting avoids).
 
 `keep_freed_memory` fixes both thresholds instead (which also stops glibc moving them):
 blocks under 32 MiB come from the heaps and are reused when freed, and up to `keep_bytes`
 of a heap's free top stays mapped; each heap grows 16 MiB at a time, not by what one
 block asks. The memory a burst grew to stays the process's for the next one (bounded by
-`batch.malloc_keep_mib` beyond what is in use). Issue 48's burst, paired with the same code
-without it: base / ours 1.12 (8 rounds, 7 cheaper), the kernel's share 28 % -> 23 %, peak
-RSS +3 MB (docs/performance.md, session 43).
+`batch.malloc_keep_mib` beyond what is in use). In issue 48's 60k burst: ~5 % fewer page
+faults (0.95 a trace message against 1.00-1.04), and a few percent less CPU a message
+(medians of 20 alternated bursts 13.30 against 13.65 µs; paired runs read 0.92 to 1.12:
+docs/performance.md, session 43); a second burst on the same bridge 0.16 faults a message
+against 0.25.
 
 glibc only (`mallopt`); elsewhere (musl, macOS) nothing changes and the reason is returned.
 Only in processes that asked for throughput tuning (the CLI's bridge, its workers), as

@@ -136,6 +136,21 @@ cdef bint _traceparent_fast(object value, unsigned char* ids, unsigned char* fla
     return (trace_seen | parent_seen | flags_seen) <= 0xFF and trace_seen != 0 and parent_seen != 0
 
 
+cdef bytes _context_fields_of(object traceparent):
+    """`context_fields_c(trace_id, parent_span_id)` of a traceparent `_traceparent_fast` took:
+    its ids' lower-case hex digits are already the text the fields hold, copied, not
+    decoded and encoded again."""
+    cdef Py_ssize_t size = 0
+    cdef const char* text = PyUnicode_AsUTF8AndSize(traceparent, &size)  # kept by CPython: no copy
+    out = PyBytes_FromStringAndSize(NULL, 56)
+    cdef char* p = PyBytes_AS_STRING(out)
+    _length(p, 32)
+    memcpy(p + 4, text + 3, 32)
+    _length(p + 36, 16)
+    memcpy(p + 40, text + 36, 16)
+    return out
+
+
 cpdef object parse_traceparent(object value):
     """`ids.parse_traceparent`: the common form in C (`_traceparent_fast`), everything else
     by the Python twin (which raises the pure path's error, or parses)."""

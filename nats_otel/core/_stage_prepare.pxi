@@ -126,6 +126,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
             trace_id = PyBytes_FromStringAndSize(<char*>ids, 16)
             parent_id = PyBytes_FromStringAndSize(<char*>ids + 16, 8)
             flags = flags_byte
+            id_fields = _context_fields_of(<object>traceparent_p)
         else:
             try:  # not the servers' form: the Python twin parses it (`parse_traceparent` would too)
                 trace_id, parent_id, flags = _reference_parse_traceparent(<object>traceparent_p)
@@ -133,7 +134,8 @@ cpdef object prepare(object raw, object limits=_UNSET):
                 trace_id = None
         if trace_id is not None:
             trace_state = index.get("tracestate") or ""
-            id_fields = context_fields_c(trace_id, parent_id)
+            if id_fields is None:  # not the servers' form: encoded from the ids
+                id_fields = context_fields_c(trace_id, parent_id)
             ctx = _trace_context_of(trace_id, parent_id, trace_state, flags & 1, id_fields)
     if ctx is None and traceparent_p is NULL:  # ad hoc (`Nats-Trace-Dest`), the usual kind in C
         ctx = _adhoc_context(index, raw.subject)
@@ -262,19 +264,34 @@ cdef tuple _tail(list events):
     return out
 
 
+# "00" to "99": two digits a division (a nanosecond time has 19)
+cdef const char* _DIGIT_PAIRS = (b"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                 b"40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                 b"8081828384858687888990919293949596979899")
+
+
 cdef Py_ssize_t _decimal(unsigned long long value, char* out):
-    # the digits of str(value), written at out; returns how many
+    # the digits of str(value), written at out; returns how many. Made from the last digits
+    # up, two at a time, in a buffer whose filled end is then copied.
     cdef char digits[20]
-    cdef Py_ssize_t n = 0, i
-    while True:
-        digits[n] = <char>(48 + value % 10)
-        n += 1
-        value //= 10
-        if value == 0:
-            break
-    for i in range(n):
-        out[i] = digits[n - 1 - i]
-    return n
+    cdef Py_ssize_t at = 20
+    cdef unsigned int pair
+    while value >= 100:
+        pair = <unsigned int>(value % 100) * 2
+        value //= 100
+        at -= 2
+        digits[at] = _DIGIT_PAIRS[pair]
+        digits[at + 1] = _DIGIT_PAIRS[pair + 1]
+    if value >= 10:
+        pair = <unsigned int>value * 2
+        at -= 2
+        digits[at] = _DIGIT_PAIRS[pair]
+        digits[at + 1] = _DIGIT_PAIRS[pair + 1]
+    else:
+        at -= 1
+        digits[at] = <char>(48 + value)
+    memcpy(out, digits + at, 20 - at)
+    return 20 - at
 
 
 cdef bytes _identity(object server_id, object ts_ns, object cid):

@@ -103,7 +103,9 @@ _NAMES = st.sampled_from(["traceparent", "TraceParent", "TRACEPARENT", "tracesta
                           "nats-trace-hop", "NATS-TRACE-HOP", "Nats-Trace-Dest", "X-İd", "x-i̇d", "Accept-Encoding",
                           "Content-Encoding", "é"])
 _VALUES = st.sampled_from([TP, TP.upper(), "00-bad", "h1", "trace disabled", "trace.x", "", "é" * 3, "k=v"])
-_U64 = st.sampled_from([0, 1, 5, 2**32, 2**63, 2**64 - 1, 2**64])
+# Every count of decimal digits, at its edges (the identity's digits are made two at a time).
+_U64 = st.sampled_from([0, 1, 5, 9, 10, 11, 99, 100, 101, 999, 1000, 10**9 - 1, 10**9, 2**32, 10**18 - 1, 10**18,
+                        2**63, 10**19 - 1, 10**19, 2**64 - 1, 2**64])
 _STAMPS = st.sampled_from(["2026-11-22T02:16:30.000000100Z", "1970-01-01T00:00:00Z", "2554-07-21T23:34:33.709551615Z",
                            "2554-07-21T23:34:33.709551616Z", "2026-11-22T02:16:30+01:00", "1969-12-31T23:59:59Z"])
 

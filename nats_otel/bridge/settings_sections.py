@@ -238,10 +238,6 @@ class BatchSettings(_Model):
                               "process, then each worker process in turn); or a CPU list (e.g. 3, or 2-3): those, "
                               "in that order. Less CPU per message (bridge/cpu_affinity.py), but a "
                               "process held on a CPU cannot move off it when something else keeps it busy")
-    malloc_keep_mib: int = Field(256, ge=0, le=2047, description="MiB of freed memory glibc's allocator keeps "
-                                 "for reuse in each of the bridge's processes instead of giving it back to the "
-                                 "system (fewer pages faulted in again: nats_otel/malloc_tuning.py); 0: glibc's "
-                                 "defaults")
     # One export at a time capped a bridge at one batch per round trip (~15k messages/s to a
     # local receiver; less to a remote backend); the Collector's exporters send 10 at once.
     exports_in_flight: int = Field(2, ge=1, le=64, description="export requests sent at once (per worker "

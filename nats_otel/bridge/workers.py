@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from nats_otel import gc_tuning, malloc_tuning
+from nats_otel import gc_tuning
 from nats_otel.bridge import cpu_affinity
 from nats_otel.bridge.processor import BatchOutcome, ConvertedBatch, Processor, make_exporters
 from nats_otel.bridge.settings import BridgeSettings
@@ -97,7 +97,6 @@ def _worker_main(settings_doc: dict[str, Any], index: int, inbox: Any, outbox: A
     if workers > 1:  # the ledger numbers every worker's reports (the window holds this one's)
         processor.converter.linker.index.sequences.ledger.capacity = settings.link.capacity * workers
     gc_tuning.tune_gc_for_throughput()
-    malloc_tuning.tune_malloc_for_throughput(settings.batch.malloc_keep_mib)
     outbox.send((_READY, engine.implementation()))  # the parent logs which core each worker runs
     observed: dict[int, list[RawTraceMessage]] = {}
     in_flight = settings.batch.exports_in_flight

@@ -129,7 +129,6 @@ def run(args: argparse.Namespace) -> int:
     from nats_otel.bridge.settings import SettingsError, load_settings
     from nats_otel.bridge.telemetry import configure_logging
     from nats_otel.gc_tuning import tune_gc_for_throughput
-    from nats_otel.malloc_tuning import tune_malloc_for_throughput
 
     try:
         settings = load_settings(args.config, overrides_from(args))
@@ -146,7 +145,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"nats-otel bridge: {exc}", file=sys.stderr)
         return 2
     tune_gc_for_throughput()
-    tune_malloc_for_throughput(settings.batch.malloc_keep_mib)
     return asyncio.run(run_bridge(settings))
 
 

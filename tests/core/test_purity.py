@@ -99,10 +99,9 @@ ALLOWED = {
     "core": {"core"},
     "archive": {"core"},
     "gc_tuning": set(),
-    "malloc_tuning": set(),
-    "bridge": {"core", "bridge", "archive", "gc_tuning", "malloc_tuning"},
+    "bridge": {"core", "bridge", "archive", "gc_tuning"},
     "devkit": {"core", "bridge", "archive", "devkit"},
-    "commands": {"core", "bridge", "archive", "devkit", "gc_tuning", "malloc_tuning", "commands"},
+    "commands": {"core", "bridge", "archive", "devkit", "gc_tuning", "commands"},
     "cli": {"commands"},
 }
 

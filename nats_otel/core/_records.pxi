@@ -30,6 +30,8 @@ cdef struct DocumentFields:     # decode._Document
     Py_ssize_t server, events, request, hops
 cdef struct RequestFields:      # decode._Request
     Py_ssize_t header, msgsize
+cdef struct OptionsFields:      # mapping.MappingOptions (a frozen dataclass with slots)
+    Py_ssize_t service_name, header_allowlist
 
 # The link window's bookkeeping (`_stage_ledger.pxi` writes into these plain classes' slots)
 cdef struct LedgerFields:       # report_ledger.ReportLedger
@@ -56,6 +58,7 @@ cdef ConvertedFields CONVERTED
 cdef RawFields RAW
 cdef DocumentFields DOC
 cdef RequestFields REQ
+cdef OptionsFields OPTIONS
 cdef LedgerFields LEDGER
 cdef RunsFields RUNS
 cdef MemberFields MEMBER
@@ -91,6 +94,7 @@ try:
     RAW = _offsets(_RawTraceMessage, "headers payload")
     DOC = _offsets(_Document, "server events request hops")
     REQ = _offsets(_DecodedRequest, "header msgsize")
+    OPTIONS = _offsets(MappingOptions, "service_name header_allowlist")
     LEDGER = _offsets(_ReportLedger, "_reports _fixed _servers _bounded _fifo receiving _members _covers")
     RUNS = _offsets(_ServerRuns, "firsts lasts since_ns until_ns touched due")
     MEMBER = _offsets(_Member, "heard")

@@ -92,6 +92,17 @@ cdef inline int close_span(Buf* blob, Buf* s) except -1:
     return 1
 
 
+cdef inline object _allowlist_of(object options):
+    # `options.header_allowlist`: a load at its slot for a `MappingOptions` (a frozen dataclass
+    # with slots), not an attribute look-up per message
+    return _read(options, MappingOptions, OPTIONS.header_allowlist, "header_allowlist")
+
+
+cdef inline object _service_name_of(object options):
+    # `options.service_name`, likewise
+    return _read(options, MappingOptions, OPTIONS.service_name, "service_name")
+
+
 cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
                       list issues, object egress_ids) except -1:
     # `egress_ids`: the span ids of the forwarding egresses, in order, as the linker's `_observe`
@@ -172,7 +183,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     if note is not None and not put_pair(s, SERVER, S_NOTE, note):
         return 0
     headers = field(msg, MSG.headers)
-    if headers and not put_headers(s, headers, options.header_allowlist):
+    if headers and not put_headers(s, headers, _allowlist_of(options)):
         return 0
     if not put_status(s, error):
         return 0
@@ -358,7 +369,7 @@ cpdef object map_encode(object msg, object ctx, object placement, object options
     spans = _write_spans(msg, ctx, placement, options, None, issues, &count)
     if spans is None:
         return _map_encode_by_reference(msg, ctx, placement, options)
-    return _resource_of(field(msg, MSG.server), options.service_name), spans, count, issues
+    return _resource_of(field(msg, MSG.server), _service_name_of(options)), spans, count, issues
 
 
 cdef object _encoded_spans(object msg, object ctx, object placement, object options, tuple egress_ids,
@@ -374,7 +385,7 @@ cdef object _encoded_spans(object msg, object ctx, object placement, object opti
         resource, spans, count, more = _map_encode_by_reference(msg, ctx, placement, options)
         issues.extend(more)
     else:
-        resource = _resource_of(field(msg, MSG.server), options.service_name)
+        resource = _resource_of(field(msg, MSG.server), _service_name_of(options))
     return _new(_EncodedSpans, (resource, spans, count))
 
 

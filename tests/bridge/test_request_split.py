@@ -11,8 +11,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from nats_otel.bridge.export.otlp import GrpcExporter, HttpExporter
+from nats_otel.bridge.export.otlp import GrpcExporter, HttpExporter, in_parts
 from nats_otel.bridge.export.request_split import split_request
+from nats_otel.bridge.export.result import ExportResult
 from nats_otel.bridge.settings import OtlpSettings
 from nats_otel.core import engine
 from nats_otel.devkit.receivers import OTLPGrpcReceiver, OTLPHttpReceiver
@@ -92,9 +93,6 @@ def test_bytes_that_are_not_a_request_are_a_clear_error():
 
 
 def test_bytes_that_cannot_be_cut_go_whole_and_the_backend_decides():
-    from nats_otel.bridge.export.otlp import in_parts
-    from nats_otel.bridge.export.result import ExportResult
-
     sent: list[bytes] = []
     junk = b"\x0f" * 100
     result = in_parts(junk, 50, lambda part: sent.append(part) or ExportResult(False, error="refused"))

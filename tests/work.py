@@ -9,7 +9,10 @@ a bound tuned on one machine fails on a slower one. So a test that bounds work c
 * `growth`: how the cost of the same work grows from one input size to another in the same
   process, a ratio (linear is the size ratio, quadratic its square) in which the machine's
   speed cancels out; the least of several interleaved rounds, so a round that another
-  process slowed down does not count.
+  process slowed down does not count;
+* `least_growth`: `growth` measured again while it reads above a bound, the least of a few
+  measurements: a linear cost read high once by the machine is read again, where a cost
+  that really grows faster reads high every time.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["growth", "python_calls"]
+__all__ = ["growth", "least_growth", "python_calls"]
 
 
 def python_calls(fn: Callable[..., Any], *args: Any) -> tuple[Any, int]:
@@ -59,3 +62,19 @@ def growth(work: Callable[[Any], Any], small: Any, large: Any, rounds: int = 5) 
         small_costs.append(_cost(work, small, repeats))
         large_costs.append(_cost(work, large, repeats))
     return min(large_costs) / max(min(small_costs), 1e-9)
+
+
+def least_growth(work: Callable[[Any], Any], small: Any, large: Any, below: float, attempts: int = 3) -> float:
+    """The least `growth` of up to `attempts` measurements, measuring again only while it
+    reads `below` or more. A fresh-clone CI run once read 11.0 for a parse that reads 3.9-4.4
+    in every run here, alone, beside three test workers or with two million objects held for
+    the collector: the interleaved rounds of one measurement all read high, for ~0.1 s, which
+    no cause found here explains. Measured again, such a reading does not repeat; a cost
+    that grows faster than the sizes (a quadratic one reads ~16 for 4x) reads high in every
+    measurement, and fails as before (`test_the_growth_check_sees_a_quadratic_parse`)."""
+    least = growth(work, small, large)
+    for _ in range(attempts - 1):
+        if least < below:
+            break
+        least = min(least, growth(work, small, large))
+    return least

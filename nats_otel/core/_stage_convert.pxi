@@ -23,12 +23,12 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
     if encoded:
         # The mapper appends its issues to the prepared ones: the list `Converted` keeps.
-        issues = [*prepared_issues] if prepared_issues else []
+        issues = [*prepared_issues] if _truthy(prepared_issues) else []
         encoding = _encoded_spans(msg, ctx, placement, options, egress_ids, issues)
     else:
         result = _map_message(msg, ctx, placement, options)
         spans, map_issues = result.spans, result.issues
-        issues = [*prepared_issues, *map_issues] if prepared_issues else map_issues
+        issues = [*prepared_issues, *map_issues] if _truthy(prepared_issues) else map_issues
     egress_ns = None
     if link is not None:
         if type(link) is _Link:
@@ -43,7 +43,7 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     else:
         ident, trace_id = placement.ident, placement.trace_id
         placement_link, candidates = placement.link, placement.candidates
-    if placement_link and placement_link != _MATCHED:
+    if _truthy(placement_link) and placement_link != _MATCHED:
         issues.append(f"hop_{placement_link}: no single upstream egress for hop "
                       f"{_upstream_hop(msg)} from {msg.ingress.name}"
                       + (f" ({candidates} candidates)" if candidates else ""))

@@ -402,7 +402,7 @@ cdef class Linker:
         for event in _read(msg, _TraceMessage, MSG.events, "events"):
             position += 1
             # `event.forwards`, without a call to the property (a Python frame per egress).
-            if type(event) is _EgressEvent and field(event, EG.hop) and _forwards(field(event, EG.kind)):
+            if type(event) is _EgressEvent and _truthy(field(event, EG.hop)) and _forwards(field(event, EG.kind)):
                 size = _read(prepared, _Prepared, PREPARED.size, "size")
                 if size < 0:
                     size = _message_shape(_read(msg, _TraceMessage, MSG.msg_size, "msg_size"),

@@ -103,6 +103,11 @@ cdef inline object _service_name_of(object options):
     return _read(options, MappingOptions, OPTIONS.service_name, "service_name")
 
 
+cdef inline object _or_account(object value, object account):
+    # `value or account`, with `_truthy`
+    return value if _truthy(value) else account
+
+
 cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
                       list issues, object egress_ids) except -1:
     # `egress_ids`: the span ids of the forwarding egresses, in order, as the linker's `_observe`
@@ -148,7 +153,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             end = ts
     hop = ""
     if _forwards(ingress_kind):
-        hop = (<dict>first).get("nats-trace-hop") or ""
+        hop = _or_empty((<dict>first).get("nats-trace-hop"))
     # the server span
     if not put_span_head(s, trace_id, <char*>server_id, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent),
                          trace_state, "receive", 7, subject, False, 5, start, end):
@@ -162,20 +167,20 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         return 0
     if ingress_kind == CLIENT and not put_client_id(s, SERVER, S_CLIENT_ID, field(ingress, IN.cid)):
         return 0
-    if hop and not put_pair(s, SERVER, S_HOP, hop):
+    if _truthy(hop) and not put_pair(s, SERVER, S_HOP, hop):
         return 0
-    if (<dict>first).get("nats-trace-dest") and ((<dict>first).get("nats-trace-only") or "").lower() in _ON:
+    if _truthy((<dict>first).get("nats-trace-dest")) and _or_empty((<dict>first).get("nats-trace-only")).lower() in _ON:
         put_const(s, SERVER, S_ONLY)
     adhoc_key = field(ctx, CTX.adhoc_key)
     if adhoc_key is not None and not put_pair(s, SERVER, S_ADHOC, adhoc_key):
         return 0
     link = where[3]
-    if link and link != "matched":
+    if _truthy(link) and link != "matched":
         if not put_pair(s, SERVER, S_LINK, link):
             return 0
-        if where[4] and not put_pair(s, SERVER, S_CANDIDATES, where[4]):
+        if _truthy(where[4]) and not put_pair(s, SERVER, S_CANDIDATES, where[4]):
             return 0
-    if unknown:
+    if _truthy(unknown):
         put_pair(s, SERVER, S_UNMAPPED, len(unknown))
         for u in unknown:
             issues.append(f"unknown_event: {u['problem']} at position {u['position']}")
@@ -183,7 +188,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     if note is not None and not put_pair(s, SERVER, S_NOTE, note):
         return 0
     headers = field(msg, MSG.headers)
-    if headers and not put_headers(s, headers, _allowlist_of(options)):
+    if _truthy(headers) and not put_headers(s, headers, _allowlist_of(options)):
         return 0
     if not put_status(s, error):
         return 0
@@ -201,7 +206,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             name = field(event, EG.name)
             # `event.forwards`, as the linker's `_observe` tells a forwarding egress: it hashed
             # this one's id already (`egress_ids`, in the same order).
-            forwards = field(event, EG.hop) and _forwards(connection)
+            forwards = _truthy(field(event, EG.hop)) and _forwards(connection)
             known = None
             if forwards and egress_ids is not None and forwarded < len(<tuple>egress_ids):
                 known = (<tuple>egress_ids)[forwarded]
@@ -215,17 +220,17 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
                 return 0
             for i in range(3):
                 put_const(s, EGRESS, i)
-            if not (put_pair(s, EGRESS, E_DEST, subject) and put_pair(s, EGRESS, E_ACCOUNT, field(event, EG.account) or account)
+            if not (put_pair(s, EGRESS, E_DEST, subject) and put_pair(s, EGRESS, E_ACCOUNT, _or_account(field(event, EG.account), account))
                     and put_pair(s, EGRESS, E_KIND, _label(connection)) and put_pair(s, EGRESS, E_CID, field(event, EG.cid))
                     and put_pair(s, EGRESS, E_NAME, name)):
                 return 0
             if connection == CLIENT and not put_client_id(s, EGRESS, E_CLIENT_ID, field(event, EG.cid)):
                 return 0
             value = field(event, EG.subscription)
-            if value and not put_pair(s, EGRESS, E_SUB, value):
+            if _truthy(value) and not put_pair(s, EGRESS, E_SUB, value):
                 return 0
             value = field(event, EG.queue)
-            if value and not put_pair(s, EGRESS, E_QUEUE, value):
+            if _truthy(value) and not put_pair(s, EGRESS, E_QUEUE, value):
                 return 0
             if forwards:
                 if not (put_pair(s, EGRESS, E_HOP, field(event, EG.hop)) and put_pair(s, EGRESS, E_PEER, name)):

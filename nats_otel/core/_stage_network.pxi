@@ -11,7 +11,7 @@ cdef inline int _failure(object error) except -1:
     # mapping.is_failure, for a str (1, 0), or -2: not a str, the reference decides
     if type(error) is not str:
         return -2
-    return 1 if error and not (<str>error).startswith(_NOT_FAILURES) else 0
+    return 1 if PyUnicode_GET_LENGTH(error) != 0 and not (<str>error).startswith(_NOT_FAILURES) else 0
 
 
 cdef object _network_by_reference(object msg, object upstream_egress_ns, object trace_id, object id_fields,

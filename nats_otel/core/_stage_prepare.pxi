@@ -98,7 +98,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
         key = <object>key_p
         values = <list>values_p  # msgspec gave a dict[str, list[str]]
         lowered = _lower(key)
-        if values:
+        if _truthy(values):
             PyDict_SetDefault(index, lowered, values[0])
         header_class = PyDict_GetItemWithError(_HEADER_CLASS, lowered)
         if header_class is not NULL and <object>header_class is True:
@@ -133,7 +133,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
             except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
                 trace_id = None
         if trace_id is not None:
-            trace_state = index.get("tracestate") or ""
+            trace_state = _or_empty(index.get("tracestate"))
             if id_fields is None:  # not the servers' form: encoded from the ids
                 id_fields = context_fields_c(trace_id, parent_id)
             ctx = _trace_context_of(trace_id, parent_id, trace_state, flags & 1, id_fields)
@@ -151,8 +151,8 @@ cpdef object prepare(object raw, object limits=_UNSET):
     # pipeline._arrival: only a message that came in from another server has one
     arrival = None
     if _forwards(field(ingress, IN.kind)):
-        hop = index.get(_HOP_HEADER) or ""
-        if hop:
+        hop = _or_empty(index.get(_HOP_HEADER))
+        if _truthy(hop):
             arrival = ((id_fields, hop, field(ingress, IN.name), field(server, SRV.name)),
                        _new(_Arrival, (ts_ns, size, ident)))
     return _prepared(raw, msg, ctx, ident, arrival, issues, size)

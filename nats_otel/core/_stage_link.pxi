@@ -34,10 +34,16 @@ cdef inline tuple _entry(object value):
 @cython.boundscheck(True)
 cdef class _Side:
     """One side (egresses or arrivals) of one link key: `linking`'s by-key list, its
-    by-(key, size) lists and its part of the claims."""
+    by-(key, size) lists and its part of the claims.
 
-    cdef list entries  # time-sorted (by the whole tuple, as `linking` sorts them)
-    cdef dict by_size  # size -> time-sorted entries; only while there are two entries or more
+    Most keys hold one entry a side (a context per message): it is kept in `one`, and the
+    time-sorted list and the by-size lists are made only for a second entry, so that a side
+    of one entry is this object alone (its list and the list's items were two more blocks
+    per side, ~190 bytes a key, for `link.retention`)."""
+
+    cdef object one    # the entry, while the side holds exactly one (`entries` None)
+    cdef list entries  # time-sorted (by the whole tuple, as `linking` sorts them); two entries or more, else None
+    cdef dict by_size  # size -> time-sorted entries; while there are two entries or more
     # The entries of a matched hop, until they expire: the first in `claimed_one` (a key has
     # one claim on each side in the common case: no set made and no entry hashed for it), any
     # others in `claimed` (None until a second).
@@ -79,32 +85,50 @@ cdef class _Side:
             out.append(self.claimed_one)
         return out
 
+    cdef inline bint holds_any(self):
+        return self.one is not None or self.entries is not None
+
+    cdef list as_list(self):
+        """The entries, time-sorted, as `linking` keeps them (a new list for one entry)."""
+        if self.entries is not None:
+            return self.entries
+        return [] if self.one is None else [self.one]
+
     cdef bint add(self, tuple entry):
         """Insert `entry`; False when it was there already (a redelivery)."""
         cdef list entries = self.entries
         cdef list sized
-        if entries is None or not entries:  # the common case: its first entry, nothing to sort
-            self.entries = [entry]
+        if entries is None:
+            if self.one is None:  # the common case: its first entry, nothing to sort
+                self.one = entry
+                return True
+            # The second entry, placed as `bisect_left` places it: the list, and the entries by
+            # size (in time order)
+            if self.one < entry:
+                entries = self.entries = [self.one, entry]
+            elif self.one == entry:
+                return False
+            else:
+                entries = self.entries = [entry, self.one]
+            self.one = None
+            self.by_size = {}
+            for other in entries:
+                self.by_size.setdefault((<tuple>other)[1], []).append(other)
             return True
         at = bisect_left(entries, entry)
         if at < len(entries) and entries[at] == entry:
             return False
         entries.insert(at, entry)
-        if self.by_size is None:  # the second entry: sort the entries by size too
-            self.by_size = {}
-            for other in entries:
-                self.by_size.setdefault((<tuple>other)[1], []).append(other)
+        sized = self.by_size.get(entry[1])
+        if sized is None:
+            self.by_size[entry[1]] = [entry]
         else:
-            sized = self.by_size.get(entry[1])
-            if sized is None:
-                self.by_size[entry[1]] = [entry]
-            else:
-                sized.insert(bisect_left(sized, entry), entry)
+            sized.insert(bisect_left(sized, entry), entry)
         return True
 
     cdef bint alone(self, object size):
         """`linking.LinkIndex._alone`: no other entry of this size on this side."""
-        if self.entries is None or len(self.entries) <= 1:
+        if self.entries is None:
             return True
         return len(self.by_size.get(size, ())) <= 1
 
@@ -112,10 +136,13 @@ cdef class _Side:
         """Take a stored entry out (`expire`)."""
         cdef list entries = self.entries
         cdef list sized
-        del entries[bisect_left(entries, entry)]
-        if self.by_size is None:
+        if entries is None:
+            self.one = None
             return
-        if len(entries) <= 1:
+        del entries[bisect_left(entries, entry)]
+        if len(entries) <= 1:  # back to one entry (or none): no list
+            self.one = entries[0] if entries else None
+            self.entries = None
             self.by_size = None
             return
         sized = self.by_size[entry[1]]
@@ -134,10 +161,10 @@ cdef class _Side:
         cdef long long center_c = 0, ts_c = 0
         cdef Py_ssize_t start, end
         count[0] = 0
-        if entries is None or not entries:
-            return None
-        if len(entries) == 1:  # the common case: one entry for the key, no search
-            entry = entries[0]
+        if entries is None:
+            if self.one is None:
+                return None
+            entry = self.one  # the common case: one entry for the key, no search
             ts = (<tuple>entry)[0]
             if small_window and _small(center, &center_c) and _small(ts, &ts_c):
                 fits = center_c - below_c <= ts_c <= center_c + above_c
@@ -199,7 +226,7 @@ cdef class _Bucket:
         """Nothing held and nothing claimed: the bucket can go (a claim outlives its entry
         when the arrival resolved was not the one stored; `linking` keeps it too)."""
         for side in (self.egresses, self.arrivals):
-            if (<_Side>side).entries or (<_Side>side).any_claimed():
+            if (<_Side>side).holds_any() or (<_Side>side).any_claimed():
                 return False
         return True
 
@@ -247,8 +274,8 @@ cdef class LinkIndex:
 
     def held(self):
         """Every key held, with its time-sorted egresses and arrivals."""
-        return [((<_Bucket>bucket).key, (<_Bucket>bucket).egresses.entries or [],
-                 (<_Bucket>bucket).arrivals.entries or []) for bucket in self._buckets.values()]
+        return [((<_Bucket>bucket).key, (<_Bucket>bucket).egresses.as_list(),
+                 (<_Bucket>bucket).arrivals.as_list()) for bucket in self._buckets.values()]
 
     def observe_report(self, ident, server_id, seq, ts_ns, now=0.0, account=""):
         """Any report seen, with or without hop evidence (see `linking.LinkIndex`)."""
@@ -305,8 +332,8 @@ cdef class LinkIndex:
                 egress = None  # several alike messages on the key: only proven order decides (`linking`)
         first = not bucket.arrivals.is_claimed(probe)
         if egress is None:  # several candidates: order and latency decide, if they can
-            result, egress, candidates = self.sequences.resolve(key, bucket.egresses.entries,
-                                                                bucket.arrivals.entries or [], probe)
+            result, egress, candidates = self.sequences.resolve(key, bucket.egresses.as_list(),
+                                                                bucket.arrivals.as_list(), probe)
             if egress is None:
                 return _new(_Link, (result, None, candidates, True))
             if not _shapes_agree(probe[1], (<tuple>egress)[1]):  # never against exact evidence

@@ -231,6 +231,14 @@ cdef class _Bucket:
         return True
 
 
+cdef struct _Observed:
+    # One record of the index's fifo: an entry as observed (the references are the fifo's own).
+    PyObject* observed  # the `now` it was observed at
+    PyObject* bucket    # its key's `_Bucket`
+    PyObject* entry     # the `Egress` or `Arrival`
+    bint is_egress
+
+
 @cython.final
 @cython.boundscheck(True)
 cdef class LinkIndex:
@@ -243,7 +251,10 @@ cdef class LinkIndex:
     cdef public dict expired_unmatched
     cdef dict _buckets  # link key -> _Bucket
     cdef _Bucket _spare  # the bucket the next new key gets (`_add`)
-    cdef object _fifo  # (observed at, is egress, bucket, entry) in observation order
+    # (observed at, is egress, bucket, entry) in observation order: a ring of C records, not
+    # a deque of tuples (a 4-tuple an entry, ~80 bytes and a block held for `retention_s`).
+    cdef _Observed* _fifo
+    cdef Py_ssize_t _fifo_size, _fifo_head, _fifo_length
     cdef dict _refreshed  # (is egress, key, entry) observed again -> its later fifo records (`linking`)
     cdef bint _bounded
     cdef Py_ssize_t _count  # entries held
@@ -260,7 +271,6 @@ cdef class LinkIndex:
             self._latency_c, self._skew_c = self._latency_ns, self._skew_ns
         self._bounded = bounded
         self._buckets = {}
-        self._fifo = deque()
         self._refreshed = {}
         self._count = 0
         self.evicted = 0
@@ -271,6 +281,52 @@ cdef class LinkIndex:
     def __len__(self):
         """Entries held (egresses and arrivals)."""
         return self._count
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        cdef _Observed* record
+        if self._fifo is NULL:
+            return
+        for i in range(self._fifo_length):
+            record = &self._fifo[(self._fifo_head + i) % self._fifo_size]
+            Py_XDECREF(record.observed)
+            Py_XDECREF(record.bucket)
+            Py_XDECREF(record.entry)
+        PyMem_Free(self._fifo)
+        self._fifo = NULL
+
+    cdef int _resize(self, Py_ssize_t size) except -1:
+        """The ring moved to `size` records (>= those held), oldest first."""
+        cdef _Observed* ring = <_Observed*>PyMem_Malloc(size * sizeof(_Observed))
+        cdef Py_ssize_t i
+        if ring is NULL:
+            raise MemoryError()
+        for i in range(self._fifo_length):
+            ring[i] = self._fifo[(self._fifo_head + i) % self._fifo_size]
+        PyMem_Free(self._fifo)
+        self._fifo, self._fifo_size, self._fifo_head = ring, size, 0
+        return 0
+
+    cdef int _remember(self, object now, bint is_egress, _Bucket bucket, object entry) except -1:
+        """`fifo.append((now, is_egress, bucket, entry))`."""
+        cdef _Observed* record
+        if self._fifo_length == self._fifo_size:
+            self._resize(max(64, 2 * self._fifo_size))
+        record = &self._fifo[(self._fifo_head + self._fifo_length) % self._fifo_size]
+        Py_INCREF(now)
+        Py_INCREF(bucket)
+        Py_INCREF(entry)
+        record.observed, record.bucket, record.entry = <PyObject*>now, <PyObject*>bucket, <PyObject*>entry
+        record.is_egress = is_egress
+        self._fifo_length += 1
+        return 0
+
+    cdef _Observed _take_oldest(self):
+        """`fifo.popleft()`: the caller owns the record's references."""
+        cdef _Observed record = self._fifo[self._fifo_head]
+        self._fifo_head = (self._fifo_head + 1) % self._fifo_size
+        self._fifo_length -= 1
+        return record
 
     def held(self):
         """Every key held, with its time-sorted egresses and arrivals."""
@@ -301,11 +357,11 @@ cdef class LinkIndex:
         if not bucket.side(is_egress).add(entry):
             if self._bounded:  # observed again (a redelivery): kept `retention_s` from now
                 self._refreshed[(is_egress, key, entry)] = self._refreshed.get((is_egress, key, entry), 0) + 1
-                _append(self._fifo, (now, is_egress, bucket, entry))
+                self._remember(now, is_egress, bucket, entry)
             return
         self._count += 1
         if self._bounded:
-            _append(self._fifo, (now, is_egress, bucket, entry))
+            self._remember(now, is_egress, bucket, entry)
 
     def resolve(self, key, arrival):
         """The egress that forwarded the message of `arrival`, if the evidence says so."""
@@ -350,11 +406,19 @@ cdef class LinkIndex:
         `capacity` (counted in `evicted`). O(1) amortised per entry."""
         cdef _Bucket bucket
         cdef _Side side
+        cdef _Observed record
+        cdef bint is_egress
         horizon = now - self.settings.retention_s
         capacity = self.settings.capacity
-        fifo = self._fifo
-        while fifo and ((<tuple>fifo[0])[0] < horizon or len(fifo) > capacity):
-            observed, is_egress, bucket, entry = fifo.popleft()
+        while self._fifo_length and (<object>self._fifo[self._fifo_head].observed < horizon
+                                     or self._fifo_length > capacity):
+            record = self._take_oldest()
+            # Its references move from the ring to these names (each taken one, then the ring's let go).
+            observed, bucket, entry = <object>record.observed, <_Bucket>record.bucket, <object>record.entry
+            is_egress = record.is_egress
+            Py_XDECREF(record.observed)
+            Py_XDECREF(record.bucket)
+            Py_XDECREF(record.entry)
             if self._refreshed:
                 later = self._refreshed.pop((is_egress, bucket.key, entry), 0)
                 if later:  # observed again since: its last record expires it
@@ -372,6 +436,8 @@ cdef class LinkIndex:
             self._count -= 1
             if bucket.empty():
                 del self._buckets[bucket.key]
+        if self._fifo_size > 64 and self._fifo_length * 4 < self._fifo_size:  # a burst's ring given back as it drains
+            self._resize(self._fifo_size // 2)
         self.sequences.expire(now)
 
     @property

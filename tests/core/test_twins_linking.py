@@ -209,3 +209,38 @@ def test_evidence_observed_again_stays_a_retention_from_then(core):
     assert len(index) == 1
     index.expire(71.0)
     assert len(index) == 0
+
+
+def test_the_fifo_kept_alike_through_growth_wraps_and_shrinking(kernel):
+    """The kernel's fifo is a ring of records that grows, wraps round and is given back as it
+    drains: thousands of entries observed and expired in waves (a burst, then a trickle, then
+    a redelivery of the burst) leave the same links, counts and claims as the reference's deque."""
+    from nats_otel.core.linking import Arrival, Egress, PythonLinkIndex
+
+    settings = LinkSettings(0.5, 0.1, 3_000, retention_s=1.0)
+    indexes = (PythonLinkIndex(settings), kernel.LinkIndex(settings))
+    resolved = ([], [])
+    waves = [(0, 4_000, 0.0001), (4_000, 4_300, 0.01), (0, 1_000, 0.0001)]  # (first, end, seconds apart)
+    now = 0.0
+    for first, end, apart in waves:
+        for t in range(first, end):
+            now += apart
+            key = (b"ctx%d" % (t % 1_500), "1", "east-2", "east-1")
+            for side, index in enumerate(indexes):
+                index.add_egress(key, Egress(t * 1_000, 90, b"up%d" % t, b"span%04d" % (t % 10_000)), now)
+                index.add_arrival(key, Arrival(t * 1_000 + 200, 90, b"down%d" % t), now)
+                if t % 7 == 0:
+                    resolved[side].append(index.resolve(key, Arrival(t * 1_000 + 200, 90, b"down%d" % t)))
+                if t % 50 == 0:
+                    index.expire(now)
+            assert _index_state(indexes[1]) == _index_state(indexes[0])
+        now += 0.6  # a pause past half the retention
+        for index in indexes:
+            index.expire(now)
+        assert _index_state(indexes[1]) == _index_state(indexes[0])
+    assert resolved[1] == resolved[0]
+    assert indexes[0].evicted > 0 and len(indexes[0]) > 0  # the capacity bound and what is left compared too
+    now += 5.0  # everything past its retention: both empty
+    for index in indexes:
+        index.expire(now)
+    assert len(indexes[1]) == len(indexes[0]) == 0 and not indexes[1]._claimed

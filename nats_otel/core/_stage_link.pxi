@@ -2,9 +2,12 @@
 # decisions, counters and length, with another layout. Where `linking` keeps one dict per
 # side by key, one by (key, size) and one set of claims, this keeps one `_Bucket` per key
 # holding both sides (`_Side`: its time-sorted entries, its entries by size, its claims), so
-# that adding or resolving hashes the key once. Timestamps stay Python ints: the window is
-# worked out in C only when they fit comfortably in an int64 (every real one does), and
-# with Python ints otherwise (a hostile report can carry any uint64).
+# that adding or resolving hashes the key once. A side of one entry (most keys: a context per
+# message) holds it in a slot, and the order of observation is a ring of C records, not
+# tuples: what each entry holds through `link.retention` is most of a sustained bridge's
+# memory. Timestamps stay Python ints: the window is worked out in C only when they fit
+# comfortably in an int64 (every real one does), and with Python ints otherwise (a hostile
+# report can carry any uint64).
 #
 # Bounds checking stays on here (`boundscheck(True)` on each class): an entry that is not the NamedTuple it
 # should be raises, as in the pure twin, instead of reading past a tuple.

@@ -41,7 +41,7 @@ cdef struct RunsFields:         # report_ledger._ServerRuns
 cdef struct MemberFields:       # report_ledger._Member
     Py_ssize_t heard
 cdef struct SequencesFields:    # sequences.HopSequences
-    Py_ssize_t _bounded, latency, _link_pairs, ledger
+    Py_ssize_t _bounded, latency, _link_pairs, ledger, _decided
 cdef struct LatencyFields:      # link_latency.LinkLatency
     Py_ssize_t _samples, _estimates
 cdef struct PairsFields:        # sequences._LinkPairs
@@ -98,7 +98,7 @@ try:
     LEDGER = _offsets(_ReportLedger, "_reports _fixed _servers _bounded _fifo receiving _members _covers")
     RUNS = _offsets(_ServerRuns, "firsts lasts since_ns until_ns touched due")
     MEMBER = _offsets(_Member, "heard")
-    SEQ = _offsets(_HopSequences, "_bounded latency _link_pairs ledger")
+    SEQ = _offsets(_HopSequences, "_bounded latency _link_pairs ledger _decided")
     LATENCY = _offsets(_LinkLatency, "_samples _estimates")
     PAIRS = _offsets(_LinkPairs, "pairs times")
     TS_NS = field_offset(_Ingress, "ts_ns")

@@ -97,6 +97,20 @@ cdef bint _vouch_covered(object ledger, object stream, object server_id, object 
     return True
 
 
+cdef void sequences_forget(object sequences, object key, object arrival) except *:
+    """`HopSequences.forget`: an arrival expired from the index, its decision with it (once
+    an arrival a trace message, as its evidence expires: a Python call each before)."""
+    if type(sequences) is not _HopSequences:
+        sequences.forget(key, arrival)
+        return
+    cdef dict decided_by_key = field(sequences, SEQ._decided)
+    decided = decided_by_key.get(key)
+    if decided is not None:
+        (<dict>decided).pop(arrival, None)
+        if not decided:
+            del decided_by_key[key]
+
+
 cdef void sequences_learn(object sequences, object key, object arrival, object egress) except *:
     """As `HopSequences.learn`."""
     if (type(sequences) is not _HopSequences or type(key) is not tuple or len(<tuple>key) != 4

@@ -429,7 +429,7 @@ cdef class LinkIndex:
                         self._refreshed[(is_egress, bucket.key, entry)] = later - 1
                     continue
             if not is_egress:
-                self.sequences.forget(bucket.key, entry)
+                sequences_forget(self.sequences, bucket.key, entry)
             if observed >= horizon:
                 self.evicted += 1
             side = bucket.side(is_egress)

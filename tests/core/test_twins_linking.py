@@ -22,7 +22,9 @@ from nats_otel.core.shapes import SHAPE_DIGEST
 
 
 def _index_state(index) -> tuple:
-    return len(index), index.evicted, dict(index.expired_unmatched), index._claimed
+    # With the crowded keys' decisions (`HopSequences._decided`), forgotten as arrivals expire.
+    decided = {key: dict(by_arrival) for key, by_arrival in index.sequences._decided.items()}
+    return len(index), index.evicted, dict(index.expired_unmatched), index._claimed, decided
 
 
 def _reused(raws) -> list[RawTraceMessage]:
@@ -99,7 +101,8 @@ def _bookkeeping(linker) -> tuple:
     latency = sequences.latency
     return (ledger._reports, runs, list(ledger._fifo), ledger._covers, members,
             {link: list(samples) for link, samples in latency._samples.items()}, latency._estimates,
-            {link: (p.times, p.pairs) for link, p in sequences._link_pairs.items()}, dict(sequences.decided_by))
+            {link: (p.times, p.pairs) for link, p in sequences._link_pairs.items()}, dict(sequences.decided_by),
+            {key: dict(decided) for key, decided in sequences._decided.items()})
 
 
 def test_the_ledger_and_sequences_keep_alike_what_each_report_and_hop_leaves(kernel, corpus_raws):
@@ -125,7 +128,7 @@ def test_the_ledger_and_sequences_keep_alike_what_each_report_and_hop_leaves(ker
             converter.convert_many(batch, now + 0.003)
         states.append(_bookkeeping(linker))
     assert states[1] == states[0]
-    reports, runs, fifo, covers, members, samples, _, pairs, _ = states[0]
+    reports, runs, fifo, covers, members, samples, _, pairs, _, _ = states[0]
     # The common case and the others were both met: runs extended and started, streams
     # followed and vouched for, latencies and pairs learned on links kept.
     assert any(len(firsts) > 1 for firsts, *_ in runs.values())
@@ -244,3 +247,39 @@ def test_the_fifo_kept_alike_through_growth_wraps_and_shrinking(kernel):
     for index in indexes:
         index.expire(now)
     assert len(indexes[1]) == len(indexes[0]) == 0 and not indexes[1]._claimed
+
+
+def test_decisions_by_order_are_forgotten_with_their_arrivals(kernel):
+    """A burst under one context (one crowded key): its arrivals are matched by order
+    (`HopSequences._decided`), and each decision goes when its arrival expires, as in the
+    reference; a second burst on the key is decided afresh, alike."""
+    from nats_otel.core.linking import Arrival, Egress, PythonLinkIndex
+
+    settings = LinkSettings(0.5, 0.1, 10_000, retention_s=1.0)
+    indexes = (PythonLinkIndex(settings), kernel.LinkIndex(settings))
+    key = (b"ctx", "1", "east-2", "east-1")
+    links: tuple[list, list] = ([], [])
+    for burst, now in ((0, 0.0), (1, 3.0)):
+        for i in range(12):  # back to back, alike: only their order tells them apart
+            t = burst * 10**10 + i * 1_000_000
+            for index in indexes:  # each server's reports numbered without a gap: none was lost
+                index.observe_report(b"up%d.%d" % (burst, i), "UP", burst * 13 + i + 1, t, now)
+                index.observe_report(b"down%d.%d" % (burst, i), "DOWN", burst * 13 + i + 1, t + 200_000, now)
+                index.add_egress(key, Egress(t, 90, b"up%d.%d" % (burst, i), b"span%02d%02d" % (burst, i)), now)
+                index.add_arrival(key, Arrival(t + 200_000, 90, b"down%d.%d" % (burst, i)), now)
+        for index in indexes:  # and a report of each a whole window later: nothing after the burst lost
+            late = burst * 10**10 + 2 * 10**9
+            index.observe_report(b"up-late%d" % burst, "UP", burst * 13 + 13, late, now)
+            index.observe_report(b"down-late%d" % burst, "DOWN", burst * 13 + 13, late, now)
+        for i in range(12):
+            arrival = Arrival(burst * 10**10 + i * 1_000_000 + 200_000, 90, b"down%d.%d" % (burst, i))
+            for side, index in enumerate(indexes):
+                links[side].append(index.resolve(key, arrival))
+        decided = _index_state(indexes[0])[-1]
+        assert len(decided.get(key, {})) >= 10  # decided by order, most of them
+        assert _index_state(indexes[1]) == _index_state(indexes[0])
+        for index in indexes:
+            index.expire(now + 2.0)  # the burst's evidence past its retention
+        assert _index_state(indexes[1]) == _index_state(indexes[0])
+        assert _index_state(indexes[0])[-1] == {}  # and its decisions with it
+    assert links[1] == links[0]

@@ -147,9 +147,9 @@ cdef inline bint _truthy(object value) except -1:
     return bool(value)
 
 
-cdef inline object _or_empty(object value):
-    # `value or ""`, with `_truthy`
-    return value if _truthy(value) else ""
+cdef inline object _or(object value, object default):
+    # `value or default`, with `_truthy`
+    return value if _truthy(value) else default
 
 
 cdef inline bint _forwards(object kind) except -1:

@@ -99,20 +99,20 @@ cdef bint _vouch_covered(object ledger, object stream, object server_id, object 
 
 cdef void sequences_forget(object sequences, object key, object arrival) except *:
     """`HopSequences.forget`: an arrival expired from the index, and its decision with it
-    (for every arrival that expires: a Python call each, before)."""
-    if type(sequences) is not _HopSequences or type(field(sequences, SEQ._decided)) is not dict:
-        sequences.forget(key, arrival)
-        return
-    cdef dict decided_by_key = field(sequences, SEQ._decided)
-    decided = decided_by_key.get(key)
-    if decided is None:
-        return
-    if type(decided) is not dict:  # not as `_decide` makes them: the method decides
-        sequences.forget(key, arrival)
-        return
-    (<dict>decided).pop(arrival, None)
-    if PyDict_Size(decided) == 0:
-        del decided_by_key[key]
+    (for every arrival that expires: a Python call each, before). Tables not made as
+    `_decide` makes them (dicts) are the method's."""
+    if type(sequences) is _HopSequences:
+        by_key = field(sequences, SEQ._decided)
+        if type(by_key) is dict:
+            decided = (<dict>by_key).get(key)
+            if decided is None:
+                return
+            if type(decided) is dict:
+                (<dict>decided).pop(arrival, None)
+                if PyDict_Size(decided) == 0:
+                    del (<dict>by_key)[key]
+                return
+    sequences.forget(key, arrival)
 
 
 cdef void sequences_learn(object sequences, object key, object arrival, object egress) except *:

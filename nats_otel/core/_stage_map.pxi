@@ -103,11 +103,6 @@ cdef inline object _service_name_of(object options):
     return _read(options, MappingOptions, OPTIONS.service_name, "service_name")
 
 
-cdef inline object _or_account(object value, object account):
-    # `value or account`, with `_truthy`
-    return value if _truthy(value) else account
-
-
 cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
                       list issues, object egress_ids) except -1:
     # `egress_ids`: the span ids of the forwarding egresses, in order, as the linker's `_observe`
@@ -153,7 +148,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             end = ts
     hop = ""
     if _forwards(ingress_kind):
-        hop = _or_empty((<dict>first).get("nats-trace-hop"))
+        hop = _or((<dict>first).get("nats-trace-hop"), "")
     # the server span
     if not put_span_head(s, trace_id, <char*>server_id, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent),
                          trace_state, "receive", 7, subject, False, 5, start, end):
@@ -169,7 +164,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         return 0
     if _truthy(hop) and not put_pair(s, SERVER, S_HOP, hop):
         return 0
-    if _truthy((<dict>first).get("nats-trace-dest")) and _or_empty((<dict>first).get("nats-trace-only")).lower() in _ON:
+    if _truthy((<dict>first).get("nats-trace-dest")) and _or((<dict>first).get("nats-trace-only"), "").lower() in _ON:
         put_const(s, SERVER, S_ONLY)
     adhoc_key = field(ctx, CTX.adhoc_key)
     if adhoc_key is not None and not put_pair(s, SERVER, S_ADHOC, adhoc_key):
@@ -220,7 +215,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
                 return 0
             for i in range(3):
                 put_const(s, EGRESS, i)
-            if not (put_pair(s, EGRESS, E_DEST, subject) and put_pair(s, EGRESS, E_ACCOUNT, _or_account(field(event, EG.account), account))
+            if not (put_pair(s, EGRESS, E_DEST, subject) and put_pair(s, EGRESS, E_ACCOUNT, _or(field(event, EG.account), account))
                     and put_pair(s, EGRESS, E_KIND, _label(connection)) and put_pair(s, EGRESS, E_CID, field(event, EG.cid))
                     and put_pair(s, EGRESS, E_NAME, name)):
                 return 0

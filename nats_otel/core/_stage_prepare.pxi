@@ -133,7 +133,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
             except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
                 trace_id = None
         if trace_id is not None:
-            trace_state = _or_empty(index.get("tracestate"))
+            trace_state = _or(index.get("tracestate"), "")
             if id_fields is None:  # not the servers' form: encoded from the ids
                 id_fields = context_fields_c(trace_id, parent_id)
             ctx = _trace_context_of(trace_id, parent_id, trace_state, flags & 1, id_fields)
@@ -151,7 +151,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     # pipeline._arrival: only a message that came in from another server has one
     arrival = None
     if _forwards(field(ingress, IN.kind)):
-        hop = _or_empty(index.get(_HOP_HEADER))
+        hop = _or(index.get(_HOP_HEADER), "")
         if _truthy(hop):
             arrival = ((id_fields, hop, field(ingress, IN.name), field(server, SRV.name)),
                        _new(_Arrival, (ts_ns, size, ident)))

@@ -1,9 +1,10 @@
 """The live loop: source -> Converter -> batch -> export -> ack (DESIGN §2, §6).
 
-The event loop receives and settles; decoding, mapping and encoding run in one conversion
-thread (`processor_lane.ProcessorLane`: the Converter's link state is touched by one thread
-at a time, in the loop's order; a small batch runs on the loop's thread while the lane is
-idle, saving the trips' wake-ups), exporting
+The event loop receives and settles; decoding, mapping and encoding run on the event loop's
+thread where the compiled kernel runs (it holds the GIL through a call: a thread of its own
+would not let the loop read meanwhile), else in one conversion thread but for small batches
+(`processor_lane`: the Converter's link state is touched by one thread at a time, in the
+loop's order, either way), exporting
 in `batch.exports_in_flight` export threads (so the next batch is converted while earlier
 ones wait for the backend, and the NATS read path never waits on one), or with `batch.workers` > 1 in that
 many worker processes (`workers.py`: batches sharded by trace id, several batches in flight). The error
@@ -33,7 +34,7 @@ from nats_otel.bridge.intake import Intake
 from nats_otel.bridge.js_routing import JetStreamRouter
 from nats_otel.bridge.policy import NakBackoff, settle
 from nats_otel.bridge.processor import BatchOutcome, Exporter, Processor, make_exporters
-from nats_otel.bridge.processor_lane import INLINE_MESSAGES, ProcessorLane, run_on_lane
+from nats_otel.bridge.processor_lane import ProcessorLane, inline_limit, run_on_lane
 from nats_otel.bridge.readiness import BackendReadiness
 from nats_otel.bridge.ripening import Ripening
 from nats_otel.bridge.routing import Router
@@ -80,6 +81,8 @@ class Bridge:
         self.accounting = BatchAccounting(self.metrics, settings.telemetry, self.backend,
                                           [e.name for e in [*self._exporters, *self._probe_only]])
         self._pool = ProcessorLane(thread_name_prefix="nats-otel-convert")
+        # The largest batch observed and converted on the loop's thread (`processor_lane`).
+        self._inline_limit = inline_limit(engine.implementation() == "compiled", settings.archive is not None)
         self._export_pool = ThreadPoolExecutor(max_workers=settings.batch.exports_in_flight,
                                                thread_name_prefix="nats-otel-export")
         self.intake = Intake(settings.batch.queue_bytes, settings.batch.queue_size)
@@ -308,7 +311,7 @@ class Bridge:
                                      None if self.exchange is None else self.wholeness.departures(),
                                      () if self.router is None else self.router.take_states())
             converted = await run_on_lane(self._pool, self.processor.convert, raws, holdable,
-                                          inline=len(raws) <= INLINE_MESSAGES)
+                                          inline=len(raws) <= self._inline_limit)
             outcome = await asyncio.get_running_loop().run_in_executor(
                 self._export_pool, self.processor.export, converted, self._deadline())
             self.accounting.account(outcome)
@@ -370,7 +373,7 @@ class Bridge:
                 received = [(d.source, d.breaks) if d.breaks >= 0 else None for d in deliveries]
                 streams = self.wholeness.streams(collected_ns) if sender is not None else None
             shared = await run_on_lane(self._pool, self.processor.observe, raws, sender, received, streams,
-                                       inline=len(raws) <= INLINE_MESSAGES)
+                                       inline=len(raws) <= self._inline_limit)
             # What the batch's observation holds through the link window is not walked again
             # by the collector (`gc_tuning`): ~80-100 ms of collections per 60k burst else.
             gc_tuning.after_batch()

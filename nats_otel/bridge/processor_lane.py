@@ -14,20 +14,32 @@ round).
 So a small piece of work runs on the event loop's thread at once when nothing is queued
 or running in the lane's thread (`run_on_lane(..., inline=True)`): the processor is still
 touched by one thread at a time and in the loop's order, since only the loop submits and
-the lane is idle. Large batches (a lone bridge under load) still go to the thread, so the
-loop keeps reading while they are converted. A small batch converted inline writes its
-`--archive` lines from the loop's thread too: one unbuffered write of at most
-`INLINE_MESSAGES` lines, as the thread would.
+the lane is idle. A small batch converted inline writes its `--archive` lines from the
+loop's thread too: one unbuffered write of at most `INLINE_MESSAGES` lines, as the thread
+would.
+
+Where the compiled kernel runs, large batches run on the loop's thread too (`inline_limit`),
+unless the bridge archives (a large write stays off the loop). The thread was there so that
+the loop kept reading while a large batch was converted, but the kernel holds the GIL
+through each call: no bytecode runs inside it, so no switch interval lets the loop in.
+Measured (a 1 ms timer on the loop while 30 batches of 1,024 were observed and converted in
+the lane's thread): the timer ran ~1.5 times a call, between the calls, with the compiled
+kernel; with the pure-Python reference, which gives the GIL up every switch interval, about
+every 8 ms. So for the kernel the thread bought the loop no reading, only what a trip costs:
+the wake-ups, and a batch read on the other CPU after it was received on this one, its
+results freed back here (a fifth of the loop's CPU, docs/performance.md, session 43).
+Measured in issue 48's 60k burst against the thread: docs/performance.md, session 45.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["INLINE_MESSAGES", "ProcessorLane", "run_on_lane"]
+__all__ = ["INLINE_MESSAGES", "ProcessorLane", "inline_limit", "run_on_lane"]
 
 T = TypeVar("T")
 
@@ -35,6 +47,14 @@ T = TypeVar("T")
 #: loop's thread when the lane is idle: ~1-3 ms of work at most (the kernel's ~13-20 µs a
 #: message), a pause of the loop well inside one read interval (`nats.read_interval`).
 INLINE_MESSAGES = 128
+
+
+def inline_limit(compiled: bool, archiving: bool) -> float:
+    """The most trace messages a batch may hold to run on the event loop's thread when the
+    lane is idle: any number where the `compiled` kernel runs (it keeps the GIL through a
+    call, so the thread would not let the loop read meanwhile) and nothing is archived (a
+    batch's `--archive` write stays off the loop), else `INLINE_MESSAGES`."""
+    return math.inf if compiled and not archiving else INLINE_MESSAGES
 
 
 class ProcessorLane(ThreadPoolExecutor):

@@ -203,9 +203,10 @@ class NatsSettings(_Model):
 class BatchSettings(_Model):
     """Batching and the bounded intake (core mode)."""
 
-    # Each batch pays fixed costs whatever it holds: three trips between the event loop and a
-    # thread (observe, convert, export: ~70-110 µs of CPU each on this project's machine,
-    # wake-ups mostly) and an export request (~250-400 µs with gRPC). Under load, batches of
+    # Each batch pays fixed costs whatever it holds: trips between the event loop and a thread
+    # (the export's; observe's and convert's too where the pure-Python reference runs:
+    # ~70-110 µs of CPU each on this project's machine, wake-ups mostly; `processor_lane`)
+    # and an export request (~250-400 µs with gRPC). Under load, batches of
     # 512 paid ~1 µs a trace message for them; 1,024 halve it. The messages in flight to the
     # backend (`exports_in_flight` times this: what the exports hold, and what one round
     # trip carries) stay 2,048, as before: the same memory, the same reach to a slow backend
@@ -231,8 +232,8 @@ class BatchSettings(_Model):
                              "stops fetching until some are settled")
     queue_size: int | None = Field(None, ge=1, description="core mode: optional cap on the messages waiting")
     pending_msgs_limit: int = Field(65_536, ge=1, description="core mode: nats-py per-subscription limit")
-    workers: int = Field(1, ge=1, le=64, description="1: convert/export in one thread; N > 1: in N worker "
-                         "processes (sharded by trace id), for more than one core")
+    workers: int = Field(1, ge=1, le=64, description="1: convert in this process, export in its threads; "
+                         "N > 1: in N worker processes (sharded by trace id), for more than one core")
     cpu_affinity: str = Field("off", description="off: the bridge's processes run where the scheduler puts them; "
                               "auto: each on one CPU of those the bridge may use, the highest first (the bridge's own "
                               "process, then each worker process in turn); or a CPU list (e.g. 3, or 2-3): those, "

@@ -122,8 +122,9 @@ class LinkExchange:
     """Publishes this bridge's evidence and records the others' (see the module docstring).
 
     `record` runs in `pool`'s thread (`run_in_executor(pool, record, reports, latencies)`):
-    the conversion thread, the only one that touches the link window (with worker
-    processes, the thread that hands the evidence to them)."""
+    the conversion lane, whose thread touches the link window while anything is queued in
+    it (the event loop's thread only while it is idle, `processor_lane`); with worker
+    processes, the thread that hands the evidence to them."""
 
     def __init__(self, subject: str, key: bytes | None, metrics: Any, record: Recorder, pool: Any,
                  margin_ns: int = 0) -> None:

@@ -111,8 +111,9 @@ class ConvertedBatch:
 
 
 class Processor:
-    """Archive, convert, export one batch: `observe` and `convert` in the conversion thread
-    (a small batch on the event loop's, while that thread is idle: `processor_lane`),
+    """Archive, convert, export one batch: `observe` and `convert` on the event loop's
+    thread where the compiled kernel runs and nothing is archived, else in the conversion
+    thread but for a small batch (`processor_lane`), one thread at a time either way;
     `export` in an export thread. Never raises for input."""
 
     def __init__(self, settings: BridgeSettings, exporters: Sequence[Exporter]) -> None:

@@ -7,7 +7,10 @@ they share back and forth. Left to the scheduler, those threads land on differen
 each hand-off moves the data between caches; held on one CPU, the bridge spent ~6 % less
 CPU per trace message in issue 48's burst (the median of 29 paired rounds, 22 cheaper; the
 rounds spread 0.7-1.4) and ~9 % less paced, with the same sustained rate
-(docs/performance.md, session 40). Off by default: a bridge held on one CPU cannot move off
+(docs/performance.md, session 40). Since the compiled kernel's batches are converted on the
+event loop's thread (`processor_lane`), most of those hand-offs are gone, and so is most of
+the gain: held on one CPU, 1.03 (6 paired rounds, 0.97-1.11, 4 cheaper; session 45).
+Off by default: a bridge held on one CPU cannot move off
 it when something else keeps that CPU busy, so it is for a host or container whose CPUs
 the operator places (a dedicated core, Kubernetes' static CPU manager).
 

@@ -21,10 +21,13 @@ from nats_otel.core.shapes import SHAPE_DIGEST
 # `pipeline.PythonLinker`): the same links, counters and length, in every mode. -----------
 
 
+def _decisions(sequences) -> dict:
+    """The crowded keys' decisions (`HopSequences._decided`), forgotten as arrivals expire."""
+    return {key: dict(by_arrival) for key, by_arrival in sequences._decided.items()}
+
+
 def _index_state(index) -> tuple:
-    # With the crowded keys' decisions (`HopSequences._decided`), forgotten as arrivals expire.
-    decided = {key: dict(by_arrival) for key, by_arrival in index.sequences._decided.items()}
-    return len(index), index.evicted, dict(index.expired_unmatched), index._claimed, decided
+    return len(index), index.evicted, dict(index.expired_unmatched), index._claimed, _decisions(index.sequences)
 
 
 def _reused(raws) -> list[RawTraceMessage]:
@@ -102,7 +105,7 @@ def _bookkeeping(linker) -> tuple:
     return (ledger._reports, runs, list(ledger._fifo), ledger._covers, members,
             {link: list(samples) for link, samples in latency._samples.items()}, latency._estimates,
             {link: (p.times, p.pairs) for link, p in sequences._link_pairs.items()}, dict(sequences.decided_by),
-            {key: dict(decided) for key, decided in sequences._decided.items()})
+            _decisions(sequences))
 
 
 def test_the_ledger_and_sequences_keep_alike_what_each_report_and_hop_leaves(kernel, corpus_raws):

@@ -61,9 +61,10 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
 
 
 cdef list _aligned(object raws, object observed):
-    """`observed` as a new list, checked to be `observe_held`'s entries of `raws`, in order
-    (checked whole before any is converted: a mismatch converts none)."""
-    cdef list entries = list(observed)
+    """`observed` as a list (itself if it is one: `convert_many` consumes it), checked to be
+    `observe_held`'s entries of `raws`, in order (checked whole before any is converted: a
+    mismatch converts none)."""
+    cdef list entries = observed if type(observed) is list else list(observed)
     cdef list messages = raws if type(raws) is list else list(raws)
     cdef Py_ssize_t at
     if len(entries) != len(messages):
@@ -143,7 +144,10 @@ cdef class Converter:
 
     def convert_many(self, raws, now=0.0, encoded=False, observed=None):
         """`convert` each of a batch (observed with `observe_many` or `observe`, or not; or
-        with `observe_held`, its entries given back as `observed`)."""
+        with `observe_held`, its entries given back as `observed`). A list given as
+        `observed` is consumed, as in `pipeline.PythonConverter.convert_many`: its entries
+        replaced by their results one by one (each freed while still in the CPU's caches),
+        and returned."""
         index = self.linker.index
         cdef bint as_bytes = encoded
         cdef list entries

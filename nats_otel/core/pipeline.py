@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from msgspec import Struct
 
@@ -336,13 +336,22 @@ class PythonConverter:
                      encoded: bool = False, observed: Sequence[Observed] | None = None) -> list[Converted | Rejected]:
         """`convert` each of a batch (observed with `observe_many` or `observe`, or not; or
         with `observe_held`, its entries given back as `observed`: checked whole to be those
-        of `raws`, in order, before any is converted, else ValueError)."""
+        of `raws`, in order, before any is converted, else ValueError).
+
+        A list given as `observed` is consumed: each entry is replaced by its result as soon
+        as its message is converted, and that list is what is returned. So each entry, and
+        the decoded message it holds, is freed while the conversion has just read it, not a
+        whole batch later (the kernel's twin: a message's ~30 objects freed cold cost the
+        bridge more than freed in cache; docs/performance.md, session 46)."""
         pending, linker, options = self._pending, self.linker, self.options
         if observed is not None:
             entries = _aligned(raws, observed, 2)
             linker.index.expire(now)
-            return [prepared if type(prepared) is Rejected else python_finish(prepared, linker, options, encoded)
-                    for _, prepared in entries]
+            results = cast(list[Converted | Rejected], entries)  # the same list, filled in place
+            for at, (_, prepared) in enumerate(entries):
+                results[at] = prepared if type(prepared) is Rejected else python_finish(prepared, linker, options,
+                                                                                        encoded)
+            return results
         linker.index.expire(now)
         out: list[Converted | Rejected] = []
         for raw in raws:
@@ -365,9 +374,10 @@ class PythonConverter:
 
 
 def _aligned(raws: Iterable[RawTraceMessage], observed: Sequence[Observed], size: int) -> list[Observed]:
-    """`observed` as a list, checked to be `observe_held`'s entries (tuples of `size`) of
-    `raws`, in order."""
-    entries, messages = list(observed), list(raws)
+    """`observed` as a list (itself if it is one: `convert_many` consumes it), checked to be
+    `observe_held`'s entries (tuples of `size`) of `raws`, in order."""
+    entries = observed if type(observed) is list else list(observed)
+    messages = list(raws)
     if len(entries) != len(messages):
         raise ValueError(f"{len(entries)} observed entries for {len(messages)} messages")
     for at, (entry, raw) in enumerate(zip(entries, messages, strict=True)):

@@ -294,3 +294,26 @@ def test_entries_not_of_the_batch_convert_nothing(kernel, corpus_raws, twin):
         assert _index_state(converter.linker.index) == before
     assert converter.convert_many(first, 0.01, True, held) == converter_type(
         MappingOptions(), LIMITS, LinkSettings()).convert_many(first, 0.01, True)
+
+
+@pytest.mark.parametrize("twin", ["reference", "kernel"])
+def test_held_entries_given_as_a_list_are_consumed(kernel, corpus_raws, twin):
+    """`convert_many(observed=<list>)` replaces each entry by its result in that list and
+    returns it (each entry, and the message it decoded, let go as it is converted, not a
+    batch later); entries given as a tuple are left as they were. The results are the same
+    either way, and the same as a converter's that kept what it observed (`observe_many`)."""
+    converter_type = pipeline.PythonConverter if twin == "reference" else kernel.Converter
+    raws = list(corpus_raws[:40])
+    keeping = converter_type(MappingOptions(), LIMITS, LinkSettings())
+    keeping.observe_many(raws, 0.0)
+    expected = keeping.convert_many(raws, 0.01, True)
+    assert any(isinstance(r, pipeline.Converted) and r.link == "matched" for r in expected)
+    converter = converter_type(MappingOptions(), LIMITS, LinkSettings())
+    held = converter.observe_held(raws, 0.0)
+    results = converter.convert_many(raws, 0.01, True, held)
+    assert results is held and results == expected
+    assert all(type(r) in (pipeline.Converted, pipeline.Rejected) for r in held)
+    converter = converter_type(MappingOptions(), LIMITS, LinkSettings())
+    entries = tuple(converter.observe_held(raws, 0.0))
+    assert converter.convert_many(raws, 0.01, True, entries) == expected
+    assert all(type(entry) is tuple and entry[0] is raw for entry, raw in zip(entries, raws, strict=True))

@@ -9,7 +9,7 @@
 # and the pure-Python reference runs.
 
 cdef struct MessageFields:      # model.TraceMessage
-    Py_ssize_t server, ingress, header_index, events, unknown_events, msg_size, hops, headers
+    Py_ssize_t server, ingress, events, unknown_events, msg_size, hops, headers
 cdef struct IngressFields:      # model.Ingress
     Py_ssize_t ts_ns, kind, cid, name, account, subject, error
 cdef struct EgressFields:       # model.Egress (the event)
@@ -80,7 +80,7 @@ _BY_POSITION = {
 }
 
 try:
-    MSG = _offsets(_TraceMessage, "server ingress header_index events unknown_events msg_size hops headers")
+    MSG = _offsets(_TraceMessage, "server ingress events unknown_events msg_size hops headers")
     IN = _offsets(_Ingress, "ts_ns kind cid name account subject error")
     EG = _offsets(_EgressEvent, "ts_ns kind cid name hop account subscription queue error")
     JS = _offsets(_JetStreamEvent, "error")

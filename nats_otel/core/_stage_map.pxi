@@ -103,20 +103,50 @@ cdef inline object _service_name_of(object options):
     return _read(options, MappingOptions, OPTIONS.service_name, "service_name")
 
 
+cdef int _trace_headers(dict headers, PyObject** first) except -1:
+    """The first values of the trace's own headers (`Nats-Trace-Hop`, `-Dest`, `-Only`, in
+    any case) into `first[0..2]` (borrowed, NULL when absent), as `model.first_values` finds
+    them: of the spellings with a value, the first. 0 for a name that is not a str or values
+    not a list (the Python twin decides)."""
+    cdef Py_ssize_t at = 0
+    cdef PyObject* name
+    cdef PyObject* values
+    cdef int slot
+    first[0] = first[1] = first[2] = NULL
+    while PyDict_Next(headers, &at, &name, &values):
+        if not PyUnicode_CheckExact(<object>name) or type(<object>values) is not list:
+            return 0
+        if PyList_GET_SIZE(<object>values) == 0:
+            continue
+        lowered = _lower(<str>name)
+        if lowered == "nats-trace-hop":
+            slot = 0
+        elif lowered == "nats-trace-dest":
+            slot = 1
+        elif lowered == "nats-trace-only":
+            slot = 2
+        else:
+            continue
+        if first[slot] == NULL:
+            first[slot] = PyList_GET_ITEM(<object>values, 0)
+    return 1
+
+
 cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
                       list issues, object egress_ids) except -1:
     # `egress_ids`: the span ids of the forwarding egresses, in order, as the linker's `_observe`
     # hashed them for this message (None: hash them here).
-    # Exact types only: the fields below are read at their offsets. Anything else (a
-    # hand-built message has no `header_index`) is mapped by the Python twin.
+    # Exact types only: the fields below are read at their offsets. Anything else (headers
+    # not a dict of lists) is mapped by the Python twin.
     if type(msg) is not _TraceMessage or type(ctx) is not _TraceContext or type(placement) is not _Placement:
         return 0
     cdef object ingress = field(msg, MSG.ingress)
-    cdef object first = field(msg, MSG.header_index)  # the first value of each header (a dict)
+    cdef object headers = field(msg, MSG.headers)
+    cdef PyObject* trace_headers[3]  # the first values of Nats-Trace-Hop, -Dest and -Only, or NULL
     cdef tuple where = <tuple>placement  # (ident, trace_id, parent_span_id, link, candidates)
     cdef object ident = where[0]
     cdef object trace_id = where[1]
-    if type(first) is not dict or type(ingress) is not _Ingress:
+    if type(headers) is not dict or type(ingress) is not _Ingress or not _trace_headers(<dict>headers, trace_headers):
         return 0
     cdef object trace_state = field(ctx, CTX.trace_state)
     cdef object subject = field(ingress, IN.subject)
@@ -148,7 +178,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             end = ts
     hop = ""
     if _forwards(ingress_kind):
-        hop = _or((<dict>first).get("nats-trace-hop"), "")
+        hop = "" if trace_headers[0] == NULL else _or(<object>trace_headers[0], "")
     # the server span
     if not put_span_head(s, trace_id, <char*>server_id, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent),
                          trace_state, "receive", 7, subject, False, 5, start, end):
@@ -164,7 +194,8 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         return 0
     if _truthy(hop) and not put_pair(s, SERVER, S_HOP, hop):
         return 0
-    if _truthy((<dict>first).get("nats-trace-dest")) and _or((<dict>first).get("nats-trace-only"), "").lower() in _ON:
+    if trace_headers[1] != NULL and _truthy(<object>trace_headers[1]) and \
+            ("" if trace_headers[2] == NULL else _or(<object>trace_headers[2], "")).lower() in _ON:
         put_const(s, SERVER, S_ONLY)
     adhoc_key = field(ctx, CTX.adhoc_key)
     if adhoc_key is not None and not put_pair(s, SERVER, S_ADHOC, adhoc_key):
@@ -182,7 +213,6 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     note = _note(error)
     if note is not None and not put_pair(s, SERVER, S_NOTE, note):
         return 0
-    headers = field(msg, MSG.headers)
     if _truthy(headers) and not put_headers(s, headers, _allowlist_of(options)):
         return 0
     if not put_status(s, error):

@@ -111,7 +111,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     if own is not None:  # a header of the message's own (`shape_digest`, in C)
         size = shape_digest(size, own)
     ingress = events[0]
-    msg = _trace_message(server, message_headers, msg_size, hops, ingress, _tail(events), index)
+    msg = _trace_message(server, message_headers, msg_size, hops, ingress, _tail(events))
     # ids.trace_context, when the traceparent is valid; otherwise the reference decides
     # (an ad-hoc context, or the error), and prepare's issue follows
     cdef tuple issues = ()
@@ -159,8 +159,8 @@ cpdef object prepare(object raw, object limits=_UNSET):
 
 
 cdef object _trace_message(object server, object headers, object msg_size, object hops, object ingress,
-                           tuple events, dict index):
-    # `TraceMessage(server, headers, msg_size, hops, ingress, events, (), index)`, field by field
+                           tuple events):
+    # `TraceMessage(server, headers, msg_size, hops, ingress, events, ())`, field by field
     msg = _struct_new(_TraceMessage)
     set_field(msg, MSG.server, server)
     set_field(msg, MSG.headers, headers)
@@ -169,7 +169,6 @@ cdef object _trace_message(object server, object headers, object msg_size, objec
     set_field(msg, MSG.ingress, ingress)
     set_field(msg, MSG.events, events)
     set_field(msg, MSG.unknown_events, ())
-    set_field(msg, MSG.header_index, index)
     return msg
 
 

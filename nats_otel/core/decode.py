@@ -29,7 +29,6 @@ from nats_otel.core.model import (
     TraceMessage,
     UInt64,
     check_uint64,
-    first_values,
 )
 
 __all__ = [
@@ -253,7 +252,6 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
         ingress=ingress,
         events=tuple(events),
         unknown_events=tuple(unknown),
-        header_index=first_values(headers),
     )
 
 
@@ -314,7 +312,7 @@ def _decode_fast(data: bytes, limits: DecodeLimits) -> TraceMessage | None:
             return None
     headers = doc.request.header
     return TraceMessage(doc.server, headers, doc.request.msgsize, doc.hops, events[0],
-                        tuple(events[1:]), (), first_values(headers))  # type: ignore[arg-type]  # no Ingress left (checked above)
+                        tuple(events[1:]))  # type: ignore[arg-type]  # no Ingress left (checked above)
 
 
 def _is_int(value: Any) -> bool:

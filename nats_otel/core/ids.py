@@ -107,9 +107,7 @@ def trace_context(msg: TraceMessage, arrival_subject: str | None) -> TraceContex
     way. An ad-hoc context's `trace_id` names the group of messages traced to that
     destination; each traced message gets a trace of its own (`adhoc_trace_id`).
     """
-    index = msg.header_index
-    if index is None:
-        index = first_values(msg.headers)
+    index = first_values(msg.headers)
     traceparent = index.get("traceparent")
     trace_state = index.get("tracestate") or ""
     dest = index.get("nats-trace-dest")

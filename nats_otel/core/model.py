@@ -238,9 +238,10 @@ class TraceMessage(Struct, frozen=True, gc=False):
 
     `headers` are the traced message's headers as the server saw them (name case kept);
     `events` the events after the ingress, in the server's order; `unknown_events` raw
-    events of types this version does not map. Built by `decode` from validated parts,
-    which also passes `header_index` (`first_values(headers)`): worked out once per message,
-    where it is cheapest, not in a hook at every construction.
+    events of types this version does not map. Built by `decode` from validated parts.
+    It keeps no index of its headers: a message has a handful, each look-up (`header`)
+    reads them in place, and an index held through the live bridge's link window cost
+    ~180 bytes and two blocks a message (docs/performance.md, session 46).
 
     A msgspec `Struct`, not a dataclass: built in C, it costs a tenth of a frozen dataclass
     per message. Not tracked by the GC (`gc=False`): it holds no reference cycles.
@@ -253,8 +254,6 @@ class TraceMessage(Struct, frozen=True, gc=False):
     ingress: Ingress
     events: tuple[TraceEvent, ...] = ()
     unknown_events: tuple[dict[str, Any], ...] = ()
-    #: `first_values(headers)`; None when built by hand (then each look-up works it out).
-    header_index: dict[str, str] | None = None
 
     @property
     def end_ns(self) -> int:
@@ -266,9 +265,13 @@ class TraceMessage(Struct, frozen=True, gc=False):
         return latest
 
     def header(self, name: str) -> str | None:
-        """First value of a header, looked up case-insensitively (servers keep the case)."""
-        index = self.header_index
-        return (index if index is not None else first_values(self.headers)).get(name.lower())
+        """First value of a header, looked up case-insensitively (servers keep the case):
+        of the spellings with a value, the first (`first_values(headers).get(name.lower())`)."""
+        wanted = name.lower()
+        for key, values in self.headers.items():
+            if values and key.lower() == wanted:
+                return values[0]
+        return None
 
     @property
     def hop(self) -> str:

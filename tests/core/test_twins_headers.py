@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from nats_otel.core import span_bytes
 from nats_otel.core.mapping import MappingOptions
-from nats_otel.core.model import first_values
 from nats_otel.core.pipeline import Linker, prepare
 from tests.core.factories import TRACEPARENT, egress, ingress, message, raw
 from tests.core.test_fuzz_decode import LIMITS
@@ -44,7 +43,7 @@ def _alike(kernel, p, placement, options) -> int:
 
 def _with_headers(p, headers: dict):
     """`p` with other headers (values the JSON cannot carry: ints, tuples...)."""
-    msg = msgspec.structs.replace(p.msg, headers=headers, header_index=first_values(headers))
+    msg = msgspec.structs.replace(p.msg, headers=headers)
     return msgspec.structs.replace(p, msg=msg)
 
 
@@ -145,3 +144,30 @@ def test_buffers_grown_by_a_large_message_are_given_back(kernel):
     large = _with_headers(p, {"traceparent": [TRACEPARENT] * 3000})  # ~190 KB of spans
     for prepared in (large, p, large, p):
         assert _alike(kernel, prepared, placement, MappingOptions()) == 0
+
+
+def test_the_trace_headers_are_found_as_the_reference_finds_them(kernel):
+    """Nats-Trace-Hop, -Dest and -Only read by the kernel's mapper in place (a message keeps
+    no index of its headers): in any case, the first spelling with a value winning, an
+    empty list skipped; the same spans as the reference's, none handed over (but for what
+    the copied headers hand over); values not in a list go to the reference."""
+    p, placement = _prepared({"traceparent": [TRACEPARENT]})
+    not_copied = MappingOptions(header_allowlist=frozenset({"traceparent"}))
+    cases = [
+        {"nats-trace-hop": [], "NATS-TRACE-HOP": ["h2"]},
+        {"Nats-Trace-Hop": ["h1", "h9"], "nats-trace-hop": ["h2"]},
+        {"NATS-TRACE-DEST": ["d"], "nats-trace-only": ["TRUE"]},
+        {"Nats-Trace-Dest": ["d"], "Nats-Trace-Only": ["0"]},
+        {"Nats-Trace-Dest": [""], "Nats-Trace-Only": ["1"]},
+        {"Nats-Trace-Only": ["on"]},
+        {"nats-trace-dest": [], "Nats-Trace-Dest": ["d"], "NATS-TRACE-ONLY": ["On"], "X-App": ["a"]},
+    ]
+    for headers in cases:
+        changed = _with_headers(p, {"traceparent": [TRACEPARENT], **headers})
+        assert _alike(kernel, changed, placement, not_copied) == 0, headers
+    spans = [outcome(span_bytes.python_map_encode, _with_headers(p, {"traceparent": [TRACEPARENT], **h}).msg, p.ctx,
+                     placement, not_copied) for h in cases]
+    assert len({repr(s) for s in spans}) >= 4  # the cases differ in what the server span says
+    odd = _with_headers(p, {"traceparent": [TRACEPARENT], "Nats-Trace-Hop": ("h1",)})
+    result, count = handed(kernel, "map", kernel.map_encode, odd.msg, odd.ctx, placement, not_copied)
+    assert count == 1 and result == outcome(span_bytes.python_map_encode, odd.msg, odd.ctx, placement, not_copied)

@@ -281,17 +281,18 @@ cpdef object adhoc_trace_id(object ctx, object origin):
                         PyBytes_AS_STRING(origin), PyBytes_GET_SIZE(origin))
 
 
-cdef object _adhoc_context(dict index, object arrival_subject):
+cdef object _adhoc_context(object dest, object trace_state, object arrival_subject):
     """`ids.trace_context` for a message without a traceparent: its ad-hoc context (correlated
-    by the subject it arrived on, else by its `Nats-Trace-Dest`); None where the Python twin
-    decides (no key: its error; a key that is not a plain `str` with a UTF-8 form)."""
+    by the subject it arrived on, else by its `Nats-Trace-Dest`, `dest`); None where the
+    Python twin decides (no key: its error; a key that is not a plain `str` with a UTF-8
+    form). `dest`, `trace_state`: those headers' first values, or None."""
     cdef Py_ssize_t size = 0
     cdef const char* text
     cdef char length[4]
     if arrival_subject:
         key = arrival_subject
     else:
-        key = index.get("nats-trace-dest")
+        key = dest
         if not key or key == _TRACE_DISABLED:
             return None
     if type(key) is not str:
@@ -304,4 +305,4 @@ cdef object _adhoc_context(dict index, object arrival_subject):
         return None
     _length(length, size)  # `_fields(key)`: its length, then its bytes
     trace_id = _trace_id_of(_ADHOC_GROUP_PREFIX, length, 4, text, <size_t>size)
-    return _TraceContext(trace_id, b"", index.get("tracestate") or "", True, key)
+    return _TraceContext(trace_id, b"", trace_state or "", True, key)

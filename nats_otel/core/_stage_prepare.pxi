@@ -86,8 +86,11 @@ cpdef object prepare(object raw, object limits=_UNSET):
         message_headers = field(request, REQ.header)
         msg_size = field(request, REQ.msgsize)
         hops = field(doc, DOC.hops)
-    # model.first_values and shapes.message_shape, in one pass over the headers
-    cdef dict index = {}
+    # The first values of the headers read below (`model.first_values`: of the spellings with
+    # a value, the first; borrowed from the message's headers, NULL when absent) and
+    # shapes.message_shape, in one pass over the headers
+    cdef PyObject* firsts[4]  # traceparent, tracestate, nats-trace-hop, nats-trace-dest
+    firsts[0] = firsts[1] = firsts[2] = firsts[3] = NULL
     size = msg_size
     cdef Py_ssize_t at = 0
     cdef PyObject* key_p
@@ -99,7 +102,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
         values = <list>values_p  # msgspec gave a dict[str, list[str]]
         lowered = _lower(key)
         if _truthy(values):
-            PyDict_SetDefault(index, lowered, values[0])
+            _note_first(firsts, lowered, values)
         header_class = PyDict_GetItemWithError(_HEADER_CLASS, lowered)
         if header_class is not NULL and <object>header_class is True:
             for value in values:
@@ -120,7 +123,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     id_fields = None
     cdef unsigned char ids[24]
     cdef unsigned char flags_byte
-    traceparent_p = PyDict_GetItemWithError(index, "traceparent")
+    traceparent_p = firsts[0]
     if traceparent_p is not NULL:
         if _traceparent_fast(<object>traceparent_p, ids, &flags_byte):  # `parse_traceparent`, no tuple
             trace_id = PyBytes_FromStringAndSize(<char*>ids, 16)
@@ -133,12 +136,13 @@ cpdef object prepare(object raw, object limits=_UNSET):
             except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
                 trace_id = None
         if trace_id is not None:
-            trace_state = _or(index.get("tracestate"), "")
+            trace_state = "" if firsts[1] == NULL else _or(<object>firsts[1], "")
             if id_fields is None:  # not the servers' form: encoded from the ids
                 id_fields = context_fields_c(trace_id, parent_id)
             ctx = _trace_context_of(trace_id, parent_id, trace_state, flags & 1, id_fields)
     if ctx is None and traceparent_p is NULL:  # ad hoc (`Nats-Trace-Dest`), the usual kind in C
-        ctx = _adhoc_context(index, raw.subject)
+        ctx = _adhoc_context(None if firsts[3] == NULL else <object>firsts[3],
+                             None if firsts[1] == NULL else <object>firsts[1], raw.subject)
         if ctx is not None:
             id_fields = field(ctx, CTX.id_fields)
     if ctx is None:
@@ -151,11 +155,28 @@ cpdef object prepare(object raw, object limits=_UNSET):
     # pipeline._arrival: only a message that came in from another server has one
     arrival = None
     if _forwards(field(ingress, IN.kind)):
-        hop = _or(index.get(_HOP_HEADER), "")
+        hop = "" if firsts[2] == NULL else _or(<object>firsts[2], "")
         if _truthy(hop):
             arrival = ((id_fields, hop, field(ingress, IN.name), field(server, SRV.name)),
                        _new(_Arrival, (ts_ns, size, ident)))
     return _prepared(raw, msg, ctx, ident, arrival, issues, size)
+
+
+cdef inline void _note_first(PyObject** firsts, str lowered, list values):
+    # `values[0]` into the slot of `lowered` if it is one of `prepare`'s four and still empty
+    cdef int slot
+    if lowered == "traceparent":
+        slot = 0
+    elif lowered == "tracestate":
+        slot = 1
+    elif lowered == _HOP_HEADER:
+        slot = 2
+    elif lowered == "nats-trace-dest":
+        slot = 3
+    else:
+        return
+    if firsts[slot] == NULL:
+        firsts[slot] = PyList_GET_ITEM(values, 0)
 
 
 cdef object _trace_message(object server, object headers, object msg_size, object hops, object ingress,

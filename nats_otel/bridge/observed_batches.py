@@ -7,7 +7,9 @@ Why not the converter's own store (`_pending`, a dict by each raw message's id):
 on convert: the table, the key and the entry each a cache miss in a dict that size) were
 ~2-3 % of the bridge's CPU (`perf`, docs/performance.md, session 39). The bridge converts
 its batches whole and in the order observed (the ripening joins whole batches:
-`ripening.py`), so one look-up a batch finds them here.
+`ripening.py`), so one look-up a batch finds them here. `take` hands over a new list of
+them, which `convert_many` consumes: each entry, and the message it decoded, is freed as
+its message is converted, while still in the CPU's caches (docs/performance.md, session 46).
 
 What is not converted as it was observed (a batch split or reordered, or held past the
 bound here: a drain that ran out never converts its batches) goes back to the converter

@@ -340,9 +340,8 @@ class PythonConverter:
 
         A list given as `observed` is consumed: each entry is replaced by its result as soon
         as its message is converted, and that list is what is returned. So each entry, and
-        the decoded message it holds, is freed while the conversion has just read it, not a
-        whole batch later (the kernel's twin: a message's ~30 objects freed cold cost the
-        bridge more than freed in cache; docs/performance.md, session 46)."""
+        the ~30 objects of the message it decoded, is freed right after the conversion read
+        them, not a whole batch later, cold (docs/performance.md, session 46)."""
         pending, linker, options = self._pending, self.linker, self.options
         if observed is not None:
             entries = _aligned(raws, observed, 2)

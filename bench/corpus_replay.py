@@ -24,12 +24,17 @@ CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus"
 
 
 def corpus_raws() -> list[RawTraceMessage]:
-    return [
+    """The shipped corpus's trace messages; a clear error where there are none (a copy of
+    `bench/` outside the checkout finds no `tests/data/corpus`: `replicate` would loop)."""
+    raws = [
         parse_archive_line(line)
         for path in sorted(CORPUS.glob("*.jsonl"))
         for line in path.read_bytes().splitlines()
         if line.strip()
     ]
+    if not raws:
+        raise SystemExit(f"no trace messages in {CORPUS}/*.jsonl: run the benchmarks from a checkout")
+    return raws
 
 
 def _recompress(data: bytes, encoding: str | None) -> bytes:

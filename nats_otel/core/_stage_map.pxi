@@ -103,32 +103,19 @@ cdef inline object _service_name_of(object options):
     return _read(options, MappingOptions, OPTIONS.service_name, "service_name")
 
 
-cdef int _trace_headers(dict headers, PyObject** first) except -1:
-    """The first values of the trace's own headers (`Nats-Trace-Hop`, `-Dest`, `-Only`, in
-    any case) into `first[0..2]` (borrowed, NULL when absent), as `model.first_values` finds
-    them: of the spellings with a value, the first. 0 for a name that is not a str or values
-    not a list (the Python twin decides)."""
+cdef int _trace_headers(dict headers, PyObject** firsts) except -1:
+    """The first values of the trace's own headers into `firsts` (`_note_first`, in
+    `_stage_prepare.pxi`); 0 for a name that is not a str or values not a list (the Python
+    twin decides)."""
     cdef Py_ssize_t at = 0
     cdef PyObject* name
     cdef PyObject* values
-    cdef int slot
-    first[0] = first[1] = first[2] = NULL
+    _clear_firsts(firsts)
     while PyDict_Next(headers, &at, &name, &values):
         if not PyUnicode_CheckExact(<object>name) or type(<object>values) is not list:
             return 0
-        if PyList_GET_SIZE(<object>values) == 0:
-            continue
-        lowered = _lower(<str>name)
-        if lowered == "nats-trace-hop":
-            slot = 0
-        elif lowered == "nats-trace-dest":
-            slot = 1
-        elif lowered == "nats-trace-only":
-            slot = 2
-        else:
-            continue
-        if first[slot] == NULL:
-            first[slot] = PyList_GET_ITEM(<object>values, 0)
+        if PyList_GET_SIZE(<object>values) != 0:
+            _note_first(firsts, _lower(<str>name), <list>values)
     return 1
 
 
@@ -142,11 +129,11 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         return 0
     cdef object ingress = field(msg, MSG.ingress)
     cdef object headers = field(msg, MSG.headers)
-    cdef PyObject* trace_headers[3]  # the first values of Nats-Trace-Hop, -Dest and -Only, or NULL
+    cdef PyObject* firsts[TRACE_HEADERS]  # the trace's headers' first values (`_trace_headers`)
     cdef tuple where = <tuple>placement  # (ident, trace_id, parent_span_id, link, candidates)
     cdef object ident = where[0]
     cdef object trace_id = where[1]
-    if type(headers) is not dict or type(ingress) is not _Ingress or not _trace_headers(<dict>headers, trace_headers):
+    if type(headers) is not dict or type(ingress) is not _Ingress or not _trace_headers(<dict>headers, firsts):
         return 0
     cdef object trace_state = field(ctx, CTX.trace_state)
     cdef object subject = field(ingress, IN.subject)
@@ -178,7 +165,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             end = ts
     hop = ""
     if _forwards(ingress_kind):
-        hop = "" if trace_headers[0] == NULL else _or(<object>trace_headers[0], "")
+        hop = _first_or(firsts[H_HOP], "")
     # the server span
     if not put_span_head(s, trace_id, <char*>server_id, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent),
                          trace_state, "receive", 7, subject, False, 5, start, end):
@@ -194,8 +181,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         return 0
     if _truthy(hop) and not put_pair(s, SERVER, S_HOP, hop):
         return 0
-    if trace_headers[1] != NULL and _truthy(<object>trace_headers[1]) and \
-            ("" if trace_headers[2] == NULL else _or(<object>trace_headers[2], "")).lower() in _ON:
+    if _truthy(_first_or(firsts[H_DEST], None)) and _first_or(firsts[H_ONLY], "").lower() in _ON:
         put_const(s, SERVER, S_ONLY)
     adhoc_key = field(ctx, CTX.adhoc_key)
     if adhoc_key is not None and not put_pair(s, SERVER, S_ADHOC, adhoc_key):

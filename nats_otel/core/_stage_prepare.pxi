@@ -86,11 +86,10 @@ cpdef object prepare(object raw, object limits=_UNSET):
         message_headers = field(request, REQ.header)
         msg_size = field(request, REQ.msgsize)
         hops = field(doc, DOC.hops)
-    # The first values of the headers read below (`model.first_values`: of the spellings with
-    # a value, the first; borrowed from the message's headers, NULL when absent) and
-    # shapes.message_shape, in one pass over the headers
-    cdef PyObject* firsts[4]  # traceparent, tracestate, nats-trace-hop, nats-trace-dest
-    firsts[0] = firsts[1] = firsts[2] = firsts[3] = NULL
+    # The first values of the trace's headers (`_note_first`) and shapes.message_shape, in
+    # one pass over the headers
+    cdef PyObject* firsts[TRACE_HEADERS]
+    _clear_firsts(firsts)
     size = msg_size
     cdef Py_ssize_t at = 0
     cdef PyObject* key_p
@@ -123,7 +122,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     id_fields = None
     cdef unsigned char ids[24]
     cdef unsigned char flags_byte
-    traceparent_p = firsts[0]
+    traceparent_p = firsts[H_TRACEPARENT]
     if traceparent_p is not NULL:
         if _traceparent_fast(<object>traceparent_p, ids, &flags_byte):  # `parse_traceparent`, no tuple
             trace_id = PyBytes_FromStringAndSize(<char*>ids, 16)
@@ -136,13 +135,12 @@ cpdef object prepare(object raw, object limits=_UNSET):
             except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
                 trace_id = None
         if trace_id is not None:
-            trace_state = "" if firsts[1] == NULL else _or(<object>firsts[1], "")
+            trace_state = _first_or(firsts[H_TRACESTATE], "")
             if id_fields is None:  # not the servers' form: encoded from the ids
                 id_fields = context_fields_c(trace_id, parent_id)
             ctx = _trace_context_of(trace_id, parent_id, trace_state, flags & 1, id_fields)
     if ctx is None and traceparent_p is NULL:  # ad hoc (`Nats-Trace-Dest`), the usual kind in C
-        ctx = _adhoc_context(None if firsts[3] == NULL else <object>firsts[3],
-                             None if firsts[1] == NULL else <object>firsts[1], raw.subject)
+        ctx = _adhoc_context(_first_or(firsts[H_DEST], None), _first_or(firsts[H_TRACESTATE], None), raw.subject)
         if ctx is not None:
             id_fields = field(ctx, CTX.id_fields)
     if ctx is None:
@@ -155,28 +153,49 @@ cpdef object prepare(object raw, object limits=_UNSET):
     # pipeline._arrival: only a message that came in from another server has one
     arrival = None
     if _forwards(field(ingress, IN.kind)):
-        hop = "" if firsts[2] == NULL else _or(<object>firsts[2], "")
+        hop = _first_or(firsts[H_HOP], "")
         if _truthy(hop):
             arrival = ((id_fields, hop, field(ingress, IN.name), field(server, SRV.name)),
                        _new(_Arrival, (ts_ns, size, ident)))
     return _prepared(raw, msg, ctx, ident, arrival, issues, size)
 
 
+# The trace's own headers that `prepare` and the mapper read, by their slot in a message's
+# `firsts`: each one's first value (`model.first_values`: of the spellings with a value, the
+# first), borrowed from the message's headers, NULL when it has none. A message keeps no
+# index of its headers: each pass over them notes these.
+cdef enum:
+    H_TRACEPARENT, H_TRACESTATE, H_HOP, H_DEST, H_ONLY, TRACE_HEADERS
+
+
+cdef inline void _clear_firsts(PyObject** firsts):
+    cdef int slot
+    for slot in range(TRACE_HEADERS):
+        firsts[slot] = NULL
+
+
 cdef inline void _note_first(PyObject** firsts, str lowered, list values):
-    # `values[0]` into the slot of `lowered` if it is one of `prepare`'s four and still empty
+    # `values[0]` (a non-empty list's) into the slot of `lowered`, if it has one still empty
     cdef int slot
     if lowered == "traceparent":
-        slot = 0
+        slot = H_TRACEPARENT
     elif lowered == "tracestate":
-        slot = 1
+        slot = H_TRACESTATE
     elif lowered == _HOP_HEADER:
-        slot = 2
+        slot = H_HOP
     elif lowered == "nats-trace-dest":
-        slot = 3
+        slot = H_DEST
+    elif lowered == "nats-trace-only":
+        slot = H_ONLY
     else:
         return
     if firsts[slot] == NULL:
         firsts[slot] = PyList_GET_ITEM(values, 0)
+
+
+cdef inline object _first_or(PyObject* first, object default):
+    # a noted first value, or `default` where there is none or it is empty (`_or`)
+    return default if first == NULL else _or(<object>first, default)
 
 
 cdef object _trace_message(object server, object headers, object msg_size, object hops, object ingress,

@@ -77,7 +77,10 @@ class Bridge:
             # The exporters were built above to fail here, early, on bad files/endpoints.
             self._probe_only, self._exporters = self._exporters, []
             self.workers = WorkerPool(settings, settings.batch.workers)
-        self.processor = Processor(settings, self._exporters)
+        # Core mode, one process: nothing reads a payload once observed (observed_batches).
+        # (JetStream mode keeps each message to settle, with its payload, whatever this does.)
+        self.processor = Processor(settings, self._exporters,
+                                   release_payloads=settings.mode == "core" and self.workers is None)
         self.accounting = BatchAccounting(self.metrics, settings.telemetry, self.backend,
                                           [e.name for e in [*self._exporters, *self._probe_only]])
         self._pool = ProcessorLane(thread_name_prefix="nats-otel-convert")

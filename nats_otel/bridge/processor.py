@@ -116,7 +116,7 @@ class Processor:
     thread but for a small batch (`processor_lane`), one thread at a time either way;
     `export` in an export thread. Never raises for input."""
 
-    def __init__(self, settings: BridgeSettings, exporters: Sequence[Exporter]) -> None:
+    def __init__(self, settings: BridgeSettings, exporters: Sequence[Exporter], release_payloads: bool = False) -> None:
         allow = DEFAULT_HEADER_ALLOWLIST | {h.lower() for h in settings.allow_headers}
         limits = DecodeLimits(**settings.limits.model_dump())
         self.converter = Converter(MappingOptions(settings.service_name, allow), limits, settings.link.core())
@@ -132,8 +132,10 @@ class Processor:
         # The kernel counts per process: from here on, this processor's (one per process in the bridge).
         self._handed_seen: dict[str, int] = engine.handed_to_reference()
         self.implementation = log_core()
-        # What `observe` decoded, held until `convert` (the link window): see observed_batches.
-        self._observed = ObservedBatches(self.converter, _HELD_MESSAGES)
+        # What `observe` decoded, held until `convert` (the link window): see observed_batches;
+        # there too why a caller that reads no payload after `observe` (`release_payloads`)
+        # has them released, unless archived (the archive is written at `convert`).
+        self._observed = ObservedBatches(self.converter, _HELD_MESSAGES, release_payloads and self._archive is None)
 
     def observe(self, raws: Sequence[RawTraceMessage], sender: str | None = None,
                 received: Sequence[tuple[str, int] | None] | None = None, streams: Streams | None = None) -> bytes:
@@ -237,7 +239,10 @@ class Processor:
         encoded = self._encoded
         # As observed (`observe`), whole batches in order: their entries given back; else
         # (`take` gave them to the converter) the converter finds each message's.
-        outcome = BatchOutcome(self.converter.convert_many(raws, now, encoded, self._observed.take(raws)))
+        entries = self._observed.take(raws)
+        outcome = BatchOutcome(self.converter.convert_many(raws, now, encoded, entries))
+        if entries is None:  # rare: a batch split or reordered, or held past the bound
+            self._observed.name_released(raws, outcome.results)
         index = self.converter.linker.index
         outcome.evicted, self._evicted_seen = index.evicted - self._evicted_seen, index.evicted
         outcome.expired_unmatched = {side: count - self._expired_seen.get(side, 0)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from types import ModuleType
 
-from nats_otel.bridge.observed_batches import ObservedBatches
+from nats_otel.bridge.observed_batches import PAST_THE_BOUND, RELEASED, ObservedBatches
 from nats_otel.bridge.processor import Processor
 from nats_otel.bridge.settings import load_settings
 from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.pipeline import Converted
 from tests.core.test_twins_linking import _index_state
 
 
@@ -107,3 +108,56 @@ def test_a_batch_begun_again_by_its_first_message_hands_the_earlier_to_the_conve
     assert held.messages == 4  # the earlier batch no longer counted here
     assert [entry[0] for entry in converter._pending.values()] == batch  # but kept by the converter
     assert held.take(batch[:4]) is not None and held.messages == 0
+
+
+def _copies(raws: list[RawTraceMessage]) -> list[RawTraceMessage]:
+    """New raw messages of the same content (released payloads are written into the raws)."""
+    return [RawTraceMessage(r.subject, r.headers, bytes(r.payload), r.received_at) for r in raws]
+
+
+def test_released_payloads_convert_as_kept_ones(core, corpus_raws):
+    raws = _copies(list(corpus_raws[:300]))
+    batches = _batches(raws, 37)
+    converts = [batches[0] + batches[1], *batches[2:]]
+    want = _by_the_store(core, _batches(_copies(list(corpus_raws[:300])), 37),
+                         [list(c) for c in [batches[0] + batches[1], *batches[2:]]])
+    converter = core.Converter()
+    held = ObservedBatches(converter, 10_000, release_payloads=True)
+    for batch in batches:
+        held.put(converter.observe_held(batch, 0.0))
+        assert all(raw.payload is RELEASED for raw in batch)  # released as the batch is held
+    results = [r for part in converts for r in converter.convert_many(part, 0.01, True, held.take(part))]
+    assert (results, _index_state(converter.linker.index)) == (want[0], want[1])
+
+
+def test_a_released_message_decoded_again_says_why(core, corpus_raws):
+    raws = _copies(list(corpus_raws[:40]))
+    batches = _batches(raws, 8)
+    converter = core.Converter(pending_capacity=12)
+    held = ObservedBatches(converter, 20, release_payloads=True)
+    for batch in batches:
+        held.put(converter.observe_held(batch, 0.0))
+    # The oldest batch and half the next went past both bounds: their entries are gone (as
+    # when `take` gives None: the processor converts without the entries).
+    part = batches[0] + batches[1]
+    results = converter.convert_many(part, 0.01, True, None)
+    assert [r.reason for r in results[:12]] == ["bad_json"] * 12  # the kernel decoded `RELEASED`
+    held.name_released(part, results)
+    assert [(r.reason, r.subject) for r in results[:12]] == [(PAST_THE_BOUND, raw.subject) for raw in part[:12]]
+    assert all(isinstance(r, Converted) and r.span_count for r in results[12:])  # still held: converted
+
+
+def test_the_processor_releases_payloads_only_when_asked_and_not_archiving(tmp_path, corpus_raws):
+    base = {"sources": [{"subjects": ["trace.a"]}], "output": "/dev/null", "export_otlp": False}
+    plain = load_settings(overrides=base)
+    archiving = load_settings(overrides=base | {"archive": str(tmp_path / "archive.jsonl")})
+    for settings, release, released in [(plain, False, False), (plain, True, True), (archiving, True, False)]:
+        processor = Processor(settings, [], release_payloads=release)
+        batch = _copies(list(corpus_raws[:20]))
+        processor.observe(batch)
+        assert [raw.payload is RELEASED for raw in batch] == [released] * 20
+        outcome = processor.convert(batch).outcome
+        assert sum(isinstance(r, Converted) for r in outcome.results) == 20
+        processor.close()
+    # The archive was written from the payloads as received.
+    assert (tmp_path / "archive.jsonl").read_bytes().count(b"\n") == 20

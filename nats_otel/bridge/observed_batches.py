@@ -23,8 +23,8 @@ again (its entries hold what `convert` maps; forwarding to an owner happens befo
 observation; only the archive, written at `convert`, and a message decoded again read them).
 So each raw message's payload is replaced by `RELEASED` as its batch is put here: the link
 window holds each trace message's parse, not also the ~0.7 KB of JSON it came from. In
-issue 48's burst that is a sixth less memory held (peak RSS 262 -> 220 MB) and as many
-fewer page faults, ~10 % of the bridge's CPU (docs/performance.md, session 47). A message
+issue 48's burst: peak RSS 262 -> 220 MB, a fifth fewer page faults, and ~5 % less CPU a
+message (docs/performance.md, session 47). A message
 decoded again (its entry dropped past `pending_capacity`, after `take` gave the batches
 back) cannot be: `name_released` says so in its result (`Rejected`, reason
 `PAST_THE_BOUND`), counted as every rejected message is.

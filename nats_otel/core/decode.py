@@ -96,7 +96,9 @@ class RawTraceMessage(msgspec.Struct, frozen=True, gc=False):
     """A trace message as received: the subject it arrived on, its headers, its raw payload.
 
     `subject` is None only for bare `MsgTraceEvent` archive lines, which lack it. A msgspec
-    `Struct` (built in C: one per message received), positional or keyword, picklable.
+    `Struct` (built in C: one per message received), positional or keyword, picklable. (The
+    bridge in core mode replaces `payload` once it observed the message, which nothing reads
+    again: `bridge/observed_batches.RELEASED`.)
     """
 
     subject: str | None

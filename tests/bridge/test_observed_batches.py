@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from types import ModuleType
 
+from nats_otel.bridge.loop import Bridge
 from nats_otel.bridge.observed_batches import PAST_THE_BOUND, RELEASED, ObservedBatches
 from nats_otel.bridge.processor import Processor
 from nats_otel.bridge.settings import load_settings
@@ -160,3 +161,17 @@ def test_the_processor_releases_payloads_only_when_asked_and_not_archiving(tmp_p
         processor.close()
     # The archive was written from the payloads as received.
     assert (tmp_path / "archive.jsonl").read_bytes().count(b"\n") == 20
+
+
+def test_the_bridge_releases_payloads_in_core_mode_in_one_process_only(tmp_path, corpus_raws):
+    """The wiring (`Bridge`): core mode in one process releases; JetStream mode (each message
+    kept to settle), worker processes (`report_numbers` may decode again) and an archive do not."""
+    base = {"sources": [{"subjects": ["trace.a"]}], "output": "/dev/null", "export_otlp": False}
+    cases = [({}, True), ({"mode": "jetstream"}, False), ({"batch": {"workers": 2}}, False),
+             ({"archive": str(tmp_path / "archive.jsonl")}, False)]
+    for overrides, released in cases:
+        bridge = Bridge(load_settings(env={}, overrides=base | overrides))
+        batch = _copies(list(corpus_raws[:10]))
+        bridge.processor.observe(batch)
+        assert [raw.payload is RELEASED for raw in batch] == [released] * 10, overrides
+        bridge.processor.close()

@@ -24,10 +24,9 @@ observation; only the archive, written at `convert`, and a message decoded again
 So each raw message's payload is replaced by `RELEASED` as its batch is put here: the link
 window holds each trace message's parse, not also the ~0.7 KB of JSON it came from. In
 issue 48's burst: peak RSS 262 -> 220 MB, a fifth fewer page faults, and ~5 % less CPU a
-message (docs/performance.md, session 47). A message
-decoded again (its entry dropped past `pending_capacity`, after `take` gave the batches
-back) cannot be: `name_released` says so in its result (`Rejected`, reason
-`PAST_THE_BOUND`), counted as every rejected message is.
+message (docs/performance.md, session 47). A message decoded again (its entry dropped past
+`pending_capacity`, after `take` gave the batches back) cannot be: `name_released` says so
+in its result (`Rejected`, reason `PAST_THE_BOUND`), counted as every rejected message is.
 """
 
 from __future__ import annotations
@@ -113,7 +112,10 @@ class ObservedBatches:
         """After `raws` were converted without their entries (`take` gave None): a message
         whose payload was released and whose entry the converter had dropped (past
         `pending_capacity`) was decoded again from `RELEASED`; its result (`results`, in
-        place) says why it has no spans, not that its JSON was bad."""
+        place) says why it has no spans, not that its JSON was bad. Nothing to look at
+        where nothing is released."""
+        if not self._release:
+            return
         for at, raw in enumerate(raws):
             if raw.payload is RELEASED and isinstance(results[at], Rejected):
                 results[at] = Rejected(PAST_THE_BOUND, "held past the link window's bound of observed messages "

@@ -18,6 +18,9 @@ from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.pipeline import Converted
 from tests.core.test_twins_linking import _index_state
 
+# A processor's settings that export to no backend (its spans written to /dev/null).
+_NO_BACKEND = {"sources": [{"subjects": ["trace.a"]}], "output": "/dev/null", "export_otlp": False}
+
 
 def _batches(raws: list[RawTraceMessage], size: int) -> list[list[RawTraceMessage]]:
     return [raws[at:at + size] for at in range(0, len(raws), size)]
@@ -81,8 +84,7 @@ def test_the_bound_hands_the_oldest_batches_to_the_converter(core, corpus_raws):
 
 
 def test_the_processor_observes_and_converts_through_them(corpus_raws):
-    settings = load_settings(overrides={"sources": [{"subjects": ["trace.a"]}], "output": "/dev/null",
-                                        "export_otlp": False})
+    settings = load_settings(overrides=_NO_BACKEND)
     processor, reference = Processor(settings, []), Processor(settings, [])
     batches = _batches(list(corpus_raws[:240]), 60)
     for batch in batches:
@@ -112,8 +114,9 @@ def test_a_batch_begun_again_by_its_first_message_hands_the_earlier_to_the_conve
 
 
 def _copies(raws: list[RawTraceMessage]) -> list[RawTraceMessage]:
-    """New raw messages of the same content (released payloads are written into the raws)."""
-    return [RawTraceMessage(r.subject, r.headers, bytes(r.payload), r.received_at) for r in raws]
+    """New raw messages of the same content: a release replaces the payload of the raw
+    message itself, so the tests release copies, never the shared corpus's own."""
+    return [RawTraceMessage(r.subject, r.headers, r.payload, r.received_at) for r in raws]
 
 
 def test_released_payloads_convert_as_kept_ones(core, corpus_raws):
@@ -148,9 +151,8 @@ def test_a_released_message_decoded_again_says_why(core, corpus_raws):
 
 
 def test_the_processor_releases_payloads_only_when_asked_and_not_archiving(tmp_path, corpus_raws):
-    base = {"sources": [{"subjects": ["trace.a"]}], "output": "/dev/null", "export_otlp": False}
-    plain = load_settings(overrides=base)
-    archiving = load_settings(overrides=base | {"archive": str(tmp_path / "archive.jsonl")})
+    plain = load_settings(overrides=_NO_BACKEND)
+    archiving = load_settings(overrides=_NO_BACKEND | {"archive": str(tmp_path / "archive.jsonl")})
     for settings, release, released in [(plain, False, False), (plain, True, True), (archiving, True, False)]:
         processor = Processor(settings, [], release_payloads=release)
         batch = _copies(list(corpus_raws[:20]))
@@ -166,11 +168,10 @@ def test_the_processor_releases_payloads_only_when_asked_and_not_archiving(tmp_p
 def test_the_bridge_releases_payloads_in_core_mode_in_one_process_only(tmp_path, corpus_raws):
     """The wiring (`Bridge`): core mode in one process releases; JetStream mode (each message
     kept to settle), worker processes (`report_numbers` may decode again) and an archive do not."""
-    base = {"sources": [{"subjects": ["trace.a"]}], "output": "/dev/null", "export_otlp": False}
     cases = [({}, True), ({"mode": "jetstream"}, False), ({"batch": {"workers": 2}}, False),
              ({"archive": str(tmp_path / "archive.jsonl")}, False)]
     for overrides, released in cases:
-        bridge = Bridge(load_settings(env={}, overrides=base | overrides))
+        bridge = Bridge(load_settings(env={}, overrides=_NO_BACKEND | overrides))
         batch = _copies(list(corpus_raws[:10]))
         bridge.processor.observe(batch)
         assert [raw.payload is RELEASED for raw in batch] == [released] * 10, overrides

@@ -67,6 +67,19 @@ static inline PyObject *nats_otel_record(PyObject *cls, PyObject *values) {
     return obj;
 }
 
+/* `nats_otel_record` of the `n` objects at `items` (borrowed) instead of a tuple of them:
+ * the kernel's per-message records were each a tuple of values made, copied and freed at
+ * once (~5 a trace message). `n` is the class's field count, as the values' length was. */
+static inline PyObject *nats_otel_record_n(PyObject *cls, Py_ssize_t n, PyObject *const *items) {
+    PyObject *obj = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, n);
+    if (obj == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(items[i]);
+        PyTuple_SET_ITEM(obj, i, items[i]);
+    }
+    return obj;
+}
+
 /* A new object of the msgspec Struct class `cls`, every field unset (NULL): what msgspec's
  * constructor and its `__copy__` allocate first (`Struct_alloc`: the class's own tp_alloc),
  * without calling the class as a Python callable (its argument handling and defaults: ~5x

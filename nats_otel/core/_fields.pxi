@@ -7,11 +7,33 @@ cdef extern from "_fields.h":
     void set_field "nats_otel_set_field"(object obj, Py_ssize_t offset, object value)
     # `tuple.__new__(cls, values)`: only for the NamedTuple classes `_records.pxi` checks
     object _new "nats_otel_record"(object cls, tuple values)
+    # the same of `n` objects laid in a C array (`_record3` ... below: no tuple of values)
+    object _record_n "nats_otel_record_n"(object cls, Py_ssize_t n, PyObject** items)
     # a new Struct, its fields unset, and a Struct's copy: only for the classes `_plain` checks
     object _struct_new "nats_otel_struct_new"(object cls)
     object _struct_copy "nats_otel_struct_copy"(object obj)
 
 from msgspec.structs import fields as _struct_fields
+
+
+# `_new(cls, (a, b, ...))` for the records made per trace message, without the tuple of
+# values in between: the arguments stay alive in the caller through the call.
+cdef inline object _record3(object cls, object a, object b, object c):
+    cdef PyObject* items[3]
+    items[0], items[1], items[2] = <PyObject*>a, <PyObject*>b, <PyObject*>c
+    return _record_n(cls, 3, items)
+
+
+cdef inline object _record4(object cls, object a, object b, object c, object d):
+    cdef PyObject* items[4]
+    items[0], items[1], items[2], items[3] = <PyObject*>a, <PyObject*>b, <PyObject*>c, <PyObject*>d
+    return _record_n(cls, 4, items)
+
+
+cdef inline object _record5(object cls, object a, object b, object c, object d, object e):
+    cdef PyObject* items[5]
+    items[0], items[1], items[2], items[3], items[4] = <PyObject*>a, <PyObject*>b, <PyObject*>c, <PyObject*>d, <PyObject*>e
+    return _record_n(cls, 5, items)
 
 
 cdef dict _offsets(object cls, str names):

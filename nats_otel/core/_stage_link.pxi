@@ -170,15 +170,15 @@ cdef class LinkIndex:
             result, egress, candidates = self.sequences.resolve(key, bucket.egresses.as_list(),
                                                                 bucket.arrivals.as_list(), probe)
             if egress is None:
-                return _new(_Link, (result, None, candidates, True))
+                return _record4(_Link, result, None, candidates, True)
             if not _shapes_agree(probe[1], (<tuple>egress)[1]):  # never against exact evidence
-                return _new(_Link, (_AMBIGUOUS, None, max(candidates, 2), True))
+                return _record4(_Link, _AMBIGUOUS, None, max(candidates, 2), True)
         elif first:
             sequences_learn(self.sequences, key, probe, egress)
         if first:
             bucket.arrivals.claim(probe)
             bucket.egresses.claim(egress)
-        return _new(_Link, (_MATCHED, egress, 1, first))
+        return _record4(_Link, _MATCHED, egress, 1, first)
 
     def expire(self, now):
         """Drop entries observed more than `retention_s` before `now`, and the oldest past
@@ -283,7 +283,7 @@ cdef class Linker:
                 key = (_read(ctx, _TraceContext, CTX.id_fields, "id_fields"), field(event, EG.hop),
                        _read(server, _ServerInfo, SRV.name, "name"), field(event, EG.name))
                 span_id = event_span_id(ctx, ident, position)
-                index._add(True, key, <tuple>_new(_LinkEgress, (field(event, EG.ts_ns), size, ident, span_id)), now)
+                index._add(True, key, <tuple>_record4(_LinkEgress, field(event, EG.ts_ns), size, ident, span_id), now)
                 # Grown a tuple at a time: one allocation for the usual one egress (a list and
                 # its tuple would be two); a message forwards to a handful of servers at most.
                 egress_ids = (span_id,) if egress_ids is None else egress_ids + (span_id,)
@@ -311,8 +311,8 @@ cdef class Linker:
         if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
             adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
             trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
-            return _new(_Placement, (ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
-                                     "", 0)), None
+            return _record5(_Placement, ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
+                            "", 0), None
         key, entry = arrival
         link = self.index._resolve(key, _entry(entry))
         result, egress = (<tuple>link)[0], (<tuple>link)[1]
@@ -320,12 +320,12 @@ cdef class Linker:
         if result == _MATCHED and egress is not None:
             trace_id = (self._adhoc_trace(ctx, (<tuple>egress)[2]) if adhoc
                         else _read(ctx, _TraceContext, CTX.trace_id, "trace_id"))
-            return _new(_Placement, (ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)), link
+            return _record5(_Placement, ident, trace_id, (<tuple>egress)[3], _MATCHED, 0), link
         # Never under another message's egress: see `pipeline.Linker.locate`.
         trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
         candidates = (<tuple>link)[2] if result == _AMBIGUOUS else 0
-        return _new(_Placement, (ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
-                                 result, candidates)), link
+        return _record5(_Placement, ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
+                        result, candidates), link
 
     cdef object _adhoc_trace(self, object ctx, object ident):
         """The trace id of the ad-hoc message whose report `ident` is: its origin's."""

@@ -402,7 +402,7 @@ cdef object _encoded_spans(object msg, object ctx, object placement, object opti
         issues.extend(more)
     else:
         resource = _resource_of(field(msg, MSG.server), _service_name_of(options))
-    return _new(_EncodedSpans, (resource, spans, count))
+    return _record3(_EncodedSpans, resource, spans, count)
 
 
 cdef object _write_spans(object msg, object ctx, object placement, object options, tuple egress_ids, list issues,

@@ -65,8 +65,14 @@ cpdef object network_sample(object msg, object upstream_egress_ns, object trace_
     server_name = field(server, SRV.name)
     hop = None
     if upstream_egress_ns is not None:
-        hop = _new(_HopSample, (field(ingress, IN.name), server_name, _label(field(ingress, IN.kind)),
-                                ingress_ts - upstream_egress_ns))
-    return _new(_NetworkSample, (server_name, field(ingress, IN.account), field(ingress, IN.subject),
-                                 end - ingress_ts, bool(failed), hop, failed_hops, trace_id, id_fields,
-                                 ident))
+        hop = _record4(_HopSample, field(ingress, IN.name), server_name, _label(field(ingress, IN.kind)),
+                       ingress_ts - upstream_egress_ns)
+    # The sample's ten fields laid out for `_record_n` (no tuple of them made and freed).
+    cdef object account = field(ingress, IN.account), subject = field(ingress, IN.subject)
+    cdef object in_server = end - ingress_ts, failed_flag = True if failed else False
+    cdef PyObject* items[10]
+    items[0], items[1], items[2], items[3], items[4] = (<PyObject*>server_name, <PyObject*>account, <PyObject*>subject,
+                                                        <PyObject*>in_server, <PyObject*>failed_flag)
+    items[5], items[6], items[7], items[8], items[9] = (<PyObject*>hop, <PyObject*>failed_hops, <PyObject*>trace_id,
+                                                        <PyObject*>id_fields, <PyObject*>ident)
+    return _record_n(_NetworkSample, 10, items)

@@ -156,7 +156,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
         hop = _first_or(firsts[H_HOP], "")
         if _truthy(hop):
             arrival = ((id_fields, hop, field(ingress, IN.name), field(server, SRV.name)),
-                       _new(_Arrival, (ts_ns, size, ident)))
+                       _record3(_Arrival, ts_ns, size, ident))
     return _prepared(raw, msg, ctx, ident, arrival, issues, size)
 
 

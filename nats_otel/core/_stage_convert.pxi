@@ -13,7 +13,8 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     # observed this message (`Linker._observe`), or None.
     # The kernel's own stages are called in C (cpdef); a linker of another type, as Python.
     if type(linker) is Linker:
-        placement, link = (<Linker>linker).locate(prepared)
+        placement = (<Linker>linker)._locate(prepared)
+        link = (<Linker>linker).take_link()
     else:
         placement, link = linker.locate(prepared)
     msg = _read(prepared, _Prepared, PREPARED.msg, "msg")

@@ -241,6 +241,7 @@ cdef class Linker:
     cdef readonly LinkIndex index
     cdef bint _bounded
     cdef dict _adhoc_arrivals  # ad-hoc reports only: identity -> its arrival (None at the origin)
+    cdef object _link_found  # the link decision `_locate` found beside its placement, until its caller takes it
 
     def __init__(self, settings=None, bint bounded=True):
         self.index = LinkIndex(settings, bounded)
@@ -304,6 +305,19 @@ cdef class Linker:
 
     cpdef tuple locate(self, prepared):
         """`place`, with the link decision behind it (None at the origin)."""
+        placement = self._locate(prepared)
+        link = self.take_link()
+        return placement, link
+
+    cdef inline object take_link(self):
+        """The link decision of the last `_locate` (None at the origin), let go here."""
+        link = self._link_found
+        self._link_found = None
+        return link
+
+    cdef object _locate(self, prepared):
+        """`locate`'s placement, its link decision left for `take_link`: `_finish` calls it
+        once a trace message, and a pair made and unpacked for each was one allocation."""
         ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
         ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
         arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
@@ -311,8 +325,9 @@ cdef class Linker:
         if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
             adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
             trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
+            self._link_found = None
             return _record5(_Placement, ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
-                            "", 0), None
+                            "", 0)
         key, entry = arrival
         link = self.index._resolve(key, _entry(entry))
         result, egress = (<tuple>link)[0], (<tuple>link)[1]
@@ -320,12 +335,14 @@ cdef class Linker:
         if result == _MATCHED and egress is not None:
             trace_id = (self._adhoc_trace(ctx, (<tuple>egress)[2]) if adhoc
                         else _read(ctx, _TraceContext, CTX.trace_id, "trace_id"))
-            return _record5(_Placement, ident, trace_id, (<tuple>egress)[3], _MATCHED, 0), link
+            self._link_found = link
+            return _record5(_Placement, ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)
         # Never under another message's egress: see `pipeline.Linker.locate`.
         trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
         candidates = (<tuple>link)[2] if result == _AMBIGUOUS else 0
+        self._link_found = link
         return _record5(_Placement, ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
-                        result, candidates), link
+                        result, candidates)
 
     cdef object _adhoc_trace(self, object ctx, object ident):
         """The trace id of the ad-hoc message whose report `ident` is: its origin's."""

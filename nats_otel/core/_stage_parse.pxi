@@ -39,8 +39,26 @@ def declined_by_parser():
 def own_parse(data, Py_ssize_t max_events=10_000):
     """The parse alone, for the tests: (server, events, headers, msgsize, hops), or None
     where it declines."""
-    parsed = _parse_document(data, max_events)
-    return None if parsed is _NO else parsed
+    if not _parse_document(data, max_events):
+        return None
+    return _PARSED.take()
+
+
+@cython.final
+cdef class _ParsedDocument:
+    """What `_parse_document` read (`decode._Document` as `prepare` reads it), until `take`
+    lets it go. One is filled for every parse (`_PARSED`): a tuple of its five parts and
+    one of the request's two, made and unpacked for each trace message, were two allocations."""
+    cdef object server, events, headers, msg_size, hops
+
+    cdef tuple take(self):
+        """(server, events, headers, msgsize, hops), and nothing held here any more."""
+        parts = (self.server, self.events, self.headers, self.msg_size, self.hops)
+        self.server = self.events = self.headers = self.msg_size = self.hops = None
+        return parts
+
+
+cdef _ParsedDocument _PARSED = _ParsedDocument()
 
 
 # --- records ----------------------------------------------------------------------------------
@@ -302,8 +320,8 @@ cdef object _events(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssiz
     return out
 
 
-cdef object _request(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end):
-    # `decode._Request`: (header, msgsize), msgspec's defaults when absent
+cdef object _request(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end, long long* msg_size):
+    # `decode._Request`: its header (msgspec's default {} when absent), its msgsize (0) into `msg_size`
     cdef Py_ssize_t name[2]
     cdef Py_ssize_t size
     cdef long long number = 0
@@ -339,63 +357,65 @@ cdef object _request(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssi
     if at == -1:
         return _NO
     end[0] = -at - 1
-    return ({} if headers is None else headers), PyLong_FromLongLong(number)
+    msg_size[0] = number
+    return {} if headers is None else headers
 
 
-cdef object _parse_document(object data, Py_ssize_t max_events):
-    # `decode._Document` as `prepare` reads it: (server, events, headers, msgsize, hops)
+cdef bint _parse_document(object data, Py_ssize_t max_events) except -1:
+    # `decode._Document` as `prepare` reads it, into `_PARSED`: False where it declines
     cdef const unsigned char* s
     cdef Py_ssize_t n, at, size
     cdef Py_ssize_t name[2]
-    cdef long long hops = 0
+    cdef long long hops = 0, msg_size = 0
     cdef int seen = 0
-    server = events = request = None
+    server = events = headers = None
     if type(data) is not bytes:
-        return _NO
+        return False
     s = <const unsigned char*>PyBytes_AS_STRING(data)
     n = PyBytes_GET_SIZE(data)
     at = _ws(s, 0, n)
     if at >= n or s[at] != 123:
-        return _NO
+        return False
     at = _ws(s, at + 1, n)
     while at >= 0:
         at = _key(s, at, n, name)
         if at < 0:
-            return _NO
+            return False
         size = name[1] - name[0]
         if size == 6 and memcmp(s + name[0], b"server", 6) == 0:
             if seen & 1 or at >= n or s[at] != 123:
-                return _NO
+                return False
             seen |= 1
             server = _parse_record(&SERVER_SPEC, s, n, _ws(s, at + 1, n), &at)
             if server is _NO:
-                return _NO
+                return False
         elif size == 6 and memcmp(s + name[0], b"events", 6) == 0:
             if seen & 2:
-                return _NO
+                return False
             seen |= 2
             events = _events(s, n, at, &at, max_events)
             if events is _NO:
-                return _NO
+                return False
         elif size == 7 and memcmp(s + name[0], b"request", 7) == 0:
             if seen & 4:
-                return _NO
+                return False
             seen |= 4
-            request = _request(s, n, at, &at)
-            if request is _NO:
-                return _NO
+            headers = _request(s, n, at, &at, &msg_size)
+            if headers is _NO:
+                return False
         elif size == 4 and memcmp(s + name[0], b"hops", 4) == 0:
             if seen & 8:
-                return _NO
+                return False
             seen |= 8
             at = _digits(s, at, n, &hops)
         else:
             at = _skip_member(s, at, n)
         if at < 0:
-            return _NO
+            return False
         at = _next(s, at, n, 125)
     if at == -1 or (seen & 3) != 3 or _ws(s, -at - 1, n) != n:  # both required; nothing after
-        return _NO
-    if request is None:  # no `request` member: no headers, size 0 (as msgspec's defaults)
-        return server, events, {}, 0, PyLong_FromLongLong(hops)
-    return server, events, (<tuple>request)[0], (<tuple>request)[1], PyLong_FromLongLong(hops)
+        return False
+    # Without a `request` member: no headers, size 0 (msgspec's defaults).
+    _PARSED.server, _PARSED.events, _PARSED.headers = server, events, ({} if headers is None else headers)
+    _PARSED.msg_size, _PARSED.hops = PyLong_FromLongLong(msg_size), PyLong_FromLongLong(hops)
+    return True

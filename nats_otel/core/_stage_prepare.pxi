@@ -62,9 +62,10 @@ cpdef object prepare(object raw, object limits=_UNSET):
     # (decode._decode_fast), and what msgspec refuses goes to the reference.
     global _declined
     cdef Py_ssize_t i
-    parsed = _parse_document(data, _max_events)
-    if parsed is not _NO:
-        server, events, message_headers, msg_size, hops = <tuple>parsed
+    if _parse_document(data, _max_events):
+        server, events, message_headers = _PARSED.server, _PARSED.events, _PARSED.headers
+        msg_size, hops = _PARSED.msg_size, _PARSED.hops
+        _PARSED.server = _PARSED.events = _PARSED.headers = _PARSED.msg_size = _PARSED.hops = None
     else:
         _declined += 1
         try:
@@ -90,7 +91,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     # one pass over the headers
     cdef PyObject* firsts[TRACE_HEADERS]
     _clear_firsts(firsts)
-    size = msg_size
+    cdef Py_ssize_t server_headers = 0  # the bytes of the headers a server adds, summed in C: one int made, not two a value
     cdef Py_ssize_t at = 0
     cdef PyObject* key_p
     cdef PyObject* values_p
@@ -105,11 +106,12 @@ cpdef object prepare(object raw, object limits=_UNSET):
         header_class = PyDict_GetItemWithError(_HEADER_CLASS, lowered)
         if header_class is not NULL and <object>header_class is True:
             for value in values:
-                size -= len(key) + len(value) + 4
+                server_headers += len(key) + len(value) + 4
         elif header_class is NULL:  # neither a server's nor the trace context's
             if own is None:
                 own = []
             own.append((lowered, values))
+    size = msg_size - server_headers if server_headers else msg_size
     if own is not None:  # a header of the message's own (`shape_digest`, in C)
         size = shape_digest(size, own)
     ingress = events[0]

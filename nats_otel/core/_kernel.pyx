@@ -26,6 +26,7 @@ from cpython.dict cimport PyDict_GetItemWithError, PyDict_Next, PyDict_SetItem, 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_AsUnsignedLongLong
 from cpython.object cimport PyObject
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from libc.string cimport memcpy, memset

@@ -16,17 +16,33 @@ cdef object _prepare_by_reference(object raw, object limits):
 # the three values it reads of them: one look-up per batch's limits, not three per message.
 cdef object _limits_read = None
 cdef object _max_payload = None, _max_decompressed = None, _max_events = None
+# `_max_payload` as a C size when it is an int (clamped to what a size can be), or
+# _AS_OBJECTS: a payload's size is compared in C, without an int made for it a message.
+cdef enum:
+    _AS_OBJECTS = -2
+cdef Py_ssize_t _max_payload_c = _AS_OBJECTS
 
 
 cdef inline void _read_limits(object limits) except *:
-    global _limits_read, _max_payload, _max_decompressed, _max_events
+    global _limits_read, _max_payload, _max_decompressed, _max_events, _max_payload_c
     if limits is _limits_read:
         return
     max_payload, max_decompressed, max_events = (limits.max_payload_bytes, limits.max_decompressed_bytes,
                                                  limits.max_events)
-    # No Python code runs from here to the end: another thread sees all four changed or none.
+    cdef Py_ssize_t payload_c = _AS_OBJECTS
+    if type(max_payload) is int:
+        payload_c = -1 if max_payload < 0 else (max_payload if max_payload <= PY_SSIZE_T_MAX else PY_SSIZE_T_MAX)
+    # No Python code runs from here to the end: another thread sees all five changed or none.
     _max_payload, _max_decompressed, _max_events = max_payload, max_decompressed, max_events
+    _max_payload_c = payload_c
     _limits_read = limits
+
+
+cdef inline bint _payload_within(Py_ssize_t size) except -1:
+    """`size <= limits.max_payload_bytes`, in C where the limit is an int."""
+    if _max_payload_c != _AS_OBJECTS:
+        return size <= _max_payload_c
+    return size <= _max_payload
 
 
 cpdef object prepare(object raw, object limits=_UNSET):
@@ -47,7 +63,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     except Exception:  # a header name that is not a string: the reference raises
         return _prepare_by_reference(raw, limits)
     data = _NO
-    if len(<bytes>payload) <= _max_payload:
+    if _payload_within(PyBytes_GET_SIZE(payload)):
         if encoding is None:
             data = payload
         elif type(encoding) is str and encoding == "snappy":  # the server's spelling (`_stage_snappy.pxi`)
@@ -352,7 +368,7 @@ cdef bytes _identity(object server_id, object ts_ns, object cid):
         id_text = PyUnicode_AsUTF8AndSize(server_id, &id_size)
     except (OverflowError, UnicodeEncodeError):  # negative or over a uint64; lone surrogates
         return _reference_fields(server_id, str(ts_ns), str(cid))
-    if id_size >= 0x100000000:
+    if (<unsigned long long>id_size) >> 32:  # its length must fit 4 bytes
         return _reference_fields(server_id, str(ts_ns), str(cid))
     ts_size = _decimal(ts_value, ts_digits)
     cid_size = _decimal(cid_value, cid_digits)

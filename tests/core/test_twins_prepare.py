@@ -175,6 +175,21 @@ def test_odd_raws_prepare_alike(kernel, raw):
                                                                                DecodeLimits(max_events=1))
 
 
+@pytest.mark.parametrize("limit", [-5, 0, "exact", "one under", 2**63, 2**70, 1e9])
+def test_the_payload_limit_applies_alike_at_its_edges(kernel, limit):
+    # The kernel compares a payload's size with an int limit in C (clamped to a size), and
+    # with anything else as Python does: the same message over or within the limit.
+    raw = RawTraceMessage("trace.a", {}, orjson.dumps(f.message(f.ingress(), f.egress())))
+    size = len(raw.payload)
+    value = size if limit == "exact" else size - 1 if limit == "one under" else limit
+    limits = DecodeLimits(max_payload_bytes=value)  # type: ignore[arg-type]  # a float, as a user may write
+    ours = outcome(kernel.prepare, raw, limits)
+    assert ours == outcome(pipeline.python_prepare, raw, limits)
+    within = value >= size
+    assert isinstance(ours, pipeline.Prepared) == within, ours
+    kernel.prepare(raw, DecodeLimits())  # the next limits read again, not these kept
+
+
 # Raws the kernel does not take: each is handed whole to the reference (counted once).
 HANDED_RAWS = [
     RawTraceMessage("trace.a", {"Content-Encoding": ["gzip"]}, b"not gzip"),  # decompress refuses it

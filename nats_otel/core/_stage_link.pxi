@@ -325,9 +325,10 @@ cdef class Linker:
         if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
             adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
             trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
+            placement = _record5(_Placement, ident, trace_id,
+                                 _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"), "", 0)
             self._link_found = None
-            return _record5(_Placement, ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
-                            "", 0)
+            return placement
         key, entry = arrival
         link = self.index._resolve(key, _entry(entry))
         result, egress = (<tuple>link)[0], (<tuple>link)[1]
@@ -335,14 +336,16 @@ cdef class Linker:
         if result == _MATCHED and egress is not None:
             trace_id = (self._adhoc_trace(ctx, (<tuple>egress)[2]) if adhoc
                         else _read(ctx, _TraceContext, CTX.trace_id, "trace_id"))
+            placement = _record5(_Placement, ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)
             self._link_found = link
-            return _record5(_Placement, ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)
+            return placement
         # Never under another message's egress: see `pipeline.Linker.locate`.
         trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
         candidates = (<tuple>link)[2] if result == _AMBIGUOUS else 0
-        self._link_found = link
-        return _record5(_Placement, ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
-                        result, candidates)
+        placement = _record5(_Placement, ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
+                             result, candidates)
+        self._link_found = link  # set last: nothing runs between here and the caller's `take_link`
+        return placement
 
     cdef object _adhoc_trace(self, object ctx, object ident):
         """The trace id of the ad-hoc message whose report `ident` is: its origin's."""

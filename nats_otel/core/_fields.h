@@ -51,25 +51,12 @@ static inline void nats_otel_set_field(PyObject *obj, Py_ssize_t offset, PyObjec
     Py_XDECREF(old);
 }
 
-/* `tuple.__new__(cls, values)` for a NamedTuple class `cls` and a tuple `values`: what
- * CPython's tuple_subtype_new does (the class's own allocation, the values' references), without
- * calling `tuple.__new__` as a Python callable (a type call, its argument parsing and checks:
- * ~4x the allocation, and the kernel makes several such records per trace message). */
-static inline PyObject *nats_otel_record(PyObject *cls, PyObject *values) {
-    Py_ssize_t n = PyTuple_GET_SIZE(values);
-    PyObject *obj = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, n);
-    if (obj == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyTuple_GET_ITEM(values, i);
-        Py_INCREF(item);
-        PyTuple_SET_ITEM(obj, i, item);
-    }
-    return obj;
-}
-
-/* `nats_otel_record` of the `n` objects at `items` (borrowed) instead of a tuple of them:
- * the kernel's per-message records were each a tuple of values made, copied and freed at
- * once (~5 a trace message). `n` is the class's field count, as the values' length was. */
+/* `tuple.__new__(cls, (items[0], ..., items[n-1]))` for a NamedTuple class `cls` and `n`
+ * objects at `items` (borrowed): what CPython's tuple_subtype_new does (the class's own
+ * allocation, the values' references), without calling `tuple.__new__` as a Python callable
+ * (a type call, its argument parsing and checks: ~4x the allocation) and without a tuple of
+ * the values made, copied and freed (the kernel makes ~5 such records a trace message).
+ * `n` is the class's field count (`_records.pxi` checks the fields at import). */
 static inline PyObject *nats_otel_record_n(PyObject *cls, Py_ssize_t n, PyObject *const *items) {
     PyObject *obj = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, n);
     if (obj == NULL) return NULL;

@@ -5,9 +5,8 @@ cdef extern from "_fields.h":
     Py_ssize_t field_offset "nats_otel_field_offset"(object cls, object name) except -1
     object field "nats_otel_field"(object obj, Py_ssize_t offset)
     void set_field "nats_otel_set_field"(object obj, Py_ssize_t offset, object value)
-    # `tuple.__new__(cls, values)`: only for the NamedTuple classes `_records.pxi` checks
-    object _new "nats_otel_record"(object cls, tuple values)
-    # the same of `n` objects laid in a C array (`_record3` ... below: no tuple of values)
+    # `tuple.__new__(cls, values)` of `n` values laid in a C array (`_record3` ... below):
+    # only for the NamedTuple classes `_records.pxi` checks
     object _record_n "nats_otel_record_n"(object cls, Py_ssize_t n, PyObject** items)
     # a new Struct, its fields unset, and a Struct's copy: only for the classes `_plain` checks
     object _struct_new "nats_otel_struct_new"(object cls)
@@ -16,8 +15,8 @@ cdef extern from "_fields.h":
 from msgspec.structs import fields as _struct_fields
 
 
-# `_new(cls, (a, b, ...))` for the records made per trace message, without the tuple of
-# values in between: the arguments stay alive in the caller through the call.
+# `tuple.__new__(cls, (a, b, ...))` for the records made per trace message, without the
+# tuple of values in between: the arguments stay alive in the caller through the call.
 cdef inline object _record3(object cls, object a, object b, object c):
     cdef PyObject* items[3]
     items[0], items[1], items[2] = <PyObject*>a, <PyObject*>b, <PyObject*>c

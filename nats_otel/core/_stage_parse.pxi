@@ -54,8 +54,12 @@ cdef class _ParsedDocument:
     cdef tuple take(self):
         """(server, events, headers, msgsize, hops), and nothing held here any more."""
         parts = (self.server, self.events, self.headers, self.msg_size, self.hops)
-        self.server = self.events = self.headers = self.msg_size = self.hops = None
+        self.clear()
         return parts
+
+    cdef inline void clear(self):
+        """Let the parts go once read (`prepare` reads them at their slots, then clears)."""
+        self.server = self.events = self.headers = self.msg_size = self.hops = None
 
 
 cdef _ParsedDocument _PARSED = _ParsedDocument()

@@ -81,7 +81,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     if _parse_document(data, _max_events):
         server, events, message_headers = _PARSED.server, _PARSED.events, _PARSED.headers
         msg_size, hops = _PARSED.msg_size, _PARSED.hops
-        _PARSED.server = _PARSED.events = _PARSED.headers = _PARSED.msg_size = _PARSED.hops = None
+        _PARSED.clear()
     else:
         _declined += 1
         try:

@@ -107,6 +107,10 @@ def window_calls(raws) -> None:
     # The bridge holds each batch's entries itself where the checkout has it (`observe_held`,
     # `observed_batches`), else the converter keeps them (`observe_many`).
     held_entries = hasattr(converter, "observe_held")
+    tally_results = getattr(core, "tally_results", None)
+    # Since session 49 the bridge converts a batch straight into its request and its counts
+    # (`convert_encoded`); before, `convert_many`, then `encode_results` and `tally_results`.
+    fused = held_entries and hasattr(converter, "convert_encoded")
     observed: list = []
     for k in range(len(batches) + WINDOW_BATCHES):
         if k < len(batches):
@@ -117,6 +121,11 @@ def window_calls(raws) -> None:
             gc_tuning.after_batch()  # as the bridge does after each observed batch (`Bridge._observe`)
         if k >= WINDOW_BATCHES:
             batch = batches[k - WINDOW_BATCHES]
+            if fused:  # the batch straight into its request, counted as it is converted
+                converted = converter.convert_encoded(batch, 0.0, observed.pop(0))
+                del converted
+                gc_tuning.after_batch()
+                continue
             results = (converter.convert_many(batch, 0.0, True, observed.pop(0)) if held_entries
                        else converter.convert_many(batch, 0.0, True))
             if encode_results is not None:  # the bridge's pass over the results, as it makes it
@@ -126,6 +135,8 @@ def window_calls(raws) -> None:
                          if isinstance(r, Converted) and r.encoded is not None and i not in held]
                 if sum(item.span_count for item in items):
                     core.encode_request(items)
+            if tally_results is not None:  # the bridge's accounting of the batch
+                tally_results(results)
             del results
             gc_tuning.after_batch()
 

@@ -42,9 +42,11 @@ class BatchAccounting:
         results = outcome.results
         if outcome.held:  # counted when they are finally mapped (redelivered)
             results = [r for i, r in enumerate(results) if i not in outcome.held]
-        # One pass over the batch, compiled with the core (`tally_results`): this runs for
-        # every message on the event loop's thread (issues 39, 48).
-        decoded, links, issue_list, samples = tally_results(results)
+        # Counted as the batch was converted (`convert_encoded`: the bridge's path), else one
+        # pass over the batch, compiled with the core (`tally_results`): this runs for every
+        # message on the event loop's thread (issues 39, 48).
+        tally = outcome.tally if outcome.tally is not None and not outcome.held else None
+        decoded, links, issue_list, samples = tally_results(results) if tally is None else tally
         # Every result is converted or rejected: look for the rejected only when some are
         # missing. (An isinstance that fails is the slow one: msgspec's metaclass is asked,
         # ~3x a match; it was the costliest pass of this method in py-spy, issue 39.)

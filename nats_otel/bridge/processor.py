@@ -37,6 +37,7 @@ from nats_otel.core.evidence import (
     observe_numbers,
 )
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
+from nats_otel.core.network import NetworkSample
 from nats_otel.core.pipeline import Converted, Rejected, observed_entries
 from nats_otel.core.records import SpanRecord
 
@@ -70,7 +71,9 @@ _HELD_MESSAGES = 200_000
 class BatchOutcome:
     """What became of one batch: per message converted or rejected, and the export results."""
 
-    results: list[Converted | Rejected]
+    #: Each message's result, in order (an `EncodedBatch` from `convert_encoded`: indexing it
+    #: makes them, so the bridge's path reads `tally` and `spans` instead).
+    results: Sequence[Converted | Rejected]
     exports: dict[str, ExportResult] = field(default_factory=dict)
     durations: dict[str, float] = field(default_factory=dict)
     #: Hop evidence the linker forgot early (its capacity bound), since the last batch.
@@ -88,6 +91,9 @@ class BatchOutcome:
     #: reference since the last batch, by stage (`engine.handed_to_reference`): what it does
     #: not take. Empty on the pure-Python core, which hands nothing on.
     handed: dict[str, int] = field(default_factory=dict)
+    #: What accounting counts of the results (`tally_results`), when the conversion counted
+    #: it already (`convert_encoded`); None: counted from the results.
+    tally: tuple[int, dict[str, int], list[str], list[NetworkSample]] | None = None
 
     @property
     def span_count(self) -> int:
@@ -240,9 +246,33 @@ class Processor:
         # As observed (`observe`), whole batches in order: their entries given back; else
         # (`take` gave them to the converter) the converter finds each message's.
         entries = self._observed.take(raws)
-        outcome = BatchOutcome(self.converter.convert_many(raws, now, encoded, entries))
+        if encoded and entries is not None and not holdable:
+            # The bridge's path: straight into one request, counted as converted; no record a
+            # message unless something asks for the results (`EncodedBatch`).
+            batch = self.converter.convert_encoded(raws, now, entries)
+            outcome = BatchOutcome(batch, spans=batch.spans,
+                                   tally=(batch.decoded, batch.links, batch.issues, batch.samples))
+            self._note_state(outcome)
+            return ConvertedBatch(outcome, batch.request)
+        results = self.converter.convert_many(raws, now, encoded, entries)
         if entries is None:  # rare: a batch split or reordered, or held past the bound
-            self._observed.name_released(raws, outcome.results)
+            self._observed.name_released(raws, results)
+        outcome = BatchOutcome(results)
+        self._note_state(outcome)
+        if holdable:
+            outcome.held = frozenset(i for i in holdable if i < len(results)
+                                     and getattr(results[i], "link", "") in _UNLINKED)
+        held = outcome.held
+        if encoded:
+            request, outcome.spans = encode_results(results, held)
+            return ConvertedBatch(outcome, request)
+        spans = [s for i, r in enumerate(results) if isinstance(r, Converted) and i not in held
+                 for s in r.spans]
+        outcome.spans = len(spans)
+        return ConvertedBatch(outcome, spans)
+
+    def _note_state(self, outcome: BatchOutcome) -> None:
+        """What the link index and the kernel did since the last batch, into `outcome`."""
         index = self.converter.linker.index
         outcome.evicted, self._evicted_seen = index.evicted - self._evicted_seen, index.evicted
         outcome.expired_unmatched = {side: count - self._expired_seen.get(side, 0)
@@ -253,17 +283,6 @@ class Processor:
             outcome.handed = {stage: count - self._handed_seen.get(stage, 0) for stage, count in handed.items()
                               if count != self._handed_seen.get(stage, 0)}
             self._handed_seen = handed
-        if holdable:
-            outcome.held = frozenset(i for i in holdable if i < len(outcome.results)
-                                     and getattr(outcome.results[i], "link", "") in _UNLINKED)
-        held = outcome.held
-        if encoded:
-            request, outcome.spans = encode_results(outcome.results, held)
-            return ConvertedBatch(outcome, request)
-        spans = [s for i, r in enumerate(outcome.results) if isinstance(r, Converted) and i not in held
-                 for s in r.spans]
-        outcome.spans = len(spans)
-        return ConvertedBatch(outcome, spans)
 
     def export(self, batch: ConvertedBatch, deadline: float | None) -> BatchOutcome:
         """Send a converted batch to every exporter (isolating what a backend refuses as

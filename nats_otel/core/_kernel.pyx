@@ -42,6 +42,7 @@ cdef extern from "Python.h":
 
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Sequence
 from itertools import islice
 
 # The pure modules: the records and constants read here, and the references.
@@ -209,3 +210,4 @@ include "_stage_map.pxi"
 include "_stage_wire.pxi"
 include "_stage_network.pxi"
 include "_stage_convert.pxi"
+include "_stage_batch.pxi"

@@ -30,6 +30,24 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
         result = _map_message(msg, ctx, placement, options)
         spans, map_issues = result.spans, result.issues
         issues = [*prepared_issues, *map_issues] if _truthy(prepared_issues) else map_issues
+    sample = _conclude(msg, placement, link, ctx, issues)
+    converted = _struct_new(_Converted)  # `Converted(spans, issues, link, sample, encoding)`
+    set_field(converted, CONVERTED.spans, spans)
+    set_field(converted, CONVERTED.issues, issues)
+    set_field(converted, CONVERTED.link, _placement_link(placement))
+    set_field(converted, CONVERTED.network, sample)
+    set_field(converted, CONVERTED.encoded, encoding)
+    return converted
+
+
+cdef inline object _placement_link(object placement):
+    """`placement.link`."""
+    return (<tuple>placement)[3] if type(placement) is _Placement else placement.link
+
+
+cdef object _conclude(object msg, object placement, object link, object ctx, list issues):
+    """What `_finish` (and a batch's conversion, `_convert_into`) does once the message is
+    mapped, as `pipeline.finish`: a hop not linked noted in `issues`; the network sample."""
     egress_ns = None
     if link is not None:
         if type(link) is _Link:
@@ -51,14 +69,7 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
     # The trace and the server span's id inputs, for the latency histograms' exemplars (as in
     # pipeline.finish).
     id_fields = field(ctx, CTX.id_fields) if type(ctx) is _TraceContext else ctx.id_fields
-    sample = network_sample(msg, egress_ns, trace_id, id_fields, ident)
-    converted = _struct_new(_Converted)  # `Converted(spans, issues, link, sample, encoding)`
-    set_field(converted, CONVERTED.spans, spans)
-    set_field(converted, CONVERTED.issues, issues)
-    set_field(converted, CONVERTED.link, placement_link)
-    set_field(converted, CONVERTED.network, sample)
-    set_field(converted, CONVERTED.encoded, encoding)
-    return converted
+    return network_sample(msg, egress_ns, trace_id, id_fields, ident)
 
 
 cdef list _aligned(object raws, object observed):
@@ -166,12 +177,25 @@ cdef class Converter:
             entries[at] = result
         return entries
 
-    cdef object _convert_one(self, object raw, object now, bint encoded, object index):
+    def convert_encoded(self, raws, now=0.0, observed=None):
+        """`pipeline.PythonConverter.convert_encoded`: the batch converted straight into one
+        export request (`EncodedBatch`, `_stage_batch.pxi`). Given `observed` (a list, it is
+        consumed, as by `convert_many`); else each message found as `convert_many` finds it."""
+        entries = None if observed is None else _aligned(raws, observed)
+        self.linker.index.expire(now)
+        return _convert_encoded(self, raws if type(raws) is list else list(raws), entries, now)
+
+    cdef tuple _entry_of(self, object raw, object now, object index):
+        """Its entry, observed or (never observed, or forgotten) prepared now."""
         entry = self._pending.pop(id(raw), None)
         if entry is None or (<tuple>entry)[0] is not raw:
             # never observed (or forgotten): its evidence is new, the bounds apply again
             entry = self._prepare_one(raw, now)
             index.expire(now)
+        return <tuple>entry
+
+    cdef object _convert_one(self, object raw, object now, bint encoded, object index):
+        entry = self._entry_of(raw, now, index)
         result = (<tuple>entry)[1]
         if type(result) is _Rejected:
             return result

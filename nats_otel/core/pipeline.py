@@ -48,14 +48,15 @@ from nats_otel.core.linking import (
 from nats_otel.core.mapping import MappingOptions, Placement, map_message
 from nats_otel.core.model import Egress as EgressEvent
 from nats_otel.core.model import TraceMessage
-from nats_otel.core.network import NetworkSample, network_sample
+from nats_otel.core.network import network_sample
 from nats_otel.core.records import SpanRecord
+from nats_otel.core.results import Converted, EncodedBatch, Rejected, encode_results, tally_results
 from nats_otel.core.shapes import message_shape
-from nats_otel.core.span_bytes import EncodedSpans, encode_request, map_encode
+from nats_otel.core.span_bytes import EncodedSpans, map_encode
 
-__all__ = ["Converted", "Converter", "Linker", "Observed", "Prepared", "PythonConverter", "PythonLinker",
-           "Rejected", "convert_batch", "encode_results", "finish", "observed", "observed_at", "observed_entries",
-           "prepare", "tally_results"]
+__all__ = ["Converted", "Converter", "EncodedBatch", "Linker", "Observed", "Prepared", "PythonConverter",
+           "PythonLinker", "Rejected", "convert_batch", "encode_results", "finish", "observed", "observed_at",
+           "observed_entries", "prepare", "tally_results"]
 
 # An ad-hoc trace's id comes from its origin report, found hop by hop upstream; no real
 # topology is deeper than this, and it bounds the walk.
@@ -97,35 +98,6 @@ class Prepared(Struct, frozen=True, gc=False):
 
 # NamedTuples built without their `__new__` (a Python call): several per message.
 _new = tuple.__new__
-
-
-class Converted(Struct, frozen=True, gc=False):
-    """The spans of one trace message, and what was odd about it (logged and counted).
-
-    `link` is "" for an origin report, else how its upstream egress was found
-    (`linking.MATCHED`, `UNMATCHED`, `AMBIGUOUS`). Converted with `encoded=True`, the spans
-    come as protobuf in `encoded` (`span_bytes`), and `spans` is empty.
-    """
-
-    spans: list[SpanRecord]
-    issues: list[str] = []
-    link: str = ""
-    #: Time in the server, the hop that brought it, failures: for the live network metrics.
-    network: NetworkSample | None = None
-    encoded: EncodedSpans | None = None
-
-    @property
-    def span_count(self) -> int:
-        """How many spans it gave, as records or encoded."""
-        return self.encoded.span_count if self.encoded is not None else len(self.spans)
-
-
-class Rejected(Struct, frozen=True, gc=False):
-    """A trace message that gave no spans: `reason` is a metric label, `detail` the why."""
-
-    reason: str
-    detail: str
-    subject: str | None = None
 
 
 # A broken traceparent beside an ad-hoc destination: correlated by the destination, and said so.
@@ -363,6 +335,12 @@ class PythonConverter:
             out.append(result if type(result) is Rejected else python_finish(result, linker, options, encoded))
         return out
 
+    def convert_encoded(self, raws: Sequence[RawTraceMessage], now: float = 0.0,
+                        observed: Sequence[Observed] | None = None) -> EncodedBatch:
+        """`convert_many(raws, now, True, observed)` made into one export request, with what
+        the bridge counts of it: the bridge's path where every exporter sends bytes."""
+        return EncodedBatch(self.convert_many(raws, now, True, observed))
+
     def _prepare(self, raw: RawTraceMessage, now: float) -> Prepared | Rejected:
         try:
             prepared = prepare(raw, self.limits)
@@ -388,31 +366,6 @@ def _aligned(raws: Iterable[RawTraceMessage], observed: Sequence[Observed], size
 # The references of the kernel's `finish` and `Converter` (`_stage_convert.pxi`).
 python_finish = finish
 Converter = PythonConverter
-
-
-def encode_results(results: Sequence[Converted | Rejected], held: frozenset[int] = frozenset()) -> tuple[bytes, int]:
-    """The export request of a batch converted with `encoded=True` (`encode_request` of each
-    `Converted` result's spans, but those at the positions in `held`) and its span count; b""
-    when it has none. One pass: the bridge's per-batch step after `convert_many`."""
-    items = [r.encoded for at, r in enumerate(results)
-             if isinstance(r, Converted) and r.encoded is not None and at not in held]
-    spans = sum(item.span_count for item in items)
-    return (encode_request(items) if spans else b""), spans
-
-
-def tally_results(results: Sequence[Converted | Rejected]) -> tuple[int, dict[str, int], list[str],
-                                                                     list[NetworkSample]]:
-    """What the bridge counts of a batch's results (`accounting`): how many were converted,
-    their hop links by how each was found (origins, with no link, not counted), their mapping
-    issues in order, and their network samples. One pass, on the event loop, per batch."""
-    converted = [r for r in results if isinstance(r, Converted)]
-    links: dict[str, int] = {}
-    for result in converted:
-        if result.link:
-            links[result.link] = links.get(result.link, 0) + 1
-    issues = [issue for r in converted if r.issues for issue in r.issues]
-    samples = [r.network for r in converted if r.network is not None]
-    return len(converted), links, issues, samples
 
 
 def observed(converter: Converter, raws: Iterable[RawTraceMessage]) -> list[Prepared]:

@@ -61,6 +61,8 @@ def _play(converter, raws: list[RawTraceMessage], seed: int) -> list:
                 converter.adopt(entries)
                 out.append(("waiting", len(converter._pending)))
                 out.extend(converter.convert_many(batch[::-1], now + 0.003, encoded))
+            elif encoded:  # the bridge's own path: straight into one request (`EncodedBatch`)
+                out.append(_batch_values(converter.convert_encoded(batch, now + 0.003, entries)))
             else:
                 out.extend(converter.convert_many(batch, now + 0.003, encoded, entries))
         elif style < 0.7:  # observed one by one, some converted twice
@@ -70,6 +72,12 @@ def _play(converter, raws: list[RawTraceMessage], seed: int) -> list:
         else:  # never observed: converted one at a time
             out.extend(converter.convert(raw, now, encoded) for raw in batch)
     return out
+
+
+def _batch_values(batch) -> dict:
+    """What an `EncodedBatch` gives: its request and counts, and each message's result."""
+    return {"request": batch.request, "spans": batch.spans, "tally": (batch.decoded, batch.links, batch.issues,
+                                                                    batch.samples), "results": list(batch)}
 
 
 def _alike(kernel: ModuleType, raws: list[RawTraceMessage], seed: int, link: LinkSettings,
@@ -291,6 +299,8 @@ def test_entries_not_of_the_batch_convert_nothing(kernel, corpus_raws, twin):
     for raws, entries in [(second, held), (first, held[:-1]), (first, held[::-1]), (first, foreign)]:
         with pytest.raises(ValueError, match="observed entr"):
             converter.convert_many(raws, 0.01, True, entries)
+        with pytest.raises(ValueError, match="observed entr"):  # the bridge's path checks them alike
+            converter.convert_encoded(raws, 0.01, entries)
         assert _index_state(converter.linker.index) == before
     assert converter.convert_many(first, 0.01, True, held) == converter_type(
         MappingOptions(), LIMITS, LinkSettings()).convert_many(first, 0.01, True)

@@ -21,8 +21,10 @@ Payloads released once observed (`release_payloads`: the bridge in core mode, in
 process, archiving nothing): once a batch is observed, nothing reads its messages' payloads
 again (its entries hold what `convert` maps; forwarding to an owner happens before the
 observation; only the archive, written at `convert`, and a message decoded again read them).
-So each raw message's payload is replaced by `RELEASED` as its batch is put here: the link
-window holds each trace message's parse, not also the ~0.7 KB of JSON it came from. In
+So each raw message's payload is replaced by `RELEASED` as it is observed (the processor
+passes `released` to `Converter.observe_held`, which does it in C in the kernel: a loop over
+each batch here cost ~1.5 % of the bridge's CPU, session 49): the link window holds each
+trace message's parse, not also the ~0.7 KB of JSON it came from. In
 issue 48's burst: peak RSS 262 -> 220 MB, a fifth fewer page faults, and ~5 % less CPU a
 message (docs/performance.md, session 47). A message decoded again (its entry dropped past
 `pending_capacity`, after `take` gave the batches back) cannot be: `name_released` says so
@@ -32,8 +34,6 @@ in its result (`Rejected`, reason `PAST_THE_BOUND`), counted as every rejected m
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from msgspec.structs import force_setattr
 
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.engine import Converter
@@ -59,14 +59,16 @@ class ObservedBatches:
         self._release = release_payloads
         self.messages = 0
 
+    @property
+    def released(self) -> bytes | None:
+        """What `observe_held` replaces each payload with (`release`), or None: kept."""
+        return RELEASED if self._release else None
+
     def put(self, entries: list[Observed]) -> None:
-        """Hold one observed batch's entries (`observe_held`'s, in order); with
-        `release_payloads`, their messages' payloads are released (`RELEASED`)."""
+        """Hold one observed batch's entries (`observe_held`'s, in order: with `released`, their
+        messages' payloads released)."""
         if not entries:
             return
-        if self._release:
-            for entry in entries:
-                force_setattr(entry[0], "payload", RELEASED)
         # An entry holds its raw message, so no other live message has its id; but the same
         # message may begin two batches (the bridge makes each anew; a caller may not): the
         # earlier batch goes to the converter, so that the count stays exact.

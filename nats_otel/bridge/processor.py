@@ -153,21 +153,21 @@ class Processor:
         (`ReportLedger.vouch`), as it observes each report, and so do the peers, told what
         `streams` say of themselves (`wholeness.Wholeness.streams`)."""
         now = time.monotonic()
-        observe_held = self.converter.observe_held
+        observe_held, release = self.converter.observe_held, self._observed.released
         if received is None or not raws:
-            entries = observe_held(raws, now)
+            entries = observe_held(raws, now, release)
         else:
             ledger = self.converter.linker.index.sequences.ledger
             try:
                 if received.count(received[0]) == len(received):  # the common case: one stream, no loss
                     ledger.receiving = received[0]
-                    entries = observe_held(raws, now)
+                    entries = observe_held(raws, now, release)
                 else:  # in runs of one stream and one count of losses, in arrival order
                     entries, start = [], 0
                     for end in range(1, len(raws) + 1):
                         if end == len(raws) or received[end] != received[start]:
                             ledger.receiving = received[start]
-                            entries += observe_held(raws[start:end], now)
+                            entries += observe_held(raws[start:end], now, release)
                             start = end
             finally:
                 ledger.receiving = None

@@ -43,6 +43,8 @@ cdef extern from "Python.h":
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
+
+from msgspec.structs import force_setattr as _force_setattr
 from itertools import islice
 
 # The pure modules: the records and constants read here, and the references.

@@ -22,7 +22,7 @@ cdef struct ContextFields:      # ids.TraceContext
     Py_ssize_t trace_id, parent_span_id, trace_state, sampled, adhoc_key, id_fields
 cdef struct PreparedFields:     # pipeline.Prepared
     Py_ssize_t raw, msg, ctx, ident, arrival, issues, size
-cdef struct ConvertedFields:    # pipeline.Converted
+cdef struct ConvertedFields:    # results.Converted
     Py_ssize_t spans, issues, link, network, encoded
 cdef struct RawFields:          # decode.RawTraceMessage
     Py_ssize_t headers, payload

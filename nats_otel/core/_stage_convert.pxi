@@ -122,15 +122,21 @@ cdef class Converter:
                 pending[key] = self._prepare_one(raw, now)
         self._bound()
 
-    def observe_held(self, raws, now=0.0):
+    def observe_held(self, raws, now=0.0, release=None):
         """`observe_many`, handing the batch's entries (one per raw, in order) to the caller
         instead of keeping them in `_pending`: `convert_many(raws, observed=...)` takes them
-        back. See `pipeline.PythonConverter.observe_held`."""
+        back; with `release`, each raw's payload replaced by it once observed. See
+        `pipeline.PythonConverter.observe_held`."""
         cdef dict pending = self._pending
         cdef list entries = []
         for raw in raws:
             entry = pending.pop(id(raw), None) if pending else None  # observed before, kept
             entries.append(entry if entry is not None and (<tuple>entry)[0] is raw else self._prepare_one(raw, now))
+            if release is not None:
+                if type(raw) is _RawTraceMessage:  # a load and a store: no Python call a message
+                    set_field(raw, RAW.payload, release)
+                else:
+                    _force_setattr(raw, "payload", release)
         return entries
 
     def adopt(self, observed):

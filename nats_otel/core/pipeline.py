@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from msgspec import Struct
+from msgspec.structs import force_setattr
 
 from nats_otel.core.decode import DecodeError, DecodeLimits, RawTraceMessage, decode
 from nats_otel.core.ids import (
@@ -270,19 +271,26 @@ class PythonConverter:
                 pending[key] = (raw, prepare_one(raw, now))
         self._bound()
 
-    def observe_held(self, raws: Iterable[RawTraceMessage], now: float = 0.0) -> list[Observed]:
+    def observe_held(self, raws: Iterable[RawTraceMessage], now: float = 0.0,
+                     release: bytes | None = None) -> list[Observed]:
         """`observe_many`, handing the batch's entries (one per raw, in order) to the caller
         instead of keeping them in `_pending`: `convert_many(raws, observed=...)` takes them
         back. The bridge's path (`bridge/observed_batches.py`): a burst holds tens of thousands
         of observed messages, and two look-ups a message in a dict that size were ~2-3 % of
         the bridge's CPU in issue 48's burst. What was kept (`observe_many`, `adopt`) is
         handed over, not observed again. A raw twice in one batch is observed twice (the
-        linker records its evidence once all the same), where `observe_many` keeps one."""
+        linker records its evidence once all the same), where `observe_many` keeps one.
+
+        `release`: what each raw's payload is replaced with once it is observed, for a caller
+        that reads no payload afterwards (`bridge/observed_batches.py`): its entry holds the
+        parse, and the link window need not hold the JSON too."""
         pending, prepare_one = self._pending, self._prepare
         entries: list[Observed] = []
         for raw in raws:
             entry = pending.pop(id(raw), None) if pending else None
             entries.append(entry if entry is not None and entry[0] is raw else (raw, prepare_one(raw, now)))
+            if release is not None:
+                force_setattr(raw, "payload", release)
         return entries
 
     def adopt(self, observed: Iterable[Observed]) -> None:

@@ -126,9 +126,10 @@ def test_released_payloads_convert_as_kept_ones(core, corpus_raws):
     converts = [batches[0] + batches[1], *batches[2:]]
     converter = core.Converter()
     held = ObservedBatches(converter, 10_000, release_payloads=True)
+    assert held.released is RELEASED and ObservedBatches(converter, 10).released is None
     for batch in batches:
-        held.put(converter.observe_held(batch, 0.0))
-        assert all(raw.payload is RELEASED for raw in batch)  # released as the batch is held
+        held.put(converter.observe_held(batch, 0.0, held.released))
+        assert all(raw.payload is RELEASED for raw in batch)  # released as the batch is observed
     results = [r for part in converts for r in converter.convert_many(part, 0.01, True, held.take(part))]
     assert (results, _index_state(converter.linker.index)) == want
 
@@ -139,7 +140,7 @@ def test_a_released_message_decoded_again_says_why(core, corpus_raws):
     converter = core.Converter(pending_capacity=12)
     held = ObservedBatches(converter, 20, release_payloads=True)
     for batch in batches:
-        held.put(converter.observe_held(batch, 0.0))
+        held.put(converter.observe_held(batch, 0.0, held.released))
     # The oldest batch and half the next went past both bounds: their entries are gone (as
     # when `take` gives None: the processor converts without the entries).
     part = batches[0] + batches[1]

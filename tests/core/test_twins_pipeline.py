@@ -327,3 +327,29 @@ def test_held_entries_given_as_a_list_are_consumed(kernel, corpus_raws, twin):
     entries = tuple(converter.observe_held(raws, 0.0))
     assert converter.convert_many(raws, 0.01, True, entries) == expected
     assert all(type(entry) is tuple and entry[0] is raw for entry, raw in zip(entries, raws, strict=True))
+
+
+class _RawCopy(RawTraceMessage):
+    """A raw message of another type: the kernel releases its payload through Python."""
+
+
+@pytest.mark.parametrize("twin", ["reference", "kernel"])
+def test_held_entries_release_their_payloads_when_asked(kernel, corpus_raws, twin):
+    """`observe_held(..., release=X)`: each raw's payload is X once observed (one observed and
+    kept before, too; one of another type, too), and the batch converts as with its payloads
+    kept (the entries hold the parse); without `release`, the payloads stay."""
+    converter_type = pipeline.PythonConverter if twin == "reference" else kernel.Converter
+    released = b"<released>"
+
+    def copies() -> list[RawTraceMessage]:
+        raws = [RawTraceMessage(r.subject, r.headers, r.payload, r.received_at) for r in corpus_raws[:40]]
+        return [*raws[:-1], _RawCopy(raws[-1].subject, raws[-1].headers, raws[-1].payload)]
+
+    keeping, raws = converter_type(MappingOptions(), LIMITS, LinkSettings()), copies()
+    expected = keeping.convert_many(raws, 0.01, True, keeping.observe_held(raws, 0.0))
+    assert [raw.payload for raw in raws] == [raw.payload for raw in corpus_raws[:40]]
+    converter, raws = converter_type(MappingOptions(), LIMITS, LinkSettings()), copies()
+    converter.observe_many(raws[:3], 0.0)  # observed and kept before: handed over, released too
+    held = converter.observe_held(raws, 0.0, released)
+    assert all(raw.payload is released for raw in raws)
+    assert converter.convert_many(raws, 0.01, True, held) == expected

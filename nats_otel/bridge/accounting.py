@@ -51,7 +51,8 @@ class BatchAccounting:
         # missing. (An isinstance that fails is the slow one: msgspec's metaclass is asked,
         # ~3x a match; it was the costliest pass of this method in py-spy, issue 39.)
         if decoded != len(results):
-            for result in results:  # rare
+            # Rare. The bridge's path lists them (an `EncodedBatch` makes its results only when asked).
+            for result in (outcome.rejected if tally is not None and outcome.rejected is not None else results):
                 if isinstance(result, Rejected):
                     m.rejected.labels(result.reason).inc()
                     log.warning("trace message rejected", extra={"fields": {

@@ -94,6 +94,8 @@ class BatchOutcome:
     #: What accounting counts of the results (`tally_results`), when the conversion counted
     #: it already (`convert_encoded`); None: counted from the results.
     tally: tuple[int, dict[str, int], list[str], list[NetworkSample]] | None = None
+    #: The `Rejected` among the results, with `tally`: logged without the results made.
+    rejected: list[Rejected] | None = None
 
     @property
     def span_count(self) -> int:
@@ -250,7 +252,7 @@ class Processor:
             # The bridge's path: straight into one request, counted as converted; no record a
             # message unless something asks for the results (`EncodedBatch`).
             batch = self.converter.convert_encoded(raws, now, entries)
-            outcome = BatchOutcome(batch, spans=batch.spans,
+            outcome = BatchOutcome(batch, spans=batch.spans, rejected=batch.rejected,
                                    tally=(batch.decoded, batch.links, batch.issues, batch.samples))
             self._note_state(outcome)
             return ConvertedBatch(outcome, batch.request)

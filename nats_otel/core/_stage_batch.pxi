@@ -54,6 +54,7 @@ cdef class EncodedBatch:
     cdef readonly dict links
     cdef readonly list issues
     cdef readonly list samples
+    cdef readonly list rejected  # the `Rejected` among the results, in order
     cdef list _resources  # each group's resource, in the request's order
     cdef _Placed* _placed
     cdef Py_ssize_t _count
@@ -61,7 +62,7 @@ cdef class EncodedBatch:
 
     def __cinit__(self):
         self.request = b""
-        self.links, self.issues, self.samples, self._resources = {}, [], [], []
+        self.links, self.issues, self.samples, self.rejected, self._resources = {}, [], [], [], []
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -180,6 +181,7 @@ cdef EncodedBatch _convert_encoded(Converter converter, list raws, list entries,
             if type(result) is _Rejected:
                 Py_INCREF(result)
                 placed.rejected = <PyObject*>result
+                batch.rejected.append(result)
                 continue
             opened = _convert_into(batch, blob, s, placed, result, linker, options, (<tuple>entry)[2], groups_of)
             entry = result = None

@@ -87,12 +87,15 @@ class EncodedBatch(Sequence["Converted | Rejected"]):
     spans copied into the request, counted and freed, about a tenth of its CPU in issue 48's
     burst (docs/performance.md, session 49)."""
 
-    __slots__ = ("_results", "decoded", "issues", "links", "request", "samples", "spans")
+    __slots__ = ("_results", "decoded", "issues", "links", "rejected", "request", "samples", "spans")
 
     def __init__(self, results: list[Converted | Rejected]) -> None:
         self._results = results
         self.request, self.spans = encode_results(results)
         self.decoded, self.links, self.issues, self.samples = tally_results(results)
+        #: The `Rejected` among the results, in order: what accounting logs, without the
+        #: results made.
+        self.rejected = [r for r in results if isinstance(r, Rejected)]
 
     def __len__(self) -> int:
         return len(self._results)

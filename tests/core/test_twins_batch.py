@@ -46,11 +46,11 @@ def _orphan(corpus_raws: list[RawTraceMessage]) -> RawTraceMessage:
     raise AssertionError("no downstream report in the corpus")
 
 
-def _converted(converter_type, raws: list[RawTraceMessage], size: int, fused: bool, options=None) -> tuple:
+def _converted(converter_type, raws: list[RawTraceMessage], size: int, fused: bool) -> tuple:
     """`raws` observed and converted `size` at a time (as the bridge does: the entries held
     and given back): each batch's `EncodedBatch` (`fused`), else `convert_many`'s results;
     and the link index afterwards."""
-    converter = converter_type(options or MappingOptions(), LIMITS, LinkSettings())
+    converter = converter_type(MappingOptions(), LIMITS, LinkSettings())
     out = []
     for start in range(0, len(raws), size):
         batch = raws[start : start + size]
@@ -78,6 +78,7 @@ def test_a_batch_converts_into_the_references_request(kernel: ModuleType, corpus
                 == (reference.decoded, reference.links, reference.issues, reference.samples)
                 == kernel.tally_results(results))
         assert len(batch) == len(reference) == len(results)
+        assert batch.rejected == reference.rejected == [r for r in results if isinstance(r, pipeline.Rejected)]
         assert list(batch) == list(reference) == results
         assert [batch[at] for at in range(-len(batch), len(batch))] == [*results, *results]
         assert batch[1:3] == results[1:3]
@@ -114,7 +115,7 @@ def test_batches_of_nothing_or_only_rejections_make_no_request(kernel: ModuleTyp
     bad = [RawTraceMessage("trace.a", {}, b"{"), RawTraceMessage("trace.b", {}, b"[]")]
     rejected = converter.convert_encoded(bad, 0.0, converter.observe_held(bad, 0.0))
     assert (rejected.request, rejected.spans, rejected.decoded, len(rejected)) == (b"", 0, 0, 2)
-    assert [r.subject for r in rejected] == ["trace.a", "trace.b"]
+    assert [r.subject for r in rejected] == [r.subject for r in rejected.rejected] == ["trace.a", "trace.b"]
 
 
 def test_a_batch_not_observed_or_observed_by_the_converter_converts_alike(kernel: ModuleType, corpus_raws):
@@ -127,9 +128,9 @@ def test_a_batch_not_observed_or_observed_by_the_converter_converts_alike(kernel
         converter.observe_many(raws[: len(raws) // 2], 0.0)
         batch = converter.convert_encoded(raws, 0.001)
         values.append((batch.request, batch.spans, batch.decoded, batch.links, batch.issues, batch.samples,
-                       list(batch), len(converter._pending), _index_state(converter.linker.index)))
+                       batch.rejected, list(batch), len(converter._pending), _index_state(converter.linker.index)))
     assert values[0] == values[1]
-    assert values[0][1] > 0 and values[0][7] == 0
+    assert values[0][1] > 0 and values[0][6] and values[0][8] == 0
 
 
 class _Reentrant:

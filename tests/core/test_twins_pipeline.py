@@ -77,7 +77,8 @@ def _play(converter, raws: list[RawTraceMessage], seed: int) -> list:
 def _batch_values(batch) -> dict:
     """What an `EncodedBatch` gives: its request and counts, and each message's result."""
     return {"request": batch.request, "spans": batch.spans, "tally": (batch.decoded, batch.links, batch.issues,
-                                                                    batch.samples), "results": list(batch)}
+                                                                    batch.samples), "rejected": batch.rejected,
+            "results": list(batch)}
 
 
 def _alike(kernel: ModuleType, raws: list[RawTraceMessage], seed: int, link: LinkSettings,

@@ -43,9 +43,9 @@ cdef extern from "Python.h":
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 
 from msgspec.structs import force_setattr as _force_setattr
-from itertools import islice
 
 # The pure modules: the records and constants read here, and the references.
 from nats_otel.core.decode import _DOCUMENT, DecodeError as _DecodeError, DecodeLimits
@@ -74,10 +74,10 @@ from nats_otel.core.network import network_sample as _reference_network_sample
 from nats_otel.core.otlp_wire import _UNCACHED_PREFIX as _uncached_prefix, _key_value as _reference_key_value
 from nats_otel.core.otlp_wire import _resource as _reference_resource, _span as _reference_span
 from nats_otel.core.pipeline import _BAD_TRACEPARENT as _BAD_TRACEPARENT_, _MAX_DEPTH as _ADHOC_DEPTH_
-from nats_otel.core.pipeline import Converted as _Converted, Prepared as _Prepared, Rejected as _Rejected
-from nats_otel.core.pipeline import encode_results as _reference_encode_results, observed
-from nats_otel.core.pipeline import tally_results as _reference_tally_results
-from nats_otel.core.pipeline import prepare as _reference_prepare
+from nats_otel.core.pipeline import Prepared as _Prepared, observed, prepare as _reference_prepare
+from nats_otel.core.results import Converted as _Converted, Rejected as _Rejected
+from nats_otel.core.results import encode_results as _reference_encode_results
+from nats_otel.core.results import tally_results as _reference_tally_results
 from nats_otel.core.report_ledger import ReportLedger as _ReportLedger, _Member, _ServerRuns
 from nats_otel.core.sequences import HopSequences as _HopSequences, _LinkPairs
 from nats_otel.core.shapes import CONTEXT_HEADERS, SERVER_HEADERS, SHAPE_DIGEST

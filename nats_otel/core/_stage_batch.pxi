@@ -205,9 +205,8 @@ cdef EncodedBatch _convert_encoded(Converter converter, list raws, list entries,
         PyMem_Free(last)
         if kept:
             _batch_taken = False
-            if blob.cap > _BATCH_KEPT_MAX:
-                _give_back_batch(blob)
-            _give_back(s, 512)
+            _give_back(blob, 1 << 16, _BATCH_KEPT_MAX)
+            _give_back(s, 512, _KEPT_MAX)
         else:
             buf_free(blob)
             buf_free(s)
@@ -221,22 +220,12 @@ cdef void* _grown(void* block, size_t size) except NULL:
     return grown
 
 
-cdef int _give_back_batch(Buf* b) except -1:
-    cdef Buf fresh
-    buf_init(&fresh, 1 << 16)  # first: a MemoryError leaves `b` as it was, usable
-    buf_free(b)
-    b[0] = fresh
-    return 0
-
-
 cdef bint _convert_into(EncodedBatch batch, Buf* blob, Buf* s, _Placed* placed, object prepared, object linker,
                         object options, tuple egress_ids, dict index) except -1:
     """`_finish(prepared, linker, options, True, egress_ids)` into the batch: the message's
     spans appended to `blob`, its issues to the batch's, its link and sample counted (what
     `tally_results` counts of its result). True when it opened a group (its resource new)."""
     cdef Py_ssize_t mark = blob.size, issues_from = len(batch.issues), groups = len(batch._resources)
-    cdef Py_ssize_t mapped
-    cdef int count
     cdef PyObject* seen
     if type(linker) is Linker:
         placement = (<Linker>linker)._locate(prepared)
@@ -249,17 +238,7 @@ cdef bint _convert_into(EncodedBatch batch, Buf* blob, Buf* s, _Placed* placed, 
     issues = batch.issues
     if _truthy(prepared_issues):
         issues.extend(prepared_issues)
-    mapped = len(issues)
-    s.size = 0
-    count = map_encode_c(blob, s, msg, ctx, placement, options, issues, egress_ids)
-    if count:
-        resource = _resource_of(field(msg, MSG.server), _service_name_of(options))
-    else:  # as `_encoded_spans`: what the C writer wrote and noted is undone, the reference maps it
-        blob.size = mark
-        del issues[mapped:]
-        resource, data, count, more = _map_encode_by_reference(msg, ctx, placement, options)
-        issues.extend(more)
-        put_bytes(blob, data)
+    resource = _spans_into(blob, s, msg, ctx, placement, options, egress_ids, issues, &placed.span_count)
     network = _conclude(msg, placement, link, ctx, issues)
     placement_link = _placement_link(placement)
     Py_INCREF(placement_link)
@@ -272,6 +251,6 @@ cdef bint _convert_into(EncodedBatch batch, Buf* blob, Buf* s, _Placed* placed, 
     if network is not None:
         batch.samples.append(network)
     placed.issues_from, placed.issues_to = issues_from, len(issues)
-    placed.start, placed.size, placed.span_count = mark, blob.size - mark, count
+    placed.start, placed.size = mark, blob.size - mark
     placed.group = group_of(batch._resources, index, resource)
     return placed.group == groups

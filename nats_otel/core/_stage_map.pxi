@@ -368,9 +368,10 @@ cdef enum:
     _KEPT_MAX = 1 << 16  # a buffer grown past this by a large message is given back
 
 
-cdef inline int _give_back(Buf* b, Py_ssize_t cap) except -1:
+cdef inline int _give_back(Buf* b, Py_ssize_t cap, Py_ssize_t limit) except -1:
+    """A kept buffer grown past `limit` replaced by a new one of `cap` bytes."""
     cdef Buf fresh
-    if b.cap > _KEPT_MAX:
+    if b.cap > limit:
         buf_init(&fresh, cap)  # first: a MemoryError leaves `b` as it was, usable
         buf_free(b)
         b[0] = fresh
@@ -381,11 +382,8 @@ cpdef object map_encode(object msg, object ctx, object placement, object options
     """(resource, encoded spans, span count, issues) of one trace message: the bytes
     `python_map_encode` gives, written in C (or by it, for unusual input)."""
     cdef list issues = []
-    cdef int count
-    spans = _write_spans(msg, ctx, placement, options, None, issues, &count)
-    if spans is None:
-        return _map_encode_by_reference(msg, ctx, placement, options)
-    return _resource_of(field(msg, MSG.server), _service_name_of(options)), spans, count, issues
+    encoded = _encoded_spans(msg, ctx, placement, options, None, issues)
+    return (<tuple>encoded)[0], (<tuple>encoded)[1], (<tuple>encoded)[2], issues
 
 
 cdef object _encoded_spans(object msg, object ctx, object placement, object options, tuple egress_ids,
@@ -393,47 +391,50 @@ cdef object _encoded_spans(object msg, object ctx, object placement, object opti
     """`map_encode` as the converter wants it: an `EncodedSpans`, its issues appended to
     `issues` (no tuple to unpack and no list of its own per message). `egress_ids`: the span
     ids of its forwarding egresses the linker hashed already (`Linker._observe`; None: hashed here)."""
-    cdef int count
-    cdef Py_ssize_t mark = len(issues)
-    spans = _write_spans(msg, ctx, placement, options, egress_ids, issues, &count)
-    if spans is None:
-        del issues[mark:]  # what the C writer noted before it handed the message over
-        resource, spans, count, more = _map_encode_by_reference(msg, ctx, placement, options)
-        issues.extend(more)
-    else:
-        resource = _resource_of(field(msg, MSG.server), _service_name_of(options))
-    return _record3(_EncodedSpans, resource, spans, count)
-
-
-cdef object _write_spans(object msg, object ctx, object placement, object options, tuple egress_ids, list issues,
-                         int* count):
-    """The message's spans written in C (bytes; their number in `count`), or None: the
-    reference must map it."""
     global _kept_taken
     cdef Buf own_blob, own_span
     cdef Buf* blob = &_kept_blob
     cdef Buf* s = &_kept_span
     cdef bint kept = not _kept_taken
-    spans = None
+    cdef Py_ssize_t count
     own_blob.data = own_span.data = NULL
     if kept:
         _kept_taken = True
-        blob.size = s.size = 0
+        blob.size = 0
     else:
         blob, s = &own_blob, &own_span
     try:
         if not kept:
             buf_init(blob, 1024)
             buf_init(s, 512)
-        count[0] = map_encode_c(blob, s, msg, ctx, placement, options, issues, egress_ids)
-        if count[0]:
-            spans = PyBytes_FromStringAndSize(blob.data, blob.size)
+        resource = _spans_into(blob, s, msg, ctx, placement, options, egress_ids, issues, &count)
+        spans = PyBytes_FromStringAndSize(blob.data, blob.size)
     finally:
         if kept:
             _kept_taken = False
-            _give_back(blob, 1024)
-            _give_back(s, 512)
+            _give_back(blob, 1024, _KEPT_MAX)
+            _give_back(s, 512, _KEPT_MAX)
         else:
             buf_free(blob)
             buf_free(s)
-    return spans
+    return _record3(_EncodedSpans, resource, spans, count)
+
+
+cdef object _spans_into(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
+                        tuple egress_ids, list issues, Py_ssize_t* count):
+    """The message's spans appended to `blob` (`s`: the scratch of one span), their number
+    into `count`; returns their resource. Written in C, or, for what the C writer hands over,
+    by the reference (what the writer wrote and noted undone first). `_encoded_spans` and a
+    batch's conversion (`_convert_into`) both write through here."""
+    cdef Py_ssize_t mark = blob.size, noted = len(issues)
+    s.size = 0
+    count[0] = map_encode_c(blob, s, msg, ctx, placement, options, issues, egress_ids)
+    if count[0]:
+        return _resource_of(field(msg, MSG.server), _service_name_of(options))
+    blob.size = mark
+    del issues[noted:]
+    resource, data, spans, more = _map_encode_by_reference(msg, ctx, placement, options)
+    issues.extend(more)
+    put_bytes(blob, data)
+    count[0] = spans
+    return resource

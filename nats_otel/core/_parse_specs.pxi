@@ -13,8 +13,8 @@ cdef enum:
     F_UINT = 2      # a non-negative integer below 10**18 (cid, seq, kind)
     F_BOOL = 3
     F_TAGS = 4      # a list of strings, kept as a tuple
-    F_TS = 5        # `ts`: a string, and `ts_ns` from it (the events' hook)
-    F_TIME = 6      # `time`: a string or null, and `time_ns` from it (the server's hook)
+    F_TS = 5        # `ts`: a string read into `ts_ns`, not kept (the events' hook)
+    F_TIME = 6      # `time`: a string or null read into `time_ns`, not kept (the server's hook)
     F_DECLINE = 7   # a field the parse does not read: a message that has it goes to msgspec
 
 cdef enum:  # what the parse keeps of a record's object (`_parse_kept.pxi`)

@@ -158,22 +158,26 @@ cdef inline void _check_uint64(str name, object value) except *:
 
 
 def event_post_init(self):
-    """`_Event.__post_init__`: `ts_ns` from `ts`."""
+    """`_Event.__post_init__`: `ts_ns` from `ts`, the text not kept."""
     force_setattr(self, "ts_ns", _ns(self.ts))
+    force_setattr(self, "ts", "")
 
 
 def connection_post_init(self):
     """`Ingress`/`Egress.__post_init__`: `cid` within a uint64, then as any event."""
     _check_uint64("cid", self.cid)
     force_setattr(self, "ts_ns", _ns(self.ts))
+    force_setattr(self, "ts", "")
 
 
 def server_post_init(self):
-    """`ServerInfo.__post_init__`: `seq` within a uint64, `time_ns` from `time`."""
+    """`ServerInfo.__post_init__`: `seq` within a uint64, `time_ns` from `time`, the text
+    not kept."""
     _check_uint64("seq", self.seq)
     time = self.time
     if time is not None:
         force_setattr(self, "time_ns", _ns(time))
+        force_setattr(self, "time", None)
 
 
 def request_post_init(self):

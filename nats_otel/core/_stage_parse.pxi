@@ -167,19 +167,21 @@ cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py
             return -1
         if entry.kind == F_STR:
             text = _name(s, at + 1, value_end, ascii)
-        else:
+            if text is _NO:
+                return -1
+            set_field(obj, entry.offset, text)
+        # A timestamp: the hook's derived nanoseconds; its text, as the hook leaves it, is the
+        # template's (`ts` "", `time` None: not kept). Its error is msgspec's.
+        elif ascii and rfc3339_bytes_c(s + at + 1, value_end - at - 1, &ns):
+            set_field(obj, entry.derived, PyLong_FromLongLong(ns))
+        else:  # another form: the hook's own function decides, from the text
             text = _text(s, at + 1, value_end, ascii)
-        if text is _NO:
-            return -1
-        set_field(obj, entry.offset, text)
-        if entry.kind != F_STR:  # the hook's derived nanoseconds; its error is msgspec's
-            if ascii and rfc3339_bytes_c(s + at + 1, value_end - at - 1, &ns):
-                set_field(obj, entry.derived, PyLong_FromLongLong(ns))
-            else:  # another form: the hook's own function decides
-                try:
-                    set_field(obj, entry.derived, timestamp_ns_c(text))
-                except Exception:  # whatever it raises, msgspec's decode raises it again
-                    return -1
+            if text is _NO:
+                return -1
+            try:
+                set_field(obj, entry.derived, timestamp_ns_c(text))
+            except Exception:  # whatever it raises, msgspec's decode raises it again
+                return -1
         return value_end + 1
     if entry.kind == F_UINT:
         at = _digits(s, at, n, &number)

@@ -89,8 +89,12 @@ UInt64 = Annotated[int, Meta(ge=0)]
 # the leaf of primitives (`_primitives.pyx`) holds their compiled twins, chosen here when
 # built (`accel`). msgspec reads the hook when the class is created, so the choice is made
 # before the classes below.
+# The timestamps' texts are read into nanoseconds and not kept (`ts` emptied, `time` None):
+# nothing reads them after, and a trace message's three (~240 B, 3 objects) were held
+# through the live bridge's link window (docs/performance.md, session 50).
 def _event_post_init(self: Any) -> None:
     force_setattr(self, "ts_ns", _timestamp(self.ts))
+    force_setattr(self, "ts", "")
 
 
 def _connection_post_init(self: Any) -> None:
@@ -102,6 +106,7 @@ def _server_post_init(self: Any) -> None:
     check_uint64("seq", self.seq)
     if self.time is not None:
         force_setattr(self, "time_ns", _timestamp(self.time))
+        force_setattr(self, "time", None)
 
 
 _primitives: Any = accel.compiled("_primitives")
@@ -132,15 +137,17 @@ class ServerInfo(_Wire, rename={"version": "ver"}, frozen=True):
     tags: tuple[str, ...] = ()
     jetstream: bool = False
     seq: UInt64 = 0
+    # The server's RFC 3339 text, read into `time_ns` when the record is made and then not
+    # kept (None): `time_ns` is None only when the server sent no time.
     time: str | None = None
-    # Derived from `time` when decoded.
     time_ns: int | None = None
 
     __post_init__ = _server_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
 
 class _Event(_Wire, tag_field="type", frozen=True):
-    """An event: `ts` is the server's RFC 3339 text, `ts_ns` the nanoseconds it names."""
+    """An event: `ts_ns` is the nanoseconds the server's RFC 3339 text (`ts` on the wire)
+    names; the text is read into it when the record is made and then not kept (`ts` "")."""
 
     ts: str
     ts_ns: int = 0

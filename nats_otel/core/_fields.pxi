@@ -6,7 +6,7 @@ cdef extern from "_fields.h":
     object field "nats_otel_field"(object obj, Py_ssize_t offset)
     void set_field "nats_otel_set_field"(object obj, Py_ssize_t offset, object value)
     # `tuple.__new__(cls, values)` of `n` values laid in a C array (`_record3` ... below):
-    # only for the NamedTuple classes `_records.pxi` checks
+    # only for the NamedTuple classes and the `TraceHeaders` `_records.pxi` checks
     object _record_n "nats_otel_record_n"(object cls, Py_ssize_t n, PyObject** items)
     # a new Struct, its fields unset, and a Struct's copy: only for the classes `_plain` checks
     object _struct_new "nats_otel_struct_new"(object cls)

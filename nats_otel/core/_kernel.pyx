@@ -39,6 +39,7 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_GET_LENGTH(object unicode)
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     PyObject* PyDict_SetDefault(object d, object key, object default) except NULL
+    PyObject** PySequence_Fast_ITEMS(object o)  # a list's or tuple's item array, borrowed
 
 from bisect import bisect_left
 from collections import deque
@@ -68,7 +69,7 @@ from nats_otel.core.model import _KIND_LABELS as _KIND_LABELS_, FORWARDING_KINDS
 from nats_otel.core.model import Egress as _EgressEvent, Ingress as _Ingress, JetStreamEvent as _JetStreamEvent
 from nats_otel.core.model import ServerInfo as _ServerInfo, ServiceImport as _ServiceImport
 from nats_otel.core.model import StreamExport as _StreamExport, SubjectMapping as _SubjectMapping
-from nats_otel.core.model import TraceMessage as _TraceMessage
+from nats_otel.core.model import NO_HEADERS as _NO_HEADERS, TraceHeaders as _TraceHeaders, TraceMessage as _TraceMessage
 from nats_otel.core.network import HopSample as _HopSample, NetworkSample as _NetworkSample
 from nats_otel.core.network import network_sample as _reference_network_sample
 from nats_otel.core.otlp_wire import _UNCACHED_PREFIX as _uncached_prefix, _key_value as _reference_key_value
@@ -148,6 +149,8 @@ cdef inline bint _truthy(object value) except -1:
         return PyList_GET_SIZE(value) != 0
     if type(value) is dict:
         return PyDict_Size(value) != 0
+    if type(value) is _TraceHeaders:  # its length is a Python method: its items read in C
+        return PyTuple_GET_SIZE(value) != 0
     return bool(value)
 
 

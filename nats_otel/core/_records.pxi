@@ -108,5 +108,8 @@ try:
     for _record, _fields_read in _BY_POSITION.items():
         if not issubclass(_record, tuple) or _record._fields != _fields_read:
             raise TypeError(f"{_record.__name__}'s fields changed: {_record._fields}")
+    # model.TraceHeaders, made with `tuple.__new__` and read at its items: a tuple and no more
+    if _TraceHeaders.__bases__ != (tuple,) or _TraceHeaders.__slots__ != ():
+        raise TypeError("TraceHeaders is not a plain tuple of its items")
 except TypeError as exc:
     raise ImportError(f"a record is not laid out as the kernel reads it: {exc}") from exc

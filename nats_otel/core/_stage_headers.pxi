@@ -5,19 +5,25 @@
 # pair's encoded key - is worked out once per name, not per message and header.
 
 
+# A message's headers are a `model.TraceHeaders`: name, values, name, values..., a name's
+# values one str, or a tuple of them (none or several).
+
 cdef int put_headers_generic(Buf* s, object headers, object allowlist) except -1:
     """The copied headers, in the message's order (`nats.header.<lower-case name>`)."""
     cdef set seen = None
-    for name, values in (<dict>headers).items():
+    cdef Py_ssize_t at
+    for at in range(0, PyTuple_GET_SIZE(headers), 2):
+        name = <object>PyTuple_GET_ITEM(headers, at)
+        values = <object>PyTuple_GET_ITEM(headers, at + 1)
         lowered = name.lower()
         if lowered not in allowlist:
             continue
         if seen is None:
             seen = set()
-        if lowered in seen or type(values) is not list:
+        if lowered in seen:
             return 0  # two names differing in case share one attribute: Python decides
         seen.add(lowered)
-        if not put_key_value(s, 9, HEADER_ATTRIBUTE_PREFIX + lowered, tuple(values)):
+        if not put_key_value(s, 9, HEADER_ATTRIBUTE_PREFIX + lowered, (values,) if type(values) is str else values):
             return 0
     return 1
 
@@ -62,15 +68,20 @@ cdef object _header_entry(object name):
     return entry
 
 
-cdef int put_header_values(Buf* s, bytes key, list values) except -1:
+cdef inline PyObject* _value_at(object values, Py_ssize_t i):
+    # a header's `i`-th value: `values` itself where it is the one (a str), else its item
+    return <PyObject*>values if type(values) is str else <PyObject*>PyTuple_GET_ITEM(values, i)
+
+
+cdef int put_header_values(Buf* s, bytes key, object values) except -1:
     """One copied header's pair (span field 9), its values an array of strings, as
-    `put_key_value(key, tuple(values))` writes it, sized first: no buffer per level. 0 for
-    a value that is not an exact str, or one with lone surrogates."""
-    cdef Py_ssize_t i, n = PyList_GET_SIZE(values), size, item, array = 0, value
+    `put_key_value(key, values)` writes it (one str: an array of it), sized first: no
+    buffer per level. 0 for a value that is not an exact str, or one with lone surrogates."""
+    cdef Py_ssize_t i, n = 1 if type(values) is str else PyTuple_GET_SIZE(values), size, item, array = 0, value
     cdef const char* data
     cdef object text
     for i in range(n):
-        text = <object>PyList_GET_ITEM(values, i)
+        text = <object>_value_at(values, i)
         if not PyUnicode_CheckExact(text):
             return 0
         try:
@@ -88,7 +99,7 @@ cdef int put_header_values(Buf* s, bytes key, list values) except -1:
     put_byte(s, 0x2a)
     put_varint(s, <uint64_t>array)
     for i in range(n):
-        data = PyUnicode_AsUTF8AndSize(<object>PyList_GET_ITEM(values, i), &size)
+        data = PyUnicode_AsUTF8AndSize(<object>_value_at(values, i), &size)
         put_byte(s, 0x0a)
         put_varint(s, <uint64_t>(1 + varint_size(<uint64_t>size) + size))
         put_byte(s, 0x0a)
@@ -97,15 +108,15 @@ cdef int put_header_values(Buf* s, bytes key, list values) except -1:
     return 1
 
 
-cdef int put_headers_cached(Buf* s, dict headers, object allowlist) except -1:
+cdef int put_headers_cached(Buf* s, object headers, object allowlist) except -1:
     """`put_headers_generic`'s bytes from the cache; 0 (whatever it wrote is the caller's to
-    drop) for anything unusual: a name twice in other cases, a value list of other types,
-    more than `_COPIED_MAX` copied, an allowlist that is not a frozenset..."""
+    drop) for anything unusual: a name twice in other cases, values of other types, more
+    than `_COPIED_MAX` copied, an allowlist that is not a frozenset..."""
     global _header_allowlist
     cdef PyObject* name
     cdef PyObject* values
     cdef PyObject* copied[_COPIED_MAX]
-    cdef Py_ssize_t at = 0, count = 0, j
+    cdef Py_ssize_t at, count = 0, j
     if type(allowlist) is not frozenset:
         return 0
     if allowlist is not _header_allowlist:
@@ -114,13 +125,15 @@ cdef int put_headers_cached(Buf* s, dict headers, object allowlist) except -1:
         for text in <frozenset>allowlist:
             _header_attributes[text] = text
         _header_allowlist = allowlist
-    while PyDict_Next(headers, &at, &name, &values):
+    for at in range(0, PyTuple_GET_SIZE(headers), 2):
+        name = <PyObject*>PyTuple_GET_ITEM(headers, at)
+        values = <PyObject*>PyTuple_GET_ITEM(headers, at + 1)
         if not PyUnicode_CheckExact(<object>name):
             return 0
         entry = _header_entry(<object>name)
         if entry is None:
             continue
-        if entry is _NO or count == _COPIED_MAX or type(<object>values) is not list:
+        if entry is _NO or count == _COPIED_MAX or (type(<object>values) is not str and type(<object>values) is not tuple):
             return 0
         attribute = <PyObject*>PyTuple_GET_ITEM(entry, 0)
         for j in range(count):
@@ -128,15 +141,16 @@ cdef int put_headers_cached(Buf* s, dict headers, object allowlist) except -1:
                 return 0
         copied[count] = attribute
         count += 1
-        if not put_header_values(s, <bytes>PyTuple_GET_ITEM(entry, 1), <list>values):
+        if not put_header_values(s, <bytes>PyTuple_GET_ITEM(entry, 1), <object>values):
             return 0
     return 1
 
 
 cdef int put_headers(Buf* s, object headers, object allowlist) except -1:
-    """The copied headers: from the cache, or, for what it does not write, the generic way."""
+    """The copied headers (a `TraceHeaders`: the mapper takes no other): from the cache, or,
+    for what it does not write, the generic way."""
     cdef Py_ssize_t mark = s.size
-    if type(headers) is dict and put_headers_cached(s, <dict>headers, allowlist):
+    if put_headers_cached(s, headers, allowlist):
         return 1
     s.size = mark
     return put_headers_generic(s, headers, allowlist)

@@ -103,19 +103,23 @@ cdef inline object _service_name_of(object options):
     return _read(options, MappingOptions, OPTIONS.service_name, "service_name")
 
 
-cdef int _trace_headers(dict headers, PyObject** firsts) except -1:
-    """The first values of the trace's own headers into `firsts` (`_note_first`, in
-    `_stage_prepare.pxi`); 0 for a name that is not a str or values not a list (the Python
-    twin decides)."""
-    cdef Py_ssize_t at = 0
-    cdef PyObject* name
-    cdef PyObject* values
+cdef int _trace_headers(object headers, PyObject** firsts) except -1:
+    """The first values of the trace's own headers (a `TraceHeaders`) into `firsts`
+    (`_note_first`, in `_stage_prepare.pxi`); 0 for a name that is not a str or values that
+    are not a str or a tuple of them (the Python twin decides)."""
+    cdef Py_ssize_t at
     _clear_firsts(firsts)
-    while PyDict_Next(headers, &at, &name, &values):
-        if not PyUnicode_CheckExact(<object>name) or type(<object>values) is not list:
+    for at in range(0, PyTuple_GET_SIZE(headers), 2):
+        name = <object>PyTuple_GET_ITEM(headers, at)
+        values = <object>PyTuple_GET_ITEM(headers, at + 1)
+        if not PyUnicode_CheckExact(name):
             return 0
-        if PyList_GET_SIZE(<object>values) != 0:
-            _note_first(firsts, _lower(<str>name), <list>values)
+        if type(values) is str:
+            _note_first(firsts, _lower(<str>name), <PyObject*>values)
+        elif type(values) is not tuple:
+            return 0
+        elif PyTuple_GET_SIZE(values) != 0:
+            _note_first(firsts, _lower(<str>name), <PyObject*>PyTuple_GET_ITEM(values, 0))
     return 1
 
 
@@ -124,7 +128,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     # `egress_ids`: the span ids of the forwarding egresses, in order, as the linker's `_observe`
     # hashed them for this message (None: hash them here).
     # Exact types only: the fields below are read at their offsets. Anything else (headers
-    # not a dict of lists) is mapped by the Python twin.
+    # not a `TraceHeaders`) is mapped by the Python twin.
     if type(msg) is not _TraceMessage or type(ctx) is not _TraceContext or type(placement) is not _Placement:
         return 0
     cdef object ingress = field(msg, MSG.ingress)
@@ -133,7 +137,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     cdef tuple where = <tuple>placement  # (ident, trace_id, parent_span_id, link, candidates)
     cdef object ident = where[0]
     cdef object trace_id = where[1]
-    if type(headers) is not dict or type(ingress) is not _Ingress or not _trace_headers(<dict>headers, firsts):
+    if type(headers) is not _TraceHeaders or type(ingress) is not _Ingress or not _trace_headers(headers, firsts):
         return 0
     cdef object trace_state = field(ctx, CTX.trace_state)
     cdef object subject = field(ingress, IN.subject)

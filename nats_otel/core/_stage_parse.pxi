@@ -231,19 +231,24 @@ cdef object _strings(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssi
     return out
 
 
+cdef enum:
+    _HEADERS_MAX = 64  # names a header object the parse takes; more: msgspec's (each name is compared to all before it)
+
+
 cdef object _headers(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end):
-    # `request.header`: name -> list of values, names in any UTF-8 (a name given twice: msgspec's)
-    cdef Py_ssize_t name_end, size
+    # `request.header` as `model.TraceHeaders` (name, values, ...: one value as a str, else a
+    # tuple), names in any UTF-8 (a name given twice: msgspec's, which keeps the last)
+    cdef Py_ssize_t name_end, i
     cdef bint ascii
-    cdef dict out = {}
+    cdef list flat = []
     if at >= n or s[at] != 123:
         return _NO
     at = _ws(s, at + 1, n)
     if at < n and s[at] == 125:
         end[0] = at + 1
-        return out
+        return _NO_HEADERS
     while at >= 0:
-        if at >= n or s[at] != 34:
+        if at >= n or s[at] != 34 or PyList_GET_SIZE(flat) == 2 * _HEADERS_MAX:
             return _NO
         name_end = _string_end(s, at + 1, n, &ascii)
         if name_end < 0:
@@ -251,21 +256,38 @@ cdef object _headers(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssi
         name = _name(s, at + 1, name_end, ascii)
         if name is _NO:
             return _NO
+        for i in range(0, PyList_GET_SIZE(flat), 2):  # a name given twice
+            if <object>PyList_GET_ITEM(flat, i) == name:
+                return _NO
         at = _ws(s, name_end + 1, n)
         if at >= n or s[at] != 58:
             return _NO
         values = _strings(s, n, _ws(s, at + 1, n), &at, False)
         if values is _NO:
             return _NO
-        size = PyDict_Size(out)
-        PyDict_SetItem(out, name, values)
-        if PyDict_Size(out) == size:  # a name given twice
-            return _NO
+        PyList_Append(flat, name)
+        PyList_Append(flat, _header_values(<list>values))
         at = _next(s, at, n, 125)
     if at == -1:
         return _NO
     end[0] = -at - 1
-    return out
+    return _record_n(_TraceHeaders, PyList_GET_SIZE(flat), PySequence_Fast_ITEMS(flat))
+
+
+cdef inline object _header_values(list values):
+    # a name's values as `TraceHeaders` holds them: the one value itself, else a tuple
+    return <object>PyList_GET_ITEM(values, 0) if PyList_GET_SIZE(values) == 1 else tuple(values)
+
+
+cdef object _trace_headers_of(dict headers):
+    # `TraceHeaders.of(headers)`, for msgspec's dict of lists (only lists of str: its type)
+    cdef list flat = []
+    if not headers:
+        return _NO_HEADERS
+    for name, values in headers.items():
+        PyList_Append(flat, name)
+        PyList_Append(flat, _header_values(<list>values))
+    return _record_n(_TraceHeaders, PyList_GET_SIZE(flat), PySequence_Fast_ITEMS(flat))
 
 
 cdef object _event(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end):
@@ -364,7 +386,7 @@ cdef object _request(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssi
         return _NO
     end[0] = -at - 1
     msg_size[0] = number
-    return {} if headers is None else headers
+    return _NO_HEADERS if headers is None else headers
 
 
 cdef bint _parse_document(object data, Py_ssize_t max_events) except -1:
@@ -422,6 +444,6 @@ cdef bint _parse_document(object data, Py_ssize_t max_events) except -1:
     if at == -1 or (seen & 3) != 3 or _ws(s, -at - 1, n) != n:  # both required; nothing after
         return False
     # Without a `request` member: no headers, size 0 (msgspec's defaults).
-    _PARSED.server, _PARSED.events, _PARSED.headers = server, events, ({} if headers is None else headers)
+    _PARSED.server, _PARSED.events, _PARSED.headers = server, events, (_NO_HEADERS if headers is None else headers)
     _PARSED.msg_size, _PARSED.hops = PyLong_FromLongLong(msg_size), PyLong_FromLongLong(hops)
     return True

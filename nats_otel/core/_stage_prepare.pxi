@@ -100,7 +100,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
         server = field(doc, DOC.server)
         if type(request) is not _DecodedRequest or type(server) is not _ServerInfo:
             return _prepare_by_reference(raw, limits)
-        message_headers = field(request, REQ.header)
+        message_headers = _trace_headers_of(<dict>field(request, REQ.header))  # msgspec's dict of lists
         msg_size = field(request, REQ.msgsize)
         hops = field(doc, DOC.hops)
     # The first values of the trace's headers (`_note_first`) and shapes.message_shape, in
@@ -108,25 +108,28 @@ cpdef object prepare(object raw, object limits=_UNSET):
     cdef PyObject* firsts[TRACE_HEADERS]
     _clear_firsts(firsts)
     cdef Py_ssize_t server_headers = 0  # the bytes of the headers a server adds, summed in C: one int made, not two a value
-    cdef Py_ssize_t at = 0
-    cdef PyObject* key_p
-    cdef PyObject* values_p
+    cdef Py_ssize_t at
     cdef list own = None  # the message's own headers, when it has any (shapes.message_shape)
     cdef PyObject* header_class
-    while PyDict_Next(message_headers, &at, &key_p, &values_p):
-        key = <object>key_p
-        values = <list>values_p  # msgspec gave a dict[str, list[str]]
+    for at in range(0, PyTuple_GET_SIZE(message_headers), 2):  # `TraceHeaders`: name, values, ...
+        key = <object>PyTuple_GET_ITEM(message_headers, at)
+        values = <object>PyTuple_GET_ITEM(message_headers, at + 1)  # one str, else a tuple of them
         lowered = _lower(key)
-        if _truthy(values):
-            _note_first(firsts, lowered, values)
+        if type(values) is str:
+            _note_first(firsts, lowered, <PyObject*>values)
+        elif PyTuple_GET_SIZE(values):
+            _note_first(firsts, lowered, <PyObject*>PyTuple_GET_ITEM(values, 0))
         header_class = PyDict_GetItemWithError(_HEADER_CLASS, lowered)
         if header_class is not NULL and <object>header_class is True:
-            for value in values:
-                server_headers += len(key) + len(value) + 4
+            if type(values) is str:
+                server_headers += len(key) + len(values) + 4
+            else:
+                for value in <tuple>values:
+                    server_headers += len(key) + len(value) + 4
         elif header_class is NULL:  # neither a server's nor the trace context's
             if own is None:
                 own = []
-            own.append((lowered, values))
+            own.append((lowered, [values] if type(values) is str else list(<tuple>values)))
     size = msg_size - server_headers if server_headers else msg_size
     if own is not None:  # a header of the message's own (`shape_digest`, in C)
         size = shape_digest(size, own)
@@ -192,8 +195,8 @@ cdef inline void _clear_firsts(PyObject** firsts):
         firsts[slot] = NULL
 
 
-cdef inline void _note_first(PyObject** firsts, str lowered, list values):
-    # `values[0]` (a non-empty list's) into the slot of `lowered`, if it has one still empty
+cdef inline void _note_first(PyObject** firsts, str lowered, PyObject* first):
+    # a header's first value into the slot of `lowered`, if it has one still empty
     cdef int slot
     if lowered == "traceparent":
         slot = H_TRACEPARENT
@@ -208,7 +211,7 @@ cdef inline void _note_first(PyObject** firsts, str lowered, list values):
     else:
         return
     if firsts[slot] == NULL:
-        firsts[slot] = PyList_GET_ITEM(values, 0)
+        firsts[slot] = first
 
 
 cdef inline object _first_or(PyObject* first, object default):

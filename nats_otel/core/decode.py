@@ -26,6 +26,7 @@ from nats_otel.core.model import (
     ServiceImport,
     StreamExport,
     SubjectMapping,
+    TraceHeaders,
     TraceMessage,
     UInt64,
     check_uint64,
@@ -215,7 +216,7 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
     request = document.get("request") or {}
     if not isinstance(request, dict):
         raise SchemaError("'request' is not an object")
-    headers = _headers(request.get("header"))
+    headers = TraceHeaders.of(_headers(request.get("header")))
     msg_size = request.get("msgsize", 0)
     hops = document.get("hops", 0)
     if not _is_int(msg_size) or not _is_int(hops) or hops < 0 or msg_size < 0:
@@ -312,7 +313,7 @@ def _decode_fast(data: bytes, limits: DecodeLimits) -> TraceMessage | None:
     for event in events[1:]:
         if type(event) is Ingress:
             return None
-    headers = doc.request.header
+    headers = TraceHeaders.of(doc.request.header)
     return TraceMessage(doc.server, headers, doc.request.msgsize, doc.hops, events[0],
                         tuple(events[1:]))  # type: ignore[arg-type]  # no Ingress left (checked above)
 

@@ -9,6 +9,7 @@ are kept aside, raw, so the rest of the message can still be mapped.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any
 
 from msgspec import Meta, Struct
@@ -19,8 +20,10 @@ from nats_otel.core.timestamps import parse_rfc3339_ns
 
 __all__ = [
     "FORWARDING_KINDS",
+    "NO_HEADERS",
     "ConnectionKind",
     "Egress",
+    "HeaderMapping",
     "Ingress",
     "JetStreamEvent",
     "ServerInfo",
@@ -28,6 +31,7 @@ __all__ = [
     "StreamExport",
     "SubjectMapping",
     "TraceEvent",
+    "TraceHeaders",
     "TraceMessage",
     "UInt64",
     "check_uint64",
@@ -230,7 +234,90 @@ EVENT_MODELS: dict[str, type[TraceEvent]] = {
 }
 
 
-def first_values(headers: dict[str, list[str]]) -> dict[str, str]:
+class TraceHeaders(tuple[Any, ...]):
+    """The traced message's headers as the server saw them: a read-only mapping of each name
+    (its case kept) to the list of its values, in the server's order.
+
+    Laid flat in one tuple, `(name, values, name, values, ...)`, where a name's `values` are
+    one `str` when it has exactly one value (nearly always: a `traceparent`) and a tuple of
+    them otherwise. Held through the live bridge's link window, a dict of lists was four
+    allocations and ~270 B a trace message; this is one (docs/performance.md, session 50).
+    The compiled kernel makes and reads it at its items; Python reads it as a `Mapping`
+    (`[name]`, `get`, `items`, `keys`, `values`, `in`, `len`, `==` with any mapping), each
+    name's values a new list. Make one with `TraceHeaders.of(mapping)`."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, headers: Mapping[str, list[str]] | TraceHeaders) -> TraceHeaders:
+        """The headers of a mapping of name -> list of values (as msgspec decodes them)."""
+        if type(headers) is cls:
+            return headers
+        flat: list[Any] = []
+        for name, values in headers.items():
+            flat.append(name)
+            flat.append(values[0] if len(values) == 1 else tuple(values))
+        return cls(flat)
+
+    def _pairs(self) -> Iterator[tuple[str, str | tuple[str, ...]]]:
+        items = tuple.__iter__(self)
+        return zip(items, items, strict=False)  # one iterator twice: (name, values) pairs
+
+    def items(self) -> list[tuple[str, list[str]]]:
+        return [(name, [values] if type(values) is str else list(values)) for name, values in self._pairs()]
+
+    def keys(self) -> list[str]:
+        return [name for name, _ in self._pairs()]
+
+    def values(self) -> list[list[str]]:
+        return [values for _, values in self.items()]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        for key, values in self._pairs():
+            if key == name:
+                return [values] if type(values) is str else list(values)
+        return default
+
+    def __getitem__(self, name: str) -> list[str]:  # type: ignore[override]
+        found = self.get(name, _MISSING)
+        if found is _MISSING:
+            raise KeyError(name)
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        return any(key == name for key, _ in self._pairs())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return tuple.__len__(self) // 2
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is TraceHeaders:
+            return tuple.__eq__(self, other)
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment]  # equal to dicts, which are not hashable
+
+    def __repr__(self) -> str:
+        return f"TraceHeaders({dict(self.items())!r})"
+
+
+_MISSING = object()
+Mapping.register(TraceHeaders)
+#: What reads headers takes: a `TraceHeaders`, or any mapping of name -> list of values.
+HeaderMapping = Mapping[str, list[str]] | TraceHeaders
+NO_HEADERS = TraceHeaders()
+
+
+def first_values(headers: HeaderMapping) -> dict[str, str]:
     """Lower-cased header name -> its first value (the first spelling wins), for
     case-insensitive look-ups: servers keep the header names' case."""
     first: dict[str, str] = {}
@@ -243,7 +330,8 @@ def first_values(headers: dict[str, list[str]]) -> dict[str, str]:
 class TraceMessage(Struct, frozen=True, gc=False):
     """One server's report about one traced message.
 
-    `headers` are the traced message's headers as the server saw them (name case kept);
+    `headers` are the traced message's headers as the server saw them (a `TraceHeaders`:
+    a read-only mapping, name case kept);
     `events` the events after the ingress, in the server's order; `unknown_events` raw
     events of types this version does not map. Built by `decode` from validated parts.
     It keeps no index of its headers: a message has a handful, each look-up (`header`)
@@ -255,7 +343,7 @@ class TraceMessage(Struct, frozen=True, gc=False):
     """
 
     server: ServerInfo
-    headers: dict[str, list[str]]
+    headers: TraceHeaders
     msg_size: int
     hops: int
     ingress: Ingress

@@ -12,6 +12,10 @@ way. A shape is a plain int, so the link window holds a fixed size per entry, ne
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nats_otel.core.model import HeaderMapping
 
 __all__ = [
     "CONTEXT_HEADERS",
@@ -53,7 +57,7 @@ CONTEXT_HEADERS = frozenset({"traceparent", "tracestate"})
 SHAPE_DIGEST = 1 << 62
 
 
-def message_shape(msg_size: int, headers: dict[str, list[str]]) -> int:
+def message_shape(msg_size: int, headers: HeaderMapping) -> int:
     """The message's shape: its size without the header lines of `SERVER_HEADERS` (`Name:
     value\\r\\n` each; taken out on both sides, the upstream's and the downstream's sizes of one
     message are equal, seen on every hop of every release's corpus, service imports

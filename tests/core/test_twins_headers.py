@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from nats_otel.core import span_bytes
 from nats_otel.core.mapping import MappingOptions
+from nats_otel.core.model import TraceHeaders
 from nats_otel.core.pipeline import Linker, prepare
 from tests.core.factories import TRACEPARENT, egress, ingress, message, raw
 from tests.core.test_fuzz_decode import LIMITS
@@ -41,8 +42,11 @@ def _alike(kernel, p, placement, options) -> int:
     return count
 
 
-def _with_headers(p, headers: dict):
-    """`p` with other headers (values the JSON cannot carry: ints, tuples...)."""
+def _with_headers(p, headers, as_given: bool = False):
+    """`p` with other headers (values the JSON cannot carry: ints, lists...): a dict made a
+    `TraceHeaders`, as decoding makes it, unless `as_given`."""
+    if isinstance(headers, dict) and not as_given:
+        headers = TraceHeaders.of(headers)
     msg = msgspec.structs.replace(p.msg, headers=headers)
     return msgspec.structs.replace(p, msg=msg)
 
@@ -84,11 +88,14 @@ def test_the_cache_emptied_within_a_message_still_finds_the_name_given_twice(ker
 
 def test_values_the_fast_way_does_not_write(kernel):
     p, placement = _prepared({"traceparent": [TRACEPARENT]})
-    for headers, expected in [({"traceparent": [1, "a", True]}, 0),   # written by `put_key_value`
-                              ({"traceparent": ("a", "b")}, 1),       # not a list: the reference's
-                              ({"traceparent": ["\ud800"]}, 1),       # lone surrogate: the reference's
-                              ({"Trace\ud800": ["a"], "traceparent": []}, 0)]:
-        assert _alike(kernel, _with_headers(p, headers), placement, MappingOptions()) == expected
+    for headers, expected in [(TraceHeaders.of({"traceparent": [1, "a", True]}), 0),  # written by `put_key_value`
+                              (TraceHeaders.of({"traceparent": ["a", "b"]}), 0),
+                              (TraceHeaders(("traceparent", ["a", "b"])), 1),  # values a list: the reference's
+                              ({"traceparent": ["a"]}, 1),                       # a dict: the reference's
+                              (TraceHeaders.of({"traceparent": ["\ud800"]}), 1),  # lone surrogate: the reference's
+                              (TraceHeaders.of({"Trace\ud800": ["a"], "traceparent": []}), 0)]:
+        given = _with_headers(p, headers, as_given=True)
+        assert _alike(kernel, given, placement, MappingOptions()) == expected, headers
 
 
 def test_a_mutable_allowlist_is_read_each_time(kernel):
@@ -150,7 +157,7 @@ def test_the_trace_headers_are_found_as_the_reference_finds_them(kernel):
     """Nats-Trace-Hop, -Dest and -Only read by the kernel's mapper in place (a message keeps
     no index of its headers): in any case, the first spelling with a value winning, an
     empty list skipped; the same spans as the reference's, none handed over (but for what
-    the copied headers hand over); values not in a list go to the reference."""
+    the copied headers hand over); values in another form go to the reference."""
     p, placement = _prepared({"traceparent": [TRACEPARENT]})
     not_copied = MappingOptions(header_allowlist=frozenset({"traceparent"}))
     cases = [
@@ -168,6 +175,6 @@ def test_the_trace_headers_are_found_as_the_reference_finds_them(kernel):
     spans = [outcome(span_bytes.python_map_encode, _with_headers(p, {"traceparent": [TRACEPARENT], **h}).msg, p.ctx,
                      placement, not_copied) for h in cases]
     assert len({repr(s) for s in spans}) >= 4  # the cases differ in what the server span says
-    odd = _with_headers(p, {"traceparent": [TRACEPARENT], "Nats-Trace-Hop": ("h1",)})
+    odd = _with_headers(p, TraceHeaders(("traceparent", TRACEPARENT, "Nats-Trace-Hop", ["h1"])))  # a list: not its form
     result, count = handed(kernel, "map", kernel.map_encode, odd.msg, odd.ctx, placement, not_copied)
     assert count == 1 and result == outcome(span_bytes.python_map_encode, odd.msg, odd.ctx, placement, not_copied)

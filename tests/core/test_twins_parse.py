@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from nats_otel.core import pipeline
 from nats_otel.core.decode import _DOCUMENT, DecodeLimits, RawTraceMessage, decompress
+from nats_otel.core.model import TraceHeaders
 from tests.core import factories as f
 from tests.core.test_fuzz_decode import documents
 from tests.core.test_twins_prepare import outcome
@@ -31,7 +32,7 @@ def msgspec_view(data: bytes):
         doc = _DOCUMENT.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError):
         return None
-    return doc.server, doc.events, doc.request.header, doc.request.msgsize, doc.hops
+    return doc.server, doc.events, TraceHeaders.of(doc.request.header), doc.request.msgsize, doc.hops
 
 
 def same_or_declined(kernel, data: bytes, max_events: int = 10_000) -> bool:
@@ -45,6 +46,7 @@ def same_or_declined(kernel, data: bytes, max_events: int = 10_000) -> bool:
     assert ours == theirs
     assert [type(e) for e in ours[1]] == [type(e) for e in theirs[1]]
     assert type(ours[0]) is type(theirs[0])
+    assert type(ours[2]) is TraceHeaders  # and laid out alike: two TraceHeaders compare as tuples
     return True
 
 

@@ -133,7 +133,9 @@ cdef int put_headers_cached(Buf* s, object headers, object allowlist) except -1:
         entry = _header_entry(<object>name)
         if entry is None:
             continue
-        if entry is _NO or count == _COPIED_MAX or (type(<object>values) is not str and type(<object>values) is not tuple):
+        if entry is _NO or count == _COPIED_MAX:
+            return 0
+        if type(<object>values) is not str and type(<object>values) is not tuple:
             return 0
         attribute = <PyObject*>PyTuple_GET_ITEM(entry, 0)
         for j in range(count):

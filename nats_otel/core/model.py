@@ -250,13 +250,14 @@ class TraceHeaders(tuple[Any, ...]):
 
     @classmethod
     def of(cls, headers: Mapping[str, list[str]] | TraceHeaders) -> TraceHeaders:
-        """The headers of a mapping of name -> list of values (as msgspec decodes them)."""
+        """The headers of a mapping of name -> list of values (as msgspec decodes them; a
+        `str` is one value, as `decode` reads a header given so)."""
         if type(headers) is cls:
             return headers
         flat: list[Any] = []
         for name, values in headers.items():
             flat.append(name)
-            flat.append(values[0] if len(values) == 1 else tuple(values))
+            flat.append(values if isinstance(values, str) else values[0] if len(values) == 1 else tuple(values))
         return cls(flat)
 
     def _pairs(self) -> Iterator[tuple[str, str | tuple[str, ...]]]:

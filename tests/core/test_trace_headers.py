@@ -51,6 +51,7 @@ def test_what_it_hands_out_cannot_change_it():
     headers.items()[0][1].clear()
     assert headers == HEADERS
     assert TraceHeaders.of(headers) is headers
+    assert laid_out(TraceHeaders.of({"a": "xy", "b": ["xy"]})) == ("a", "xy", "b", "xy")  # a str is one value
 
 
 def test_it_survives_pickling_and_copying():

@@ -68,16 +68,11 @@ cdef object _header_entry(object name):
     return entry
 
 
-cdef inline PyObject* _value_at(object values, Py_ssize_t i):
-    # a header's `i`-th value: `values` itself where it is the one (a str), else its item
-    return <PyObject*>values if type(values) is str else <PyObject*>PyTuple_GET_ITEM(values, i)
-
-
 cdef int put_header_values(Buf* s, bytes key, object values) except -1:
     """One copied header's pair (span field 9), its values an array of strings, as
     `put_key_value(key, values)` writes it (one str: an array of it), sized first: no
     buffer per level. 0 for a value that is not an exact str, or one with lone surrogates."""
-    cdef Py_ssize_t i, n = 1 if type(values) is str else PyTuple_GET_SIZE(values), size, item, array = 0, value
+    cdef Py_ssize_t i, n = _values_count(values), size, item, array = 0, value
     cdef const char* data
     cdef object text
     for i in range(n):

@@ -112,14 +112,10 @@ cdef int _trace_headers(object headers, PyObject** firsts) except -1:
     for at in range(0, PyTuple_GET_SIZE(headers), 2):
         name = <object>PyTuple_GET_ITEM(headers, at)
         values = <object>PyTuple_GET_ITEM(headers, at + 1)
-        if not PyUnicode_CheckExact(name):
+        if not PyUnicode_CheckExact(name) or (type(values) is not str and type(values) is not tuple):
             return 0
-        if type(values) is str:
-            _note_first(firsts, _lower(<str>name), <PyObject*>values)
-        elif type(values) is not tuple:
-            return 0
-        elif PyTuple_GET_SIZE(values) != 0:
-            _note_first(firsts, _lower(<str>name), <PyObject*>PyTuple_GET_ITEM(values, 0))
+        if _values_count(values):
+            _note_first(firsts, _lower(<str>name), _value_at(values, 0))
     return 1
 
 

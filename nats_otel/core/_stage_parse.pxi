@@ -279,6 +279,17 @@ cdef inline object _header_values(list values):
     return <object>PyList_GET_ITEM(values, 0) if PyList_GET_SIZE(values) == 1 else tuple(values)
 
 
+# A `TraceHeaders` name's values read as `_header_values` lays them (a str, or a tuple of
+# them): how many, and the `i`-th (borrowed). For what the parse or `_trace_headers_of`
+# made; anything else is checked by its reader first.
+cdef inline Py_ssize_t _values_count(object values):
+    return 1 if type(values) is str else PyTuple_GET_SIZE(values)
+
+
+cdef inline PyObject* _value_at(object values, Py_ssize_t i):
+    return <PyObject*>values if type(values) is str else <PyObject*>PyTuple_GET_ITEM(values, i)
+
+
 cdef object _trace_headers_of(dict headers):
     # `TraceHeaders.of(headers)`, for msgspec's dict of lists (only lists of str: its type)
     cdef list flat = []

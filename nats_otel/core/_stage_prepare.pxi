@@ -108,24 +108,20 @@ cpdef object prepare(object raw, object limits=_UNSET):
     cdef PyObject* firsts[TRACE_HEADERS]
     _clear_firsts(firsts)
     cdef Py_ssize_t server_headers = 0  # the bytes of the headers a server adds, summed in C: one int made, not two a value
-    cdef Py_ssize_t at
+    cdef Py_ssize_t at, count
     cdef list own = None  # the message's own headers, when it has any (shapes.message_shape)
     cdef PyObject* header_class
     for at in range(0, PyTuple_GET_SIZE(message_headers), 2):  # `TraceHeaders`: name, values, ...
         key = <object>PyTuple_GET_ITEM(message_headers, at)
         values = <object>PyTuple_GET_ITEM(message_headers, at + 1)  # one str, else a tuple of them
         lowered = _lower(key)
-        if type(values) is str:
-            _note_first(firsts, lowered, <PyObject*>values)
-        elif PyTuple_GET_SIZE(values):
-            _note_first(firsts, lowered, <PyObject*>PyTuple_GET_ITEM(values, 0))
+        count = _values_count(values)
+        if count:
+            _note_first(firsts, lowered, _value_at(values, 0))
         header_class = PyDict_GetItemWithError(_HEADER_CLASS, lowered)
         if header_class is not NULL and <object>header_class is True:
-            if type(values) is str:
-                server_headers += len(key) + len(values) + 4
-            else:
-                for value in <tuple>values:
-                    server_headers += len(key) + len(value) + 4
+            for i in range(count):
+                server_headers += len(key) + len(<object>_value_at(values, i)) + 4
         elif header_class is NULL:  # neither a server's nor the trace context's
             if own is None:
                 own = []

@@ -254,6 +254,8 @@ class TraceHeaders(tuple[Any, ...]):
         `str` is one value, as `decode` reads a header given so)."""
         if type(headers) is cls:
             return headers
+        if not headers:
+            return NO_HEADERS  # as the kernel's parse gives a message without headers
         flat: list[Any] = []
         for name, values in headers.items():
             flat.append(name)

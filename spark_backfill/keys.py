@@ -73,9 +73,9 @@ def line_key(line: str, settings: ConvertSettings) -> LineKey:
     except DecodeError:
         return LineKey(b"", None, None, None)
     msg = prepared.msg
-    if msg.server.seq <= 0:
+    if msg.seq <= 0:
         return LineKey(prepared.ctx.id_fields, None, None, None)
-    return LineKey(prepared.ctx.id_fields, msg.server.id, msg.server.seq, msg.ingress.ts_ns)
+    return LineKey(prepared.ctx.id_fields, msg.server.id, msg.seq, msg.ingress.ts_ns)
 
 
 def raw_message(subject: str | None, headers: str | None, payload: bytes) -> RawTraceMessage:
@@ -199,15 +199,15 @@ def _key_batches(chunks: Iterable[tuple[Iterator[_Raw], Any]], settings: Convert
             # Every span of a traceparent's context is in its trace; an ad-hoc context's
             # traces are known once linked (`traces`).
             trace_key.append(ctx.trace_id if ctx.adhoc_key is None else None)
-            numbered = msg.server.seq > 0
+            numbered = msg.seq > 0
             if numbered:
-                reports.append((msg.server.id, msg.server.seq, msg.ingress.ts_ns))
+                reports.append((msg.server.id, msg.seq, msg.ingress.ts_ns))
                 if len(reports) >= _REPORTS_HELD:
                     runs.merge(counts["runs"], runs.islands(reports))
                     reports.clear()
             server_id.append(msg.server.id if numbered else None)
             # uint64 seqs and times, shifted into Spark's signed long (`runs.SHIFT`).
-            seq.append(msg.server.seq - runs.SHIFT if numbered else None)
+            seq.append(msg.seq - runs.SHIFT if numbered else None)
             ts_ns.append(msg.ingress.ts_ns - runs.SHIFT if numbered else None)
             reason.append(None)
             detail.append(None)

@@ -67,7 +67,7 @@ from nats_otel.core.mapping import Placement as _Placement, map_message as _map_
 from nats_otel.core.mapping import server_resource as _server_resource
 from nats_otel.core.model import _KIND_LABELS as _KIND_LABELS_, FORWARDING_KINDS
 from nats_otel.core.model import Egress as _EgressEvent, Ingress as _Ingress, JetStreamEvent as _JetStreamEvent
-from nats_otel.core.model import ServerInfo as _ServerInfo, ServiceImport as _ServiceImport
+from nats_otel.core.model import ServerInfo as _ServerInfo, ServerReport as _ServerReport, ServiceImport as _ServiceImport
 from nats_otel.core.model import StreamExport as _StreamExport, SubjectMapping as _SubjectMapping
 from nats_otel.core.model import NO_HEADERS as _NO_HEADERS, TraceHeaders as _TraceHeaders, TraceMessage as _TraceMessage
 from nats_otel.core.network import HopSample as _HopSample, NetworkSample as _NetworkSample

@@ -14,8 +14,9 @@ cdef enum:
     F_BOOL = 3
     F_TAGS = 4      # a list of strings, kept as a tuple
     F_TS = 5        # `ts`: a string read into `ts_ns`, not kept (the events' hook)
-    F_TIME = 6      # `time`: a string or null read into `time_ns`, not kept (the server's hook)
+    F_TIME = 6      # the server's `time`: a string or null read into the report's `time_ns`, not kept
     F_DECLINE = 7   # a field the parse does not read: a message that has it goes to msgspec
+    F_SEQ = 8       # the server's `seq`: as F_UINT, into the report's `seq`
 
 cdef enum:  # what the parse keeps of a record's object (`_parse_kept.pxi`)
     KEEP_NONE = 0
@@ -26,8 +27,8 @@ cdef enum:  # what the parse keeps of a record's object (`_parse_kept.pxi`)
 cdef struct FieldSpec:
     const char* name    # the name on the wire (msgspec's `encode_name`)
     Py_ssize_t size
-    Py_ssize_t offset
-    Py_ssize_t derived  # F_TS, F_TIME: the offset of the field derived from it
+    Py_ssize_t offset   # -1: not a field of the record (F_SEQ, F_TIME: the report's, `_PARSED`'s)
+    Py_ssize_t derived  # F_TS: the offset of the field derived from it
     int kind
 
 cdef struct TypeSpec:
@@ -55,17 +56,23 @@ cdef list _TEMPLATES = []   # keeps the templates and the names' bytes alive
 
 # The field kinds by Python name; any other field of a record is F_DECLINE.
 _KIND_OF = {"name": F_STR, "id": F_STR, "host": F_STR, "cluster": F_STR, "domain": F_STR, "version": F_STR,
-            "tags": F_TAGS, "jetstream": F_BOOL, "seq": F_UINT, "time": F_TIME, "ts": F_TS, "kind": F_UINT,
+            "tags": F_TAGS, "jetstream": F_BOOL, "ts": F_TS, "kind": F_UINT,
             "cid": F_UINT, "account": F_STR, "subject": F_STR, "error": F_STR, "hop": F_STR,
             "subscription": F_STR, "queue": F_STR, "to": F_STR, "from_subject": F_STR, "stream": F_STR,
             "no_interest": F_BOOL}
-_DERIVED = {"ts": "ts_ns", "time": "time_ns"}
+_DERIVED = {"ts": "ts_ns"}
+# The members of the server's block that are the report's (`ServerReport`'s fields that are
+# not `ServerInfo`'s): read into `_PARSED`, not into the record.
+_REPORT_KIND_OF = {"seq": F_SEQ, "time": F_TIME}
 
 
-cdef void _spec(TypeSpec* spec, object cls, bytes minimal, bint tagged) except *:
+cdef void _spec(TypeSpec* spec, object cls, bytes minimal, bint tagged, object wire=None) except *:
+    # `wire`: the class whose fields the object's members are (`cls` when None); those
+    # `cls` lacks are the report's (`_REPORT_KIND_OF`)
     cdef Py_ssize_t i, slot
     _plain(cls, True)  # its records are copies of the template (`_struct_copy`)
-    fields = _struct_fields(cls)
+    own = {f.name for f in _struct_fields(cls)}
+    fields = _struct_fields(cls if wire is None else wire)
     if len(fields) + tagged > 16:
         raise TypeError(f"{cls.__name__} has more fields than the parse reads")
     template = _msgspec_decode(minimal, type=cls)
@@ -82,8 +89,8 @@ cdef void _spec(TypeSpec* spec, object cls, bytes minimal, bint tagged) except *
         entry = &spec.fields[spec.count]
         entry.name = encoded
         entry.size = len(encoded)
-        entry.kind = _KIND_OF.get(name, F_DECLINE)
-        entry.offset = field_offset(cls, name) if name else -1
+        entry.kind = _KIND_OF.get(name, F_DECLINE) if name in own or not name else _REPORT_KIND_OF.get(name, F_DECLINE)
+        entry.offset = field_offset(cls, name) if name in own else -1
         entry.derived = field_offset(cls, _DERIVED[name]) if name in _DERIVED else -1
         if required:
             if entry.kind == F_DECLINE:
@@ -110,7 +117,7 @@ cdef void _keeps(TypeSpec* spec, int keep, tuple varying):
 
 
 try:
-    _spec(&SERVER_SPEC, _ServerInfo, b'{"name":"","id":""}', False)
+    _spec(&SERVER_SPEC, _ServerInfo, b'{"name":"","id":""}', False, _ServerReport)
     _spec(&INGRESS_SPEC, _Ingress, b'{"ts":"1970-01-01T00:00:00Z","kind":0}', True)
     _spec(&EGRESS_SPEC, _EgressEvent, b'{"ts":"1970-01-01T00:00:00Z","kind":0}', True)
     _spec(&JS_SPEC, _JetStreamEvent, b'{"ts":"1970-01-01T00:00:00Z"}', True)

@@ -171,7 +171,7 @@ def connection_post_init(self):
 
 
 def server_post_init(self):
-    """`ServerInfo.__post_init__`: `seq` within a uint64, `time_ns` from `time`, the text
+    """`ServerReport.__post_init__`: `seq` within a uint64, `time_ns` from `time`, the text
     not kept."""
     _check_uint64("seq", self.seq)
     time = self.time

@@ -9,7 +9,7 @@
 # and the pure-Python reference runs.
 
 cdef struct MessageFields:      # model.TraceMessage
-    Py_ssize_t server, ingress, events, unknown_events, msg_size, hops, headers
+    Py_ssize_t server, ingress, events, unknown_events, msg_size, hops, headers, seq, time_ns
 cdef struct IngressFields:      # model.Ingress
     Py_ssize_t ts_ns, kind, cid, name, account, subject, error
 cdef struct EgressFields:       # model.Egress (the event)
@@ -17,7 +17,9 @@ cdef struct EgressFields:       # model.Egress (the event)
 cdef struct JetStreamFields:    # model.JetStreamEvent
     Py_ssize_t error
 cdef struct ServerFields:       # model.ServerInfo
-    Py_ssize_t id, name, version, host, cluster, domain, tags, jetstream, seq
+    Py_ssize_t id, name, version, host, cluster, domain, tags, jetstream
+cdef struct ReportFields:       # model.ServerReport (msgspec's, the parse declined)
+    Py_ssize_t seq, time_ns
 cdef struct ContextFields:      # ids.TraceContext
     Py_ssize_t trace_id, parent_span_id, trace_state, sampled, adhoc_key, id_fields
 cdef struct PreparedFields:     # pipeline.Prepared
@@ -52,6 +54,7 @@ cdef IngressFields IN
 cdef EgressFields EG
 cdef JetStreamFields JS
 cdef ServerFields SRV
+cdef ReportFields REPORT
 cdef ContextFields CTX
 cdef PreparedFields PREPARED
 cdef ConvertedFields CONVERTED
@@ -80,11 +83,16 @@ _BY_POSITION = {
 }
 
 try:
-    MSG = _offsets(_TraceMessage, "server ingress events unknown_events msg_size hops headers")
+    MSG = _offsets(_TraceMessage, "server ingress events unknown_events msg_size hops headers seq time_ns")
     IN = _offsets(_Ingress, "ts_ns kind cid name account subject error")
     EG = _offsets(_EgressEvent, "ts_ns kind cid name hop account subscription queue error")
     JS = _offsets(_JetStreamEvent, "error")
-    SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream seq")
+    SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream")
+    REPORT = _offsets(_ServerReport, "seq time_ns")
+    for _field_name in ("id", "name", "version", "host", "cluster", "domain", "tags", "jetstream"):  # `_server_info`
+        if field_offset(_ServerReport, _field_name) != field_offset(_ServerInfo, _field_name):
+            raise TypeError(f"ServerReport.{_field_name} is not where ServerInfo has it")
+    _plain(_ServerInfo)  # made field by field from a `ServerReport` (`_server_info`)
     CTX = _offsets(_TraceContext, "trace_id parent_span_id trace_state sampled adhoc_key id_fields")
     PREPARED = _offsets(_Prepared, "raw msg ctx ident arrival issues size")
     CONVERTED = _offsets(_Converted, "spans issues link network encoded")

@@ -264,7 +264,7 @@ cdef class Linker:
         ingress = _read(msg, _TraceMessage, MSG.ingress, "ingress")
         # The fields at their offsets (five look-ups by name fewer per message).
         ledger_observe(ledger_of(index.sequences), _read(prepared, _Prepared, PREPARED.ident, "ident"),
-                       _read(server, _ServerInfo, SRV.id, "id"), _read(server, _ServerInfo, SRV.seq, "seq"),
+                       _read(server, _ServerInfo, SRV.id, "id"), _read(msg, _TraceMessage, MSG.seq, "seq"),
                        _read(ingress, _Ingress, IN.ts_ns, "ts_ns"), now, _read(ingress, _Ingress, IN.account, "account"))
         if arrival is not None:
             key, entry = arrival

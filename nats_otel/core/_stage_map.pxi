@@ -305,6 +305,8 @@ cdef list _resources_by_record = [None] * _BY_RECORD_SLOTS
 
 cdef inline bint _same_fields(object server, object held):
     """The resource's fields of two `ServerInfo`s are the same objects (tags: equal)."""
+    if server is held:  # the usual: the parse hands a server's reports its one record
+        return True
     if (field(server, SRV.id) is not field(held, SRV.id) or field(server, SRV.name) is not field(held, SRV.name)
             or field(server, SRV.version) is not field(held, SRV.version)
             or field(server, SRV.host) is not field(held, SRV.host)

@@ -37,8 +37,8 @@ def declined_by_parser():
 
 
 def own_parse(data, Py_ssize_t max_events=10_000):
-    """The parse alone, for the tests: (server, events, headers, msgsize, hops), or None
-    where it declines."""
+    """The parse alone, for the tests: (server, events, headers, msgsize, hops, seq,
+    time_ns), or None where it declines."""
     if not _parse_document(data, max_events):
         return None
     return _PARSED.take()
@@ -48,18 +48,20 @@ def own_parse(data, Py_ssize_t max_events=10_000):
 cdef class _ParsedDocument:
     """What `_parse_document` read (`decode._Document` as `prepare` reads it), until `take`
     lets it go. One is filled for every parse (`_PARSED`): a tuple of its five parts and
-    one of the request's two, made and unpacked for each trace message, were two allocations."""
-    cdef object server, events, headers, msg_size, hops
+    one of the request's two, made and unpacked for each trace message, were two allocations.
+    The server block's `seq` and `time` are the report's (`TraceMessage.seq`, `.time_ns`),
+    read into it as the block is parsed."""
+    cdef object server, events, headers, msg_size, hops, seq, time_ns
 
     cdef tuple take(self):
-        """(server, events, headers, msgsize, hops), and nothing held here any more."""
-        parts = (self.server, self.events, self.headers, self.msg_size, self.hops)
+        """(server, events, headers, msgsize, hops, seq, time_ns), and nothing held here any more."""
+        parts = (self.server, self.events, self.headers, self.msg_size, self.hops, self.seq, self.time_ns)
         self.clear()
         return parts
 
     cdef inline void clear(self):
         """Let the parts go once read (`prepare` reads them at their slots, then clears)."""
-        self.server = self.events = self.headers = self.msg_size = self.hops = None
+        self.server = self.events = self.headers = self.msg_size = self.hops = self.seq = self.time_ns = None
 
 
 cdef _ParsedDocument _PARSED = _ParsedDocument()
@@ -83,13 +85,17 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
     cdef Kept* kept
     cdef Py_ssize_t start = at, cut = -1, rest_at = -1
     cdef unsigned int cut_seen = 0, rest_seen = 0
+    # A server's record is the one kept for its prefix, itself: the members after it are
+    # the report's numbers (`_PARSED`'s), and one of the record's own there makes it a copy
+    cdef bint shared = False
     obj = cut_record = None
     if spec.keep == KEEP_PREFIX:
         prefix = _pair(&PREFIXES, s, at, n)
         if prefix is not NULL:
             kept = _taken(&PREFIXES, prefix, <const void*>spec, s, at, n, 0)
-            if kept is not NULL:  # a copy of its record, made before anything else runs
-                obj = _struct_copy(<object>kept.record)
+            if kept is not NULL:
+                obj = <object>kept.record
+                shared = True
                 seen = kept.seen
                 at += kept.size  # at the next member's key
                 prefix = NULL  # kept already
@@ -124,6 +130,9 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
             if varying and prefix is not NULL and cut < 0:  # the first number: the prefix ends here
                 cut, cut_seen, cut_record = key_at, seen, _struct_copy(obj)
             seen |= 1u << i
+            if shared and entry.offset >= 0:  # a field of the record itself: not the kept one's
+                obj = _struct_copy(obj)
+                shared = False
             at = _member(entry, obj, s, n, at)
         if at < 0:
             return _NO
@@ -159,7 +168,7 @@ cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py
     cdef bint ascii
     if entry.kind == F_STR or entry.kind == F_TS or entry.kind == F_TIME:
         if entry.kind == F_TIME and _literal(s, at, n, b"null", 4) >= 0:
-            return at + 4  # the template's None, and its time_ns None
+            return at + 4  # the report's time_ns None, as it starts
         if at >= n or s[at] != 34:
             return -1
         value_end = _string_end(s, at + 1, n, &ascii)
@@ -171,22 +180,25 @@ cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py
                 return -1
             set_field(obj, entry.offset, text)
         # A timestamp: the hook's derived nanoseconds; its text, as the hook leaves it, is the
-        # template's (`ts` "", `time` None: not kept). Its error is msgspec's.
+        # template's (`ts` "": not kept). Its error is msgspec's.
         elif ascii and rfc3339_bytes_c(s + at + 1, value_end - at - 1, &ns):
-            set_field(obj, entry.derived, PyLong_FromLongLong(ns))
+            _set_ns(entry, obj, PyLong_FromLongLong(ns))
         else:  # another form: the hook's own function decides, from the text
             text = _text(s, at + 1, value_end, ascii)
             if text is _NO:
                 return -1
             try:
-                set_field(obj, entry.derived, timestamp_ns_c(text))
+                _set_ns(entry, obj, timestamp_ns_c(text))
             except Exception:  # whatever it raises, msgspec's decode raises it again
                 return -1
         return value_end + 1
-    if entry.kind == F_UINT:
+    if entry.kind == F_UINT or entry.kind == F_SEQ:
         at = _digits(s, at, n, &number)
         if at >= 0:
-            set_field(obj, entry.offset, PyLong_FromLongLong(number))
+            if entry.kind == F_SEQ:
+                _PARSED.seq = PyLong_FromLongLong(number)
+            else:
+                set_field(obj, entry.offset, PyLong_FromLongLong(number))
         return at
     if entry.kind == F_BOOL:
         if _literal(s, at, n, b"true", 4) >= 0:
@@ -201,6 +213,14 @@ cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py
         return -1
     set_field(obj, entry.offset, tuple(<list>tags))
     return at
+
+
+cdef inline void _set_ns(FieldSpec* entry, object obj, object ns):
+    # a timestamp's nanoseconds: an event's into its `ts_ns`, the server's `time` the report's
+    if entry.kind == F_TIME:
+        _PARSED.time_ns = ns
+    else:
+        set_field(obj, entry.derived, ns)
 
 
 cdef object _strings(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end, bint names):
@@ -410,6 +430,7 @@ cdef bint _parse_document(object data, Py_ssize_t max_events) except -1:
     server = events = headers = None
     if type(data) is not bytes:
         return False
+    _PARSED.seq, _PARSED.time_ns = 0, None  # the report's numbers as msgspec's defaults, until the server's block gives them
     s = <const unsigned char*>PyBytes_AS_STRING(data)
     n = PyBytes_GET_SIZE(data)
     at = _ws(s, 0, n)

@@ -22,7 +22,7 @@ from nats_otel.core.model import (
     Egress,
     Ingress,
     JetStreamEvent,
-    ServerInfo,
+    ServerReport,
     ServiceImport,
     StreamExport,
     SubjectMapping,
@@ -225,7 +225,7 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
     if not isinstance(first, dict) or first.get("type") != "in":
         raise SchemaError("the first event is not an ingress ('in') event")
     try:
-        server = msgspec.convert(server_doc, ServerInfo)
+        server = msgspec.convert(server_doc, ServerReport)
     except msgspec.ValidationError as exc:
         raise SchemaError(f"server: {exc}") from None
     try:
@@ -248,13 +248,15 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
         except msgspec.ValidationError as exc:
             unknown.append({"position": position, "event": event_doc, "problem": str(exc)})
     return TraceMessage(
-        server=server,
+        server=server.info(),
         headers=headers,
         msg_size=msg_size,
         hops=hops,
         ingress=ingress,
         events=tuple(events),
         unknown_events=tuple(unknown),
+        seq=server.seq,
+        time_ns=server.time_ns,
     )
 
 
@@ -290,7 +292,7 @@ class _Request(msgspec.Struct, frozen=True, gc=False):
 
 
 class _Document(msgspec.Struct, frozen=True, gc=False):
-    server: ServerInfo
+    server: ServerReport
     events: list[Union[Ingress, SubjectMapping, StreamExport, ServiceImport, JetStreamEvent, Egress]]  # noqa: UP007
     request: _Request = _Request()
     hops: UInt64 = 0
@@ -314,8 +316,9 @@ def _decode_fast(data: bytes, limits: DecodeLimits) -> TraceMessage | None:
         if type(event) is Ingress:
             return None
     headers = TraceHeaders.of(doc.request.header)
-    return TraceMessage(doc.server, headers, doc.request.msgsize, doc.hops, events[0],
-                        tuple(events[1:]))  # type: ignore[arg-type]  # no Ingress left (checked above)
+    server = doc.server
+    return TraceMessage(server.info(), headers, doc.request.msgsize, doc.hops, events[0],
+                        tuple(events[1:]), (), server.seq, server.time_ns)  # type: ignore[arg-type]  # no Ingress left (checked above)
 
 
 def _is_int(value: Any) -> bool:

@@ -150,7 +150,7 @@ def evidence_of(prepared: Any, stream: int = -1, breaks: int = 0) -> HopEvidence
     egresses = tuple(_Hop(event.hop, event.name, event.ts_ns, prepared.size, position)
                      for position, event in enumerate(msg.events, start=1)
                      if type(event) is EgressEvent and event.forwards)
-    return HopEvidence(prepared.ident, msg.server.id, msg.server.name, msg.ingress.account, msg.server.seq,
+    return HopEvidence(prepared.ident, msg.server.id, msg.server.name, msg.ingress.account, msg.seq,
                        msg.ingress.ts_ns,
                        prepared.ctx.id_fields, prepared.ctx.adhoc_key is not None, arrival, egresses, stream, breaks)
 
@@ -254,7 +254,7 @@ def encode_numbers(prepared: Iterable[Any], latencies: Sequence[tuple[str, str, 
     """The event numbers of decoded reports (`pipeline.Prepared`) for the sibling workers,
     whose traces are others but whose ledgers need every report (`observe_numbers`): a
     few bytes a report, where their whole evidence is ~260."""
-    reports = tuple((p.msg.server.id, p.msg.server.seq, p.msg.ingress.ts_ns) for p in prepared)
+    reports = tuple((p.msg.server.id, p.msg.seq, p.msg.ingress.ts_ns) for p in prepared)
     return _ENCODER.encode(_Numbers(reports, tuple(LinkLatencyEstimate(*known) for known in latencies[:1024])))
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "Ingress",
     "JetStreamEvent",
     "ServerInfo",
+    "ServerReport",
     "ServiceImport",
     "StreamExport",
     "SubjectMapping",
@@ -130,7 +131,14 @@ class _Wire(Struct, frozen=True, kw_only=True, gc=False):
 
 
 class ServerInfo(_Wire, rename={"version": "ver"}, frozen=True):
-    """The `server` block: which server published this trace message."""
+    """The `server` block: which server published this trace message.
+
+    Only what names the server: the same in every report it sends, so one record can
+    serve them all (the kernel's parse hands out the one it kept for the server's bytes).
+    The report's own numbers in the block, `seq` and `time`, are the `TraceMessage`'s
+    (`seq`, `time_ns`): held in each record, they made one per report, ~100 bytes held
+    through the live bridge's link window (docs/performance.md, session 51).
+    """
 
     name: str
     id: str
@@ -140,6 +148,12 @@ class ServerInfo(_Wire, rename={"version": "ver"}, frozen=True):
     version: str = ""
     tags: tuple[str, ...] = ()
     jetstream: bool = False
+
+
+class ServerReport(ServerInfo, frozen=True):
+    """The `server` block as the wire has it: `ServerInfo` and the report's numbers, which
+    `decode` moves into the `TraceMessage` (msgspec reads the block into one record)."""
+
     seq: UInt64 = 0
     # The server's RFC 3339 text, read into `time_ns` when the record is made and then not
     # kept (None): `time_ns` is None only when the server sent no time.
@@ -147,6 +161,11 @@ class ServerInfo(_Wire, rename={"version": "ver"}, frozen=True):
     time_ns: int | None = None
 
     __post_init__ = _server_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
+
+    def info(self) -> ServerInfo:
+        """The block without the report's numbers."""
+        return ServerInfo(name=self.name, id=self.id, host=self.host, cluster=self.cluster, domain=self.domain,
+                          version=self.version, tags=self.tags, jetstream=self.jetstream)
 
 
 class _Event(_Wire, tag_field="type", frozen=True):
@@ -352,6 +371,11 @@ class TraceMessage(Struct, frozen=True, gc=False):
     ingress: Ingress
     events: tuple[TraceEvent, ...] = ()
     unknown_events: tuple[dict[str, Any], ...] = ()
+    #: The server's number for this report (`server.seq` on the wire; 0: not numbered):
+    #: each server numbers the reports it publishes, so gaps say where one was lost.
+    seq: int = 0
+    #: When the server published it (`server.time`), in nanoseconds; None: not given.
+    time_ns: int | None = None
 
     @property
     def end_ns(self) -> int:

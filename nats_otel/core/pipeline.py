@@ -145,7 +145,7 @@ class PythonLinker:
         """Record a message's hop evidence (idempotent: a redelivery changes nothing)."""
         arrival = prepared.arrival
         msg = prepared.msg
-        self.index.observe_report(prepared.ident, msg.server.id, msg.server.seq, msg.ingress.ts_ns, now,
+        self.index.observe_report(prepared.ident, msg.server.id, msg.seq, msg.ingress.ts_ns, now,
                                   msg.ingress.account)
         if arrival is not None:
             self.index.add_arrival(*arrival, now)

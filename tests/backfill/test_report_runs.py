@@ -28,7 +28,7 @@ def _reports(lines: list[str]) -> list[tuple[str, int, int]]:
             msg = prepare(parse_archive_line(line)).msg
         except DecodeError:
             continue
-        found.append((msg.server.id, msg.server.seq, msg.ingress.ts_ns))
+        found.append((msg.server.id, msg.seq, msg.ingress.ts_ns))
     return found
 
 

@@ -110,15 +110,15 @@ def _peer_vouches(core, corpus_raws, missed: int) -> tuple[bool, bool]:
     ledger.receiving = None
     ledger.whole("default", 0, 0, 2**62)
     other.observe_many(theirs)
-    ours = {p.ident: p.msg.server for p in core.observed(bridge, mine)}
+    ours = {p.ident: p.msg for p in core.observed(bridge, mine)}
     peers = list(core.observed(other, theirs))
     first_of_peer = {}
     for p in peers:
-        first_of_peer[p.msg.server.id] = min(first_of_peer.get(p.msg.server.id, 1 << 62), p.msg.server.seq)
+        first_of_peer[p.msg.server.id] = min(first_of_peer.get(p.msg.server.id, 1 << 62), p.msg.seq)
     # A server whose first report here came before the peer's first of it.
     by_server: dict[str, list[tuple[int, bytes]]] = {}
-    for ident, server in ours.items():
-        by_server.setdefault(server.id, []).append((server.seq, ident))
+    for ident, msg in ours.items():
+        by_server.setdefault(msg.server.id, []).append((msg.seq, ident))
     seqs = next(sorted(v) for s, v in sorted(by_server.items())
                 if len(v) > 1 and s in first_of_peer and min(v)[0] < first_of_peer[s] < max(v)[0])
     first, last = seqs[0][1], seqs[-1][1]

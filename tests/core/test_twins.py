@@ -74,7 +74,7 @@ def test_the_process_runs_the_core_it_was_asked_for():
         assert getattr(engine, name) is getattr(running, name), name
     # The decoding hooks: the leaf's when built and allowed, else the pure modules' own.
     hooks = {name: vars(record)["__post_init__"] for name, record in (
-        ("connection_post_init", model.Ingress), ("server_post_init", model.ServerInfo),
+        ("connection_post_init", model.Ingress), ("server_post_init", model.ServerReport),
         ("request_post_init", decode._Request), ("document_post_init", decode._Document),
         ("context_post_init", ids.TraceContext))}
     leaf = accel.compiled("_primitives")

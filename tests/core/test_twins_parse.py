@@ -26,13 +26,15 @@ from tests.work import least_growth
 
 
 def msgspec_view(data: bytes):
-    """What `prepare` reads of msgspec's decode, as `own_parse` returns it; None when msgspec
-    refuses the payload."""
+    """What `prepare` reads of msgspec's decode, as `own_parse` returns it (the server's
+    block without the report's numbers, which come last); None when msgspec refuses the payload."""
     try:
         doc = _DOCUMENT.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError):
         return None
-    return doc.server, doc.events, TraceHeaders.of(doc.request.header), doc.request.msgsize, doc.hops
+    server = doc.server
+    return (server.info(), doc.events, TraceHeaders.of(doc.request.header), doc.request.msgsize, doc.hops,
+            server.seq, server.time_ns)
 
 
 def same_or_declined(kernel, data: bytes, max_events: int = 10_000) -> bool:
@@ -396,6 +398,39 @@ def test_a_servers_members_before_its_numbers_kept_are_decided_as_the_first_time
     assert same_or_declined(kernel, kept[:at] + rest)
     for end in range(at - 10, len(kept)):
         assert kernel.own_parse(kept[:end]) is None
+
+
+def test_a_servers_reports_share_its_one_record_and_keep_their_own_numbers(kernel):
+    """A report whose server object begins with kept bytes is given the kept record itself
+    (its numbers are the report's: `seq`, `time_ns`); a member of the record after the
+    numbers makes the report a copy with it, and the kept record stays as it was."""
+    kernel.forget_kept()
+    first = kernel.own_parse(_server_doc(_reported(3, 1, time=1)))
+    reports = [kernel.own_parse(_server_doc(_reported(3, seq, time=seq % 1000))) for seq in (2, 3, 2**40)]
+    assert all(r[0] is reports[0][0] for r in reports) and first[0] == reports[0][0]
+    assert [(r[5], r[6]) for r in reports] == [
+        (seq, msgspec_view(_server_doc(_reported(3, seq, time=seq % 1000)))[6]) for seq in (2, 3, 2**40)]
+    assert len({r[6] for r in reports}) == 3  # each its own time
+    shared = reports[0][0]
+    # A member of the record after the numbers: a copy with it, the shared record untouched.
+    for extra in ({"jetstream": True}, {"tags": ["a"]}, {"domain": "d"}):
+        data = _server_doc(_reported(3, 4, **extra))
+        assert same_or_declined(kernel, data)
+        own = kernel.own_parse(data)[0]
+        assert own is not shared and own != shared
+        assert shared == msgspec_view(_server_doc(_reported(3, 5)))[0]
+    # The numbers absent, or null: the report's defaults, the record still the shared one.
+    for server in ({k: v for k, v in _reported(3, 1).items() if k not in ("seq", "time")},
+                   {**_reported(3, 6), "time": None}):
+        data = _server_doc(server)
+        assert same_or_declined(kernel, data)
+        assert kernel.own_parse(data)[0] is shared or "seq" not in server  # no numbers: no prefix cut
+    # Prepared by the kernel: the same record for the server's messages, as the reference's equal.
+    raws = [RawTraceMessage("trace.a", {}, _server_doc(_reported(3, seq, time=seq))) for seq in (7, 8)]
+    ours = [kernel.prepare(raw) for raw in raws]
+    assert ours[0].msg.server is ours[1].msg.server
+    assert [p.msg.seq for p in ours] == [7, 8] and ours[0].msg.time_ns != ours[1].msg.time_ns
+    assert [outcome(kernel.prepare, raw) for raw in raws] == [outcome(pipeline.python_prepare, raw) for raw in raws]
 
 
 def test_a_long_server_object_is_not_kept(kernel):

@@ -62,8 +62,9 @@ def test_resources_found_by_the_records_fields_are_the_references(kernel, corpus
     msg, server = prepared.msg, prepared.msg.server
     placement = kernel.Linker(bounded=False).place(prepared)
     # Records sharing the `id` object (one slot of the table), differing in one field or
-    # none; tags equal but not the same tuple (`tuple("ab")`: made at run time); two service names.
-    records = [server, replace(server, seq=server.seq + 1), replace(server, name=server.name + "-other"),
+    # none (a copy: the same fields, not the same record); tags equal but not the same tuple
+    # (`tuple("ab")`: made at run time); two service names.
+    records = [server, replace(server), replace(server, name=server.name + "-other"),
                replace(server, version="9.9.9"), replace(server, host="elsewhere"), replace(server, cluster="c2"),
                replace(server, domain="d2"), replace(server, jetstream=not server.jetstream),
                replace(server, tags=("a", "b")), replace(server, tags=tuple("ab")),

@@ -190,7 +190,7 @@ def test_an_alike_stream_under_one_traceparent_through_membership_changes(scale_
     run = asyncio.run(scale_churn.churn_run(args, tmp_path))
     detail = (run.counts, run.near, run.far, run.far_where, run.notes, run.lost, run.killed_held,
               [(m.bridge.server, m.fate, m.code, m.written) for m in run.members])
-    assert run.trace_messages == 500 * 3 and not run.notes, detail
+    assert run.trace_messages == 600 * 3 and not run.notes, detail
     assert run.counts["wrong"] == 0, detail
     far = sum(run.far.values())
     assert far > 0 and run.far["right"] >= 0.99 * far, detail

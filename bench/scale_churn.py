@@ -288,6 +288,13 @@ async def churn_run(args: argparse.Namespace, workdir: Path) -> ChurnRun:
     near_ns = int(args.near_s * 1e9)
     near = {ident for ident, hop in truth.hops.items()
             if any(start - near_ns <= hop.arrival_ts_ns <= done + near_ns for start, done in changes)}
+    # The stream's end (`end_s` before its last hop) counts as near too, when asked: no report
+    # follows the last burst, so its peers vouch for it by heartbeats alone, and one that comes
+    # after the owner's window closed leaves the burst `ambiguous` (never wrong).
+    end_ns = int(args.end_s * 1e9)
+    if end_ns and truth.hops:
+        last = max(hop.arrival_ts_ns for hop in truth.hops.values())
+        near |= {ident for ident, hop in truth.hops.items() if hop.arrival_ts_ns >= last - end_ns}
     run.near = _counts(score(truth, spans, only=near))
     far = score(truth, spans, only=set(truth.hops) - near)
     run.far = _counts(far)
@@ -376,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--join-at", type=float, default=0.65, help="start a new bridge then")
     parser.add_argument("--near-s", type=float, default=3.0, help="a hop arriving this close to a change "
                         "(before its event, after it was done) counts as near it")
+    parser.add_argument("--end-s", type=float, default=0.0, help="a hop arriving this close to the "
+                        "stream's last counts as near a change too (0: not)")
     parser.add_argument("--quiet-s", type=float, default=None, help="the outputs are final once they have "
                         "not grown for this long (4 s; with --jetstream 45 s)")
     parser.add_argument("--lost-window", type=float, nargs=2, default=(2.0, 0.5), metavar=("BEFORE", "AFTER"),

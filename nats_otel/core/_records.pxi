@@ -55,6 +55,7 @@ cdef EgressFields EG
 cdef JetStreamFields JS
 cdef ServerFields SRV
 cdef ReportFields REPORT
+cdef Py_ssize_t SERVER_SLOTS_START, SERVER_SLOTS_END  # where a `ServerInfo`'s slots lie (`_plain`)
 cdef ContextFields CTX
 cdef PreparedFields PREPARED
 cdef ConvertedFields CONVERTED
@@ -89,10 +90,13 @@ try:
     JS = _offsets(_JetStreamEvent, "error")
     SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream")
     REPORT = _offsets(_ServerReport, "seq time_ns")
-    for _field_name in ("id", "name", "version", "host", "cluster", "domain", "tags", "jetstream"):  # `_server_info`
-        if field_offset(_ServerReport, _field_name) != field_offset(_ServerInfo, _field_name):
-            raise TypeError(f"ServerReport.{_field_name} is not where ServerInfo has it")
-    _plain(_ServerInfo)  # made field by field from a `ServerReport` (`_server_info`)
+    # `_server_info` copies a `ServerReport`'s first slots into a `ServerInfo`: its fields all,
+    # end to end (`_plain`), where the report has them
+    _plain(_ServerInfo)
+    for _field in _struct_fields(_ServerInfo):
+        if field_offset(_ServerReport, _field.name) != field_offset(_ServerInfo, _field.name):
+            raise TypeError(f"ServerReport.{_field.name} is not where ServerInfo has it")
+    SERVER_SLOTS_START, SERVER_SLOTS_END = object.__basicsize__, _ServerInfo.__basicsize__
     CTX = _offsets(_TraceContext, "trace_id parent_span_id trace_state sampled adhoc_key id_fields")
     PREPARED = _offsets(_Prepared, "raw msg ctx ident arrival issues size")
     CONVERTED = _offsets(_Converted, "spans issues link network encoded")

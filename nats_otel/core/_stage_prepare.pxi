@@ -234,14 +234,12 @@ cdef object _trace_message(object server, object headers, object msg_size, objec
 
 
 cdef object _server_info(object report):
-    # `ServerReport.info()`, for msgspec's record: its fields but the report's numbers, copied
-    # (at the same offsets: `_records.pxi` checks) into a `ServerInfo` made field by field
-    cdef Py_ssize_t i
-    cdef Py_ssize_t offsets[8]
-    offsets[:] = [SRV.id, SRV.name, SRV.version, SRV.host, SRV.cluster, SRV.domain, SRV.tags, SRV.jetstream]
+    # `ServerReport.info()`, for msgspec's record: the `ServerInfo` its first slots make (every
+    # field of a `ServerInfo`, at the same offsets: `_records.pxi` checks), made slot by slot
+    cdef Py_ssize_t offset
     info = _struct_new(_ServerInfo)
-    for i in range(8):
-        set_field(info, offsets[i], field(report, offsets[i]))
+    for offset in range(SERVER_SLOTS_START, SERVER_SLOTS_END, sizeof(PyObject*)):
+        set_field(info, offset, field(report, offset))
     return info
 
 

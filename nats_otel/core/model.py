@@ -164,8 +164,7 @@ class ServerReport(ServerInfo, frozen=True):
 
     def info(self) -> ServerInfo:
         """The block without the report's numbers."""
-        return ServerInfo(name=self.name, id=self.id, host=self.host, cluster=self.cluster, domain=self.domain,
-                          version=self.version, tags=self.tags, jetstream=self.jetstream)
+        return ServerInfo(**{name: getattr(self, name) for name in ServerInfo.__struct_fields__})
 
 
 class _Event(_Wire, tag_field="type", frozen=True):

@@ -29,7 +29,7 @@ def contexts_and_idents(count: int) -> list[tuple[ids.TraceContext, bytes]]:
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
     pool = []
     for _ in range(1024):
-        ctx = ids.TraceContext(rng.randbytes(16), rng.randbytes(8))
+        ctx = ids.TraceContext.of(rng.randbytes(16), rng.randbytes(8))
         server_id = "N" + "".join(rng.choice(alphabet) for _ in range(55))
         ident = ids._fields(server_id, str(1_763_800_000_000_000_000 + rng.randrange(10**15)),
                             str(rng.randrange(1, 20_000)))

@@ -2,7 +2,7 @@
 """The leaf of primitives: what msgspec calls while it decodes, compiled.
 
 msgspec calls a `__post_init__` hook per decoded struct (the server, every event, the
-request, the document, the trace context), and the Python hooks were a visible share of
+request, the document), and the Python hooks were a visible share of
 decoding. `model`, `decode` and `ids` choose these hooks (`accel.primitives`) when their
 classes are made, so this module sits below them: it imports nothing of the core but
 `timestamps`, its own reference, which imports nothing (the text forms the C parser does
@@ -10,7 +10,7 @@ not take go there). The kernel (`_kernel.pyx`) cimports `context_fields_c`, and 
 JSON parse `rfc3339_bytes_c` and `timestamp_ns_c`.
 
 The references: `timestamps.parse_rfc3339_ns`, `model`'s and `decode`'s hooks,
-`ids._context_fields` and `TraceContext.__post_init__`. Same values, same errors (the
+`ids._context_fields`. Same values, same errors (the
 tests compare the two on generated input)."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -220,12 +220,6 @@ cdef bytes context_fields_c(object trace_id, object parent_span_id):
             p[at + 1] = _HEX[src[i] & 15]
             at += 2
     return out
-
-
-def context_post_init(self):
-    """`TraceContext.__post_init__`: `id_fields` from the two ids when not given."""
-    if not self.id_fields:
-        force_setattr(self, "id_fields", context_fields_c(self.trace_id, self.parent_span_id))
 
 
 cdef bytes _ascii_fields(str first, str second):

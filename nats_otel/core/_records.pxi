@@ -21,7 +21,7 @@ cdef struct ServerFields:       # model.ServerInfo
 cdef struct ReportFields:       # model.ServerReport (msgspec's, the parse declined)
     Py_ssize_t seq, time_ns
 cdef struct ContextFields:      # ids.TraceContext
-    Py_ssize_t trace_id, parent_span_id, trace_state, sampled, adhoc_key, id_fields
+    Py_ssize_t id_fields, trace_state, sampled, adhoc_key
 cdef struct PreparedFields:     # pipeline.Prepared
     Py_ssize_t raw, msg, ctx, ident, arrival, issues, size
 cdef struct ConvertedFields:    # results.Converted
@@ -97,12 +97,11 @@ try:
         if field_offset(_ServerReport, _field.name) != field_offset(_ServerInfo, _field.name):
             raise TypeError(f"ServerReport.{_field.name} is not where ServerInfo has it")
     SERVER_SLOTS_START, SERVER_SLOTS_END = object.__basicsize__, _ServerInfo.__basicsize__
-    CTX = _offsets(_TraceContext, "trace_id parent_span_id trace_state sampled adhoc_key id_fields")
+    CTX = _offsets(_TraceContext, "id_fields trace_state sampled adhoc_key")
     PREPARED = _offsets(_Prepared, "raw msg ctx ident arrival issues size")
     CONVERTED = _offsets(_Converted, "spans issues link network encoded")
-    for _record in (_TraceMessage, _Prepared, _Converted):  # made field by field (`_struct_new`)
+    for _record in (_TraceMessage, _TraceContext, _Prepared, _Converted):  # made field by field (`_struct_new`)
         _plain(_record)
-    _plain(_TraceContext, True)  # made field by field with its `id_fields` given: its hook has nothing to do
     RAW = _offsets(_RawTraceMessage, "headers payload")
     DOC = _offsets(_Document, "server events request hops")
     REQ = _offsets(_DecodedRequest, "header msgsize")

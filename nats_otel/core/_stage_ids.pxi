@@ -305,4 +305,58 @@ cdef object _adhoc_context(object dest, object trace_state, object arrival_subje
         return None
     _length(length, size)  # `_fields(key)`: its length, then its bytes
     trace_id = _trace_id_of(_ADHOC_GROUP_PREFIX, length, 4, text, <size_t>size)
-    return _TraceContext(trace_id, b"", trace_state or "", True, key)
+    return _trace_context_of(context_fields_c(trace_id, b""), trace_state or "", True, key)
+
+
+# --- the trace context (`ids.TraceContext`): made field by field, its ids read back -------
+
+cdef object _trace_context_of(bytes id_fields, object trace_state, bint sampled, object adhoc_key):
+    """`TraceContext(id_fields, trace_state, sampled, adhoc_key)`, field by field."""
+    ctx = _struct_new(_TraceContext)
+    set_field(ctx, CTX.id_fields, id_fields)
+    set_field(ctx, CTX.trace_state, trace_state)
+    set_field(ctx, CTX.sampled, sampled)
+    set_field(ctx, CTX.adhoc_key, adhoc_key)
+    return ctx
+
+
+cdef object _context_id(object ctx, bint parent):
+    """`ctx.parent_span_id` if `parent`, else `ctx.trace_id` (`ids.context_ids`): read back
+    from the hex fields of its `id_fields` in C; the Python twin reads anything else (not a
+    `TraceContext` exactly, fields not two of hex digits of whole bytes)."""
+    cdef Py_ssize_t size, trace_size, parent_size
+    cdef const unsigned char* text
+    cdef unsigned char ids[64]
+    if type(ctx) is not _TraceContext:
+        return ctx.parent_span_id if parent else ctx.trace_id
+    id_fields = field(ctx, CTX.id_fields)
+    if type(id_fields) is not bytes:
+        return _reference_context_ids(id_fields)[parent]
+    text = <const unsigned char*>PyBytes_AS_STRING(id_fields)
+    size = PyBytes_GET_SIZE(id_fields)
+    if size < 8:
+        return _reference_context_ids(id_fields)[parent]
+    trace_size = _field_size(text)
+    if trace_size > size - 8:
+        return _reference_context_ids(id_fields)[parent]
+    parent_size = _field_size(text + 4 + trace_size)
+    if parent_size != size - 8 - trace_size or trace_size % 2 or parent_size % 2 or \
+            trace_size + parent_size > 2 * sizeof(ids):
+        return _reference_context_ids(id_fields)[parent]
+    # both fields read, as the reference reads both (either one not hex: its error)
+    if (_hex_bytes(text + 4, ids, trace_size // 2) |
+            _hex_bytes(text + 8 + trace_size, ids + trace_size // 2, parent_size // 2)) > 0xFF:
+        return _reference_context_ids(id_fields)[parent]
+    if parent:
+        return PyBytes_FromStringAndSize(<char*>ids + trace_size // 2, parent_size // 2)
+    return PyBytes_FromStringAndSize(<char*>ids, trace_size // 2)
+
+
+def context_id(ctx, bint parent):
+    """`_context_id`, for the twins' tests."""
+    return _context_id(ctx, parent)
+
+
+cdef inline Py_ssize_t _field_size(const unsigned char* p) noexcept:
+    """The 4-byte big-endian length `ids._fields` writes before a field."""
+    return (<Py_ssize_t>p[0] << 24) | (<Py_ssize_t>p[1] << 16) | (<Py_ssize_t>p[2] << 8) | p[3]

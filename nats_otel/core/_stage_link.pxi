@@ -324,9 +324,8 @@ cdef class Linker:
         cdef bint adhoc
         if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
             adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
-            trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
-            placement = _record5(_Placement, ident, trace_id,
-                                 _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"), "", 0)
+            trace_id = adhoc_trace_id(ctx, ident) if adhoc else _context_id(ctx, False)
+            placement = _record5(_Placement, ident, trace_id, _context_id(ctx, True), "", 0)
             self._link_found = None
             return placement
         key, entry = arrival
@@ -334,16 +333,14 @@ cdef class Linker:
         result, egress = (<tuple>link)[0], (<tuple>link)[1]
         adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
         if result == _MATCHED and egress is not None:
-            trace_id = (self._adhoc_trace(ctx, (<tuple>egress)[2]) if adhoc
-                        else _read(ctx, _TraceContext, CTX.trace_id, "trace_id"))
+            trace_id = self._adhoc_trace(ctx, (<tuple>egress)[2]) if adhoc else _context_id(ctx, False)
             placement = _record5(_Placement, ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)
             self._link_found = link
             return placement
         # Never under another message's egress: see `pipeline.Linker.locate`.
-        trace_id = adhoc_trace_id(ctx, ident) if adhoc else _read(ctx, _TraceContext, CTX.trace_id, "trace_id")
+        trace_id = adhoc_trace_id(ctx, ident) if adhoc else _context_id(ctx, False)
         candidates = (<tuple>link)[2] if result == _AMBIGUOUS else 0
-        placement = _record5(_Placement, ident, trace_id, _read(ctx, _TraceContext, CTX.parent_span_id, "parent_span_id"),
-                             result, candidates)
+        placement = _record5(_Placement, ident, trace_id, _context_id(ctx, True), result, candidates)
         self._link_found = link  # set last: nothing runs between here and the caller's `take_link`
         return placement
 

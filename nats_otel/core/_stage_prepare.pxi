@@ -143,21 +143,19 @@ cpdef object prepare(object raw, object limits=_UNSET):
     cdef unsigned char flags_byte
     traceparent_p = firsts[H_TRACEPARENT]
     if traceparent_p is not NULL:
+        # The context keeps the ids as its `id_fields` only: the servers' form is encoded
+        # from the text, the ids' bytes not made
         if _traceparent_fast(<object>traceparent_p, ids, &flags_byte):  # `parse_traceparent`, no tuple
-            trace_id = PyBytes_FromStringAndSize(<char*>ids, 16)
-            parent_id = PyBytes_FromStringAndSize(<char*>ids + 16, 8)
             flags = flags_byte
             id_fields = _context_fields_of(<object>traceparent_p)
         else:
             try:  # not the servers' form: the Python twin parses it (`parse_traceparent` would too)
                 trace_id, parent_id, flags = _reference_parse_traceparent(<object>traceparent_p)
-            except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
-                trace_id = None
-        if trace_id is not None:
-            trace_state = _first_or(firsts[H_TRACESTATE], "")
-            if id_fields is None:  # not the servers' form: encoded from the ids
                 id_fields = context_fields_c(trace_id, parent_id)
-            ctx = _trace_context_of(trace_id, parent_id, trace_state, flags & 1, id_fields)
+            except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
+                pass
+        if id_fields is not None:
+            ctx = _trace_context_of(id_fields, _first_or(firsts[H_TRACESTATE], ""), flags & 1, None)
     if ctx is None and traceparent_p is NULL:  # ad hoc (`Nats-Trace-Dest`), the usual kind in C
         ctx = _adhoc_context(_first_or(firsts[H_DEST], None), _first_or(firsts[H_TRACESTATE], None), raw.subject)
         if ctx is not None:
@@ -241,20 +239,6 @@ cdef object _server_info(object report):
     for offset in range(SERVER_SLOTS_START, SERVER_SLOTS_END, sizeof(PyObject*)):
         set_field(info, offset, field(report, offset))
     return info
-
-
-cdef object _trace_context_of(object trace_id, object parent_id, object trace_state, bint sampled, bytes id_fields):
-    # `TraceContext(trace_id, parent_id, trace_state, sampled, None, id_fields)`, field by
-    # field: `id_fields` given (never empty: two lengths at least), its `__post_init__` (which
-    # derives them when empty) has nothing to do
-    ctx = _struct_new(_TraceContext)
-    set_field(ctx, CTX.trace_id, trace_id)
-    set_field(ctx, CTX.parent_span_id, parent_id)
-    set_field(ctx, CTX.trace_state, trace_state)
-    set_field(ctx, CTX.sampled, sampled)
-    set_field(ctx, CTX.adhoc_key, None)
-    set_field(ctx, CTX.id_fields, id_fields)
-    return ctx
 
 
 cdef object _prepared(object raw, object msg, object ctx, object ident, object arrival, tuple issues, object size):

@@ -33,6 +33,7 @@ from nats_otel.core.model import (
 )
 
 __all__ = [
+    "NO_RAW_HEADERS",
     "DecodeError",
     "DecodeLimits",
     "RawTraceMessage",
@@ -114,6 +115,14 @@ class RawTraceMessage(msgspec.Struct, frozen=True, gc=False):
             if key.lower() == lowered and values:
                 return values[0]
         return None
+
+
+#: The headers of a trace message that has none (nearly every one: servers add
+#: `Content-Encoding` only when they compress), shared: the live bridge's receive hands this
+#: one dict to them all, where a new `{}` each was 64 bytes held a message through the link
+#: window (docs/performance.md, session 52). Never written: nothing writes a raw message's
+#: headers (a `RawTraceMessage` is frozen; what reads its headers only reads them).
+NO_RAW_HEADERS: dict[str, list[str]] = {}
 
 
 def parse_archive_line(line: bytes | str) -> RawTraceMessage:

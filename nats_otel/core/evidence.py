@@ -228,7 +228,7 @@ def observe_evidence(linker: Any, reports: Iterable[HopEvidence], now: float = 0
         if not peer.streams:
             ledger.whole(peer.sender, None, None, None, now, local=False)
     for report in reports:
-        ctx = TraceContext(b"", b"", id_fields=report.context)
+        ctx = TraceContext(report.context)
         if 0 <= report.stream < len(members):
             ledger.receiving = (members[report.stream], report.breaks + missed)
         try:

@@ -11,14 +11,12 @@ in `linking`, not computed from the hop id (which many messages share).
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import re
-from typing import Any
 
 from msgspec import Struct
-from msgspec.structs import force_setattr
 
-from nats_otel.core import accel
 from nats_otel.core.decode import DecodeError
 from nats_otel.core.model import FORWARDING_KINDS, TraceMessage, first_values
 
@@ -27,6 +25,7 @@ __all__ = [
     "TraceContext",
     "TraceContextError",
     "adhoc_trace_id",
+    "context_ids",
     "event_span_id",
     "identity",
     "parse_traceparent",
@@ -49,21 +48,15 @@ class TraceContextError(DecodeError):
     reason = "bad_traceparent"
 
 
-# TraceContext's `__post_init__` (one call per context): the reference; the leaf of
-# primitives (`_primitives.pyx`) holds its compiled twin. msgspec reads the hook when the
-# class is created, so it is chosen here.
-def _context_post_init(self: Any) -> None:
-    if not self.id_fields:
-        force_setattr(self, "id_fields", _context_fields(self.trace_id, self.parent_span_id))
-
-
-_primitives: Any = accel.compiled("_primitives")
-if _primitives is not None:
-    _context_post_init = _primitives.context_post_init
-
-
 class TraceContext(Struct, frozen=True, gc=False):
     """Where the spans of one trace message belong.
+
+    `id_fields` are the trace id and the parent span id as every span id of this context
+    hashes them (`_fields` of their hex: a length and the digits, each); the two ids are
+    read back from them (`trace_id`, `parent_span_id`), not kept beside them: a context is
+    held through the live bridge's link window, and the two `bytes` were ~90 bytes and two
+    blocks a message that only the placement, after the window, reads (docs/performance.md,
+    session 52). Make one from the ids with `TraceContext.of`.
 
     `parent_span_id` is the application's span that published the message (empty for
     ad-hoc traces, whose origin span is a root). `adhoc_key` is set for ad-hoc traces: the
@@ -71,16 +64,32 @@ class TraceContext(Struct, frozen=True, gc=False):
     `Struct` (built in C, one per message).
     """
 
-    trace_id: bytes
-    parent_span_id: bytes
+    id_fields: bytes
     trace_state: str = ""
     sampled: bool = True
     adhoc_key: str | None = None
-    # The encoded (trace id, parent) fields every span id of this context hashes: derived
-    # from the two ids when not given (only `trace_context` gives them).
-    id_fields: bytes = b""
 
-    __post_init__ = _context_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
+    @classmethod
+    def of(cls, trace_id: bytes, parent_span_id: bytes, trace_state: str = "", sampled: bool = True,
+           adhoc_key: str | None = None) -> TraceContext:
+        """The context of these ids (`parent_span_id` empty: none, a root)."""
+        return cls(_context_fields(trace_id, parent_span_id), trace_state, sampled, adhoc_key)
+
+    @property
+    def trace_id(self) -> bytes:
+        return context_ids(self.id_fields)[0]
+
+    @property
+    def parent_span_id(self) -> bytes:
+        return context_ids(self.id_fields)[1]
+
+
+def context_ids(id_fields: bytes) -> tuple[bytes, bytes]:
+    """(trace id, parent span id) of a context's `id_fields`: the two hex fields `_fields`
+    wrote, read back. The reference of the kernel's `_context_id`."""
+    trace_end = 4 + int.from_bytes(id_fields[:4], "big")
+    parent_end = trace_end + 4 + int.from_bytes(id_fields[trace_end:trace_end + 4], "big")
+    return binascii.unhexlify(id_fields[4:trace_end]), binascii.unhexlify(id_fields[trace_end + 4:parent_end])
 
 
 def parse_traceparent(value: str) -> tuple[bytes, bytes, int]:
@@ -121,11 +130,10 @@ def trace_context(msg: TraceMessage, arrival_subject: str | None) -> TraceContex
             # The server traced it for its Nats-Trace-Dest; the broken traceparent is
             # reported by the caller and the message is correlated as an ad-hoc trace.
         else:
-            return TraceContext(trace_id, parent_id, trace_state, bool(flags & 1), None,
-                                _context_fields(trace_id, parent_id))
+            return TraceContext(_context_fields(trace_id, parent_id), trace_state, bool(flags & 1))
     if adhoc_key is None:
         raise TraceContextError("no traceparent and no ad-hoc trace destination")
-    return TraceContext(_trace_id(_hash(b"adhoc-group", adhoc_key)), b"", trace_state, True, adhoc_key)
+    return TraceContext(_context_fields(_trace_id(_hash(b"adhoc-group", adhoc_key)), b""), trace_state, True, adhoc_key)
 
 
 def adhoc_trace_id(ctx: TraceContext, origin: bytes) -> bytes:

@@ -97,7 +97,7 @@ def _probe(ingress_kind: int, cid: int) -> list[Any]:
         ],
     }
     msg = decode(RawTraceMessage("probe.trace", {}, orjson.dumps(doc)))
-    ctx = TraceContext(b"\x01" * 16, b"\x02" * 8, "", True, "probe.adhoc")
+    ctx = TraceContext.of(b"\x01" * 16, b"\x02" * 8, "", True, "probe.adhoc")
     placement = Placement(identity(msg), b"\x03" * 16, b"\x02" * 8, "ambiguous", 2)
     return map_message(msg, ctx, placement, MappingOptions()).spans
 

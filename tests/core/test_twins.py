@@ -48,7 +48,7 @@ def handed(kernel: ModuleType, stage: str, call, *args):
 
 
 def test_the_process_runs_the_core_it_was_asked_for():
-    from nats_otel.core import decode, ids, linking, model, network, pipeline
+    from nats_otel.core import decode, linking, model, network, pipeline
 
     # The pure modules never choose: their names are the reference's, in both runs.
     assert (pipeline.Converter, pipeline.Linker, linking.LinkIndex) == (
@@ -75,15 +75,13 @@ def test_the_process_runs_the_core_it_was_asked_for():
     # The decoding hooks: the leaf's when built and allowed, else the pure modules' own.
     hooks = {name: vars(record)["__post_init__"] for name, record in (
         ("connection_post_init", model.Ingress), ("server_post_init", model.ServerReport),
-        ("request_post_init", decode._Request), ("document_post_init", decode._Document),
-        ("context_post_init", ids.TraceContext))}
+        ("request_post_init", decode._Request), ("document_post_init", decode._Document))}
     leaf = accel.compiled("_primitives")
     assert (leaf is None) == accel.NO_EXTENSIONS, accel.refused()
     if leaf is None:
         assert {name: hook.__module__ for name, hook in hooks.items()} == {
             "connection_post_init": "nats_otel.core.model", "server_post_init": "nats_otel.core.model",
-            "request_post_init": "nats_otel.core.decode", "document_post_init": "nats_otel.core.decode",
-            "context_post_init": "nats_otel.core.ids"}
+            "request_post_init": "nats_otel.core.decode", "document_post_init": "nats_otel.core.decode"}
     else:
         assert hooks == {name: getattr(leaf, name) for name in hooks}
         assert engine.unavailable() == {}

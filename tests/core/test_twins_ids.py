@@ -41,7 +41,7 @@ def test_ids_hash_alike(kernel, primitives, texts, ident, trace_id, parent, posi
     from nats_otel.core import ids
 
     assert primitives.context_fields(trace_id, parent) == ids._context_fields(trace_id, parent)
-    ctx = ids.TraceContext(trace_id or b"\x01", parent)
+    ctx = ids.TraceContext.of(trace_id or b"\x01", parent)
     assert kernel.server_span_id(ctx, ident) == ids.server_span_id(ctx, ident)
     assert outcome(kernel.event_span_id, ctx, ident, position) == outcome(ids.event_span_id, ctx, ident, position)
 
@@ -66,13 +66,13 @@ def test_span_ids_of_several_blocks_are_hashlibs(kernel, trace_id, parent, ident
     # 130 to 560 bytes hashed: 2 to 5 BLAKE2b blocks, the kernel's four parts across their edges.
     from nats_otel.core import ids
 
-    _span_ids_are_hashlibs(kernel, ids.TraceContext(trace_id, parent), ident, position)
+    _span_ids_are_hashlibs(kernel, ids.TraceContext.of(trace_id, parent), ident, position)
 
 
 def test_span_ids_at_block_edges_are_hashlibs(kernel):
     from nats_otel.core import ids
 
-    ctx = ids.TraceContext(bytes(range(1, 17)), bytes(range(8)))
+    ctx = ids.TraceContext.of(bytes(range(1, 17)), bytes(range(8)))
     fixed = len(ids._ROLE_PREFIX[b"server"] + ctx.id_fields)
     for total in (127, 128, 129, 255, 256, 257, 383, 384, 385):
         _span_ids_are_hashlibs(kernel, ctx, b"i" * (total - fixed), 7)
@@ -155,12 +155,32 @@ def test_a_message_with_headers_of_its_own_is_shaped_in_c(kernel, monkeypatch):
     assert prepared == expected and prepared.size >= kernel.SHAPE_DIGEST
 
 
+@settings(max_examples=600, deadline=None)
+@given(st.binary(max_size=20), st.binary(max_size=20), st.binary(max_size=80))
+def test_a_contexts_ids_are_read_back_from_its_fields_alike(kernel, trace_id, parent, id_fields):
+    # A context keeps its ids only as the hex fields its span ids hash (`id_fields`).
+    from nats_otel.core import ids
+
+    ctx = ids.TraceContext.of(trace_id, parent)
+    assert ctx.id_fields == ids._context_fields(trace_id, parent)
+    assert (ctx.trace_id, ctx.parent_span_id) == (trace_id, parent)
+    assert (kernel.context_id(ctx, False), kernel.context_id(ctx, True)) == (trace_id, parent)
+    # Fields no context of ids has (cut short, trailing bytes, lengths past the end, odd or
+    # upper-case digits): the kernel hands them to the reference, which reads them or raises.
+    upper = ids._fields(trace_id.hex().upper(), parent.hex())
+    for fields in (id_fields, upper, upper[:-1], upper + b"x", ids._fields(trace_id.hex() + "a", "")):
+        odd = ids.TraceContext(fields)
+        for parent_wanted in (False, True):
+            assert outcome(kernel.context_id, odd, parent_wanted) == outcome(
+                lambda c, p: ids.context_ids(c.id_fields)[p], odd, parent_wanted), (fields, parent_wanted)
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=80), st.binary(max_size=300))
 def test_adhoc_trace_ids_alike(kernel, id_fields, origin):
     from nats_otel.core import ids
 
-    ctx = ids.TraceContext(b"\x01" * 16, b"", "", True, "adhoc.dest", id_fields=id_fields)
+    ctx = ids.TraceContext(id_fields, "", True, "adhoc.dest")
     assert kernel.adhoc_trace_id(ctx, origin) == ids.adhoc_trace_id(ctx, origin)
 
 

@@ -214,12 +214,12 @@ def _checked(hook, record) -> object:
     return {name: getattr(record, name) for name in record.__struct_fields__}
 
 
-def test_the_decode_and_context_hooks_check_alike(primitives):
+def test_the_decode_hooks_check_alike(primitives):
     from types import SimpleNamespace
 
     import msgspec
 
-    from nats_otel.core import ids, model
+    from nats_otel.core import model
     from nats_otel.core.model import check_uint64
 
     for value in (0, 2**64 - 1, 2**64, 2**70):
@@ -269,16 +269,6 @@ def test_the_decode_and_context_hooks_check_alike(primitives):
                 for hook, fields in hooks:
                     assert _checked(hook, Stamped(ts, number, number, time)) == expected(
                         ts, number, number, time, fields), (hook, ts, number, time)
-
-    ctx = ids.TraceContext(b"\x01" * 16, b"\x02" * 8, id_fields=b"given")
-    primitives.context_post_init(ctx)
-    assert ctx.id_fields == b"given"
-    ctx = ids.TraceContext(b"\x01" * 16, b"\x02" * 8)
-    assert ctx.id_fields == ids._context_fields(b"\x01" * 16, b"\x02" * 8)
-    bare = ids.TraceContext(b"\x01" * 16, b"\x02" * 8, id_fields=b"given")
-    msgspec.structs.force_setattr(bare, "id_fields", b"")
-    primitives.context_post_init(bare)  # not given: the leaf writes the reference's fields
-    assert bare.id_fields == ids._context_fields(b"\x01" * 16, b"\x02" * 8)
 
 
 # --- the compiled path's look-asides: a kind's bit, a lowered name kept by its name object ---

@@ -12,7 +12,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.string cimport memchr, memcmp
 
 from nats_otel.bridge.sources.delivery import MESSAGE_OVERHEAD as _MESSAGE_OVERHEAD, Delivery as _Delivery
-from nats_otel.core.decode import RawTraceMessage as _RawTraceMessage
+from nats_otel.core.decode import NO_RAW_HEADERS as _NO_RAW_HEADERS, RawTraceMessage as _RawTraceMessage
 
 cdef Py_ssize_t MESSAGE_OVERHEAD = _MESSAGE_OVERHEAD
 
@@ -262,7 +262,7 @@ cdef class DeliverySink:
                   bytes payload) except -1:
         self.tally.value += 1
         cdef str text = self._text(subject, subject_size)
-        headers = {}
+        headers = _NO_RAW_HEADERS
         if type(header_block) is bytes and header_block:  # a plain block in C; the Python reader
             headers = _plain_headers(<const unsigned char*>PyBytes_AS_STRING(header_block),
                                      PyBytes_GET_SIZE(header_block))

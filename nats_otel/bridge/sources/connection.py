@@ -28,7 +28,7 @@ from nats_otel.bridge.sources import direct as direct_dispatch
 from nats_otel.bridge.sources.link import Link, classify, next_wait
 from nats_otel.bridge.sources.stamp import received_at
 from nats_otel.bridge.telemetry import Metrics
-from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.decode import NO_RAW_HEADERS, RawTraceMessage
 
 __all__ = ["connect_source", "raw_from_msg", "received_at", "unless_stopped"]
 
@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 def raw_from_msg(msg: Any) -> RawTraceMessage:
     """A nats-py message as the core's input (nats-py keeps one value per header name)."""
-    headers = {name: [value] for name, value in msg.headers.items()} if msg.headers else {}
+    headers = {name: [value] for name, value in msg.headers.items()} if msg.headers else NO_RAW_HEADERS
     return RawTraceMessage(msg.subject, headers, msg.data, received_at())
 
 

@@ -31,7 +31,7 @@ from nats_otel.bridge.sources import direct
 from nats_otel.bridge.sources.connection import raw_from_msg
 from nats_otel.bridge.sources.headers import HeaderReader, SubjectTexts
 from nats_otel.bridge.sources.stamp import CURRENT as _STAMP
-from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.decode import NO_RAW_HEADERS, RawTraceMessage
 
 __all__ = ["Pulled", "Puller"]
 
@@ -78,7 +78,7 @@ class Puller:
 
     def _on_frame(self, subject: bytes, reply: bytes | None, header_block: bytes | None, payload: bytes) -> None:
         """A reply, served directly (inside nats-py's parser: never awaits, never raises)."""
-        headers = self._headers(header_block) if header_block else {}
+        headers = self._headers(header_block) if header_block else NO_RAW_HEADERS
         status = headers.get("Status")
         if status is None and reply:
             text = self._subjects.get(subject) or self._subjects.add(subject)

@@ -36,7 +36,7 @@ from nats_otel.bridge.sources.headers import HeaderReader, SubjectTexts
 from nats_otel.bridge.sources.link import Link
 from nats_otel.bridge.sources.stamp import CURRENT as _STAMP
 from nats_otel.bridge.telemetry import Metrics
-from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.decode import NO_RAW_HEADERS, RawTraceMessage
 
 __all__ = ["CoreSource", "Delivery"]
 
@@ -172,7 +172,7 @@ class CoreSource:
             tally.value += 1
             subject_text = subjects.get(subject) or subjects.add(subject)
             # The read's receive time, stamped once per read by the parser (stamp.py).
-            raw = RawTraceMessage(subject_text, headers_of(header_block) if header_block else {}, payload,
+            raw = RawTraceMessage(subject_text, headers_of(header_block) if header_block else NO_RAW_HEADERS, payload,
                                   stamp[0])
             # `delivery(raw, name)`, inline (a call less per message): sized as `size_of` sizes it.
             if not offer(Delivery(raw, name, len(payload) + len(subject_text) + MESSAGE_OVERHEAD, None,

@@ -14,7 +14,7 @@ cdef enum:
     F_BOOL = 3
     F_TAGS = 4      # a list of strings, kept as a tuple
     F_TS = 5        # `ts`: a string read into `ts_ns`, not kept (the events' hook)
-    F_TIME = 6      # the server's `time`: a string or null read into the report's `time_ns`, not kept
+    F_TIME = 6      # the server's `time`: a string or null, checked as one and not kept (`ServerReport`)
     F_DECLINE = 7   # a field the parse does not read: a message that has it goes to msgspec
     F_SEQ = 8       # the server's `seq`: as F_UINT, into the report's `seq`
 
@@ -27,7 +27,7 @@ cdef enum:  # what the parse keeps of a record's object (`_parse_kept.pxi`)
 cdef struct FieldSpec:
     const char* name    # the name on the wire (msgspec's `encode_name`)
     Py_ssize_t size
-    Py_ssize_t offset   # -1: not a field of the record (F_SEQ, F_TIME: the report's, `_PARSED`'s)
+    Py_ssize_t offset   # -1: not a field of the record (F_SEQ: the report's, `_PARSED`'s; F_TIME)
     Py_ssize_t derived  # F_TS: the offset of the field derived from it
     int kind
 
@@ -62,7 +62,7 @@ _KIND_OF = {"name": F_STR, "id": F_STR, "host": F_STR, "cluster": F_STR, "domain
             "no_interest": F_BOOL}
 _DERIVED = {"ts": "ts_ns"}
 # The members of the server's block that are the report's (`ServerReport`'s fields that are
-# not `ServerInfo`'s): read into `_PARSED`, not into the record.
+# not `ServerInfo`'s): `seq` read into `_PARSED`, `time` checked, neither into the record.
 _REPORT_KIND_OF = {"seq": F_SEQ, "time": F_TIME}
 
 

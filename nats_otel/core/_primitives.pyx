@@ -171,13 +171,8 @@ def connection_post_init(self):
 
 
 def server_post_init(self):
-    """`ServerReport.__post_init__`: `seq` within a uint64, `time_ns` from `time`, the text
-    not kept."""
+    """`ServerReport.__post_init__`: `seq` within a uint64."""
     _check_uint64("seq", self.seq)
-    time = self.time
-    if time is not None:
-        force_setattr(self, "time_ns", _ns(time))
-        force_setattr(self, "time", None)
 
 
 def request_post_init(self):

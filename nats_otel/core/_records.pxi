@@ -9,7 +9,7 @@
 # and the pure-Python reference runs.
 
 cdef struct MessageFields:      # model.TraceMessage
-    Py_ssize_t server, ingress, events, unknown_events, msg_size, hops, headers, seq, time_ns
+    Py_ssize_t server, ingress, events, unknown_events, msg_size, hops, headers, seq
 cdef struct IngressFields:      # model.Ingress
     Py_ssize_t ts_ns, kind, cid, name, account, subject, error
 cdef struct EgressFields:       # model.Egress (the event)
@@ -19,7 +19,7 @@ cdef struct JetStreamFields:    # model.JetStreamEvent
 cdef struct ServerFields:       # model.ServerInfo
     Py_ssize_t id, name, version, host, cluster, domain, tags, jetstream
 cdef struct ReportFields:       # model.ServerReport (msgspec's, the parse declined)
-    Py_ssize_t seq, time_ns
+    Py_ssize_t seq
 cdef struct ContextFields:      # ids.TraceContext
     Py_ssize_t id_fields, trace_state, sampled, adhoc_key
 cdef struct PreparedFields:     # pipeline.Prepared
@@ -84,12 +84,12 @@ _BY_POSITION = {
 }
 
 try:
-    MSG = _offsets(_TraceMessage, "server ingress events unknown_events msg_size hops headers seq time_ns")
+    MSG = _offsets(_TraceMessage, "server ingress events unknown_events msg_size hops headers seq")
     IN = _offsets(_Ingress, "ts_ns kind cid name account subject error")
     EG = _offsets(_EgressEvent, "ts_ns kind cid name hop account subscription queue error")
     JS = _offsets(_JetStreamEvent, "error")
     SRV = _offsets(_ServerInfo, "id name version host cluster domain tags jetstream")
-    REPORT = _offsets(_ServerReport, "seq time_ns")
+    REPORT = _offsets(_ServerReport, "seq")
     # `_server_info` copies a `ServerReport`'s first slots into a `ServerInfo`: its fields all,
     # end to end (`_plain`), where the report has them
     _plain(_ServerInfo)

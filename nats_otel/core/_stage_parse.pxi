@@ -29,7 +29,6 @@ from nats_otel.core._primitives cimport rfc3339_bytes_c, timestamp_ns_c
 cdef Py_ssize_t _declined = 0
 
 
-
 def declined_by_parser():
     """How many trace messages the kernel's own JSON parse declined since the process
     started (msgspec decoded them instead, and the reference when msgspec refused them)."""
@@ -37,8 +36,8 @@ def declined_by_parser():
 
 
 def own_parse(data, Py_ssize_t max_events=10_000):
-    """The parse alone, for the tests: (server, events, headers, msgsize, hops, seq,
-    time_ns), or None where it declines."""
+    """The parse alone, for the tests: (server, events, headers, msgsize, hops, seq), or None
+    where it declines."""
     if not _parse_document(data, max_events):
         return None
     return _PARSED.take()
@@ -49,19 +48,19 @@ cdef class _ParsedDocument:
     """What `_parse_document` read (`decode._Document` as `prepare` reads it), until `take`
     lets it go. One is filled for every parse (`_PARSED`): a tuple of its five parts and
     one of the request's two, made and unpacked for each trace message, were two allocations.
-    The server block's `seq` and `time` are the report's (`TraceMessage.seq`, `.time_ns`),
-    read into it as the block is parsed."""
-    cdef object server, events, headers, msg_size, hops, seq, time_ns
+    The server block's `seq` is the report's (`TraceMessage.seq`), read into it as the block
+    is parsed."""
+    cdef object server, events, headers, msg_size, hops, seq
 
     cdef tuple take(self):
-        """(server, events, headers, msgsize, hops, seq, time_ns), and nothing held here any more."""
-        parts = (self.server, self.events, self.headers, self.msg_size, self.hops, self.seq, self.time_ns)
+        """(server, events, headers, msgsize, hops, seq), and nothing held here any more."""
+        parts = (self.server, self.events, self.headers, self.msg_size, self.hops, self.seq)
         self.clear()
         return parts
 
     cdef inline void clear(self):
         """Let the parts go once read (`prepare` reads them at their slots, then clears)."""
-        self.server = self.events = self.headers = self.msg_size = self.hops = self.seq = self.time_ns = None
+        self.server = self.events = self.headers = self.msg_size = self.hops = self.seq = None
 
 
 cdef _ParsedDocument _PARSED = _ParsedDocument()
@@ -168,7 +167,7 @@ cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py
     cdef bint ascii
     if entry.kind == F_STR or entry.kind == F_TS or entry.kind == F_TIME:
         if entry.kind == F_TIME and _literal(s, at, n, b"null", 4) >= 0:
-            return at + 4  # the report's time_ns None, as it starts
+            return at + 4
         if at >= n or s[at] != 34:
             return -1
         value_end = _string_end(s, at + 1, n, &ascii)
@@ -179,16 +178,19 @@ cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py
             if text is _NO:
                 return -1
             set_field(obj, entry.offset, text)
+        elif entry.kind == F_TIME:  # a string, as msgspec checks it (escapes too): not kept
+            if not ascii and _text(s, at + 1, value_end, ascii) is _NO:
+                return -1
         # A timestamp: the hook's derived nanoseconds; its text, as the hook leaves it, is the
         # template's (`ts` "": not kept). Its error is msgspec's.
         elif ascii and rfc3339_bytes_c(s + at + 1, value_end - at - 1, &ns):
-            _set_ns(entry, obj, PyLong_FromLongLong(ns))
+            set_field(obj, entry.derived, PyLong_FromLongLong(ns))
         else:  # another form: the hook's own function decides, from the text
             text = _text(s, at + 1, value_end, ascii)
             if text is _NO:
                 return -1
             try:
-                _set_ns(entry, obj, timestamp_ns_c(text))
+                set_field(obj, entry.derived, timestamp_ns_c(text))
             except Exception:  # whatever it raises, msgspec's decode raises it again
                 return -1
         return value_end + 1
@@ -213,14 +215,6 @@ cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py
         return -1
     set_field(obj, entry.offset, tuple(<list>tags))
     return at
-
-
-cdef inline void _set_ns(FieldSpec* entry, object obj, object ns):
-    # a timestamp's nanoseconds: an event's into its `ts_ns`, the server's `time` the report's
-    if entry.kind == F_TIME:
-        _PARSED.time_ns = ns
-    else:
-        set_field(obj, entry.derived, ns)
 
 
 cdef object _strings(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end, bint names):
@@ -430,7 +424,7 @@ cdef bint _parse_document(object data, Py_ssize_t max_events) except -1:
     server = events = headers = None
     if type(data) is not bytes:
         return False
-    _PARSED.seq, _PARSED.time_ns = 0, None  # the report's numbers as msgspec's defaults, until the server's block gives them
+    _PARSED.seq = 0  # the report's number as msgspec's default, until the server's block gives it
     s = <const unsigned char*>PyBytes_AS_STRING(data)
     n = PyBytes_GET_SIZE(data)
     at = _ws(s, 0, n)

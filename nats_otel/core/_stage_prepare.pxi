@@ -80,7 +80,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     cdef Py_ssize_t i
     if _parse_document(data, _max_events):
         server, events, message_headers = _PARSED.server, _PARSED.events, _PARSED.headers
-        msg_size, hops, seq, time_ns = _PARSED.msg_size, _PARSED.hops, _PARSED.seq, _PARSED.time_ns
+        msg_size, hops, seq = _PARSED.msg_size, _PARSED.hops, _PARSED.seq
         _PARSED.clear()
     else:
         _declined += 1
@@ -100,7 +100,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
         server = field(doc, DOC.server)
         if type(request) is not _DecodedRequest or type(server) is not _ServerReport:
             return _prepare_by_reference(raw, limits)
-        seq, time_ns = field(server, REPORT.seq), field(server, REPORT.time_ns)
+        seq = field(server, REPORT.seq)
         server = _server_info(server)
         message_headers = _trace_headers_of(<dict>field(request, REQ.header))  # msgspec's dict of lists
         msg_size = field(request, REQ.msgsize)
@@ -132,7 +132,7 @@ cpdef object prepare(object raw, object limits=_UNSET):
     if own is not None:  # a header of the message's own (`shape_digest`, in C)
         size = shape_digest(size, own)
     ingress = events[0]
-    msg = _trace_message(server, message_headers, msg_size, hops, ingress, _tail(events), seq, time_ns)
+    msg = _trace_message(server, message_headers, msg_size, hops, ingress, _tail(events), seq)
     # ids.trace_context, when the traceparent is valid; otherwise the reference decides
     # (an ad-hoc context, or the error), and prepare's issue follows
     cdef tuple issues = ()
@@ -216,8 +216,8 @@ cdef inline object _first_or(PyObject* first, object default):
 
 
 cdef object _trace_message(object server, object headers, object msg_size, object hops, object ingress,
-                           tuple events, object seq, object time_ns):
-    # `TraceMessage(server, headers, msg_size, hops, ingress, events, (), seq, time_ns)`, field by field
+                           tuple events, object seq):
+    # `TraceMessage(server, headers, msg_size, hops, ingress, events, (), seq)`, field by field
     msg = _struct_new(_TraceMessage)
     set_field(msg, MSG.server, server)
     set_field(msg, MSG.headers, headers)
@@ -227,7 +227,6 @@ cdef object _trace_message(object server, object headers, object msg_size, objec
     set_field(msg, MSG.events, events)
     set_field(msg, MSG.unknown_events, ())
     set_field(msg, MSG.seq, seq)
-    set_field(msg, MSG.time_ns, time_ns)
     return msg
 
 

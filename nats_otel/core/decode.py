@@ -265,7 +265,6 @@ def from_document(document: Any, limits: DecodeLimits = DecodeLimits()) -> Trace
         events=tuple(events),
         unknown_events=tuple(unknown),
         seq=server.seq,
-        time_ns=server.time_ns,
     )
 
 
@@ -327,7 +326,7 @@ def _decode_fast(data: bytes, limits: DecodeLimits) -> TraceMessage | None:
     headers = TraceHeaders.of(doc.request.header)
     server = doc.server
     return TraceMessage(server.info(), headers, doc.request.msgsize, doc.hops, events[0],
-                        tuple(events[1:]), (), server.seq, server.time_ns)  # type: ignore[arg-type]  # no Ingress left (checked above)
+                        tuple(events[1:]), (), server.seq)  # type: ignore[arg-type]  # no Ingress left (checked above)
 
 
 def _is_int(value: Any) -> bool:

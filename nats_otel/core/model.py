@@ -109,9 +109,6 @@ def _connection_post_init(self: Any) -> None:
 
 def _server_post_init(self: Any) -> None:
     check_uint64("seq", self.seq)
-    if self.time is not None:
-        force_setattr(self, "time_ns", _timestamp(self.time))
-        force_setattr(self, "time", None)
 
 
 _primitives: Any = accel.compiled("_primitives")
@@ -135,9 +132,9 @@ class ServerInfo(_Wire, rename={"version": "ver"}, frozen=True):
 
     Only what names the server: the same in every report it sends, so one record can
     serve them all (the kernel's parse hands out the one it kept for the server's bytes).
-    The report's own numbers in the block, `seq` and `time`, are the `TraceMessage`'s
-    (`seq`, `time_ns`): held in each record, they made one per report, ~100 bytes held
-    through the live bridge's link window (docs/performance.md, session 51).
+    The report's own numbers in the block are not in it: `seq` is the `TraceMessage`'s, and
+    `time` is not kept (`ServerReport`). Held in each record, they made one per report,
+    ~100 bytes held through the live bridge's link window (docs/performance.md, session 51).
     """
 
     name: str
@@ -151,14 +148,17 @@ class ServerInfo(_Wire, rename={"version": "ver"}, frozen=True):
 
 
 class ServerReport(ServerInfo, frozen=True):
-    """The `server` block as the wire has it: `ServerInfo` and the report's numbers, which
-    `decode` moves into the `TraceMessage` (msgspec reads the block into one record)."""
+    """The `server` block as the wire has it: `ServerInfo` and the report's numbers (msgspec
+    reads the block into one record; `decode` takes its `ServerInfo` and moves `seq` into the
+    `TraceMessage`)."""
 
     seq: UInt64 = 0
-    # The server's RFC 3339 text, read into `time_ns` when the record is made and then not
-    # kept (None): `time_ns` is None only when the server sent no time.
+    # When the server published the report, as its RFC 3339 text: typed, but neither read
+    # nor kept past decoding. No span carries it (a hop's times are its events'), and held
+    # through the live bridge's link window it was 32 bytes a message and its parse ~0.4 %
+    # of the kernel's instructions (docs/performance.md, session 52); an archive keeps the
+    # payload it is in. So a server's odd `time` does not cost a message its spans.
     time: str | None = None
-    time_ns: int | None = None
 
     __post_init__ = _server_post_init  # type: ignore[misc]  # a module function (compiled when built) as the hook
 
@@ -373,8 +373,6 @@ class TraceMessage(Struct, frozen=True, gc=False):
     #: The server's number for this report (`server.seq` on the wire; 0: not numbered):
     #: each server numbers the reports it publishes, so gaps say where one was lost.
     seq: int = 0
-    #: When the server published it (`server.time`), in nanoseconds; None: not given.
-    time_ns: int | None = None
 
     @property
     def end_ns(self) -> int:

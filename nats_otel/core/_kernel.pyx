@@ -54,7 +54,7 @@ from nats_otel.core.decode import RawTraceMessage as _RawTraceMessage, _Document
 from nats_otel.core.decode import _Request as _DecodedRequest
 from nats_otel.core.ids import _POSITIONS, _ROLE_PREFIX, TraceContext as _TraceContext
 from nats_otel.core.ids import _fields as _reference_fields, _role as _reference_role, adhoc_trace_id as _adhoc_trace_id
-from nats_otel.core.ids import TRACE_DISABLED as _TRACE_DISABLED_, context_ids as _reference_context_ids
+from nats_otel.core.ids import TRACE_DISABLED as _TRACE_DISABLED_, context_id as _reference_context_id
 from nats_otel.core.ids import event_span_id as _reference_event_span_id
 from nats_otel.core.ids import parse_traceparent as _reference_parse_traceparent
 from nats_otel.core.ids import server_span_id as _reference_server_span_id

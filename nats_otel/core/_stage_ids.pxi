@@ -321,35 +321,33 @@ cdef object _trace_context_of(bytes id_fields, object trace_state, bint sampled,
 
 
 cdef object _context_id(object ctx, bint parent):
-    """`ctx.parent_span_id` if `parent`, else `ctx.trace_id` (`ids.context_ids`): read back
-    from the hex fields of its `id_fields` in C; the Python twin reads anything else (not a
-    `TraceContext` exactly, fields not two of hex digits of whole bytes)."""
-    cdef Py_ssize_t size, trace_size, parent_size
+    """`ctx.parent_span_id` if `parent`, else `ctx.trace_id` (`ids.context_id`): read back
+    from its hex field of the context's `id_fields` in C; the Python twin reads anything
+    else (not a `TraceContext` exactly; not two fields end to end, the one read of hex
+    digits of whole bytes)."""
+    cdef Py_ssize_t size, trace_size, parent_size, start, count
     cdef const unsigned char* text
-    cdef unsigned char ids[64]
+    cdef unsigned char ids[32]
     if type(ctx) is not _TraceContext:
         return ctx.parent_span_id if parent else ctx.trace_id
     id_fields = field(ctx, CTX.id_fields)
-    if type(id_fields) is not bytes:
-        return _reference_context_ids(id_fields)[parent]
+    if type(id_fields) is not bytes or PyBytes_GET_SIZE(id_fields) < 8:
+        return _reference_context_id(id_fields, parent)
     text = <const unsigned char*>PyBytes_AS_STRING(id_fields)
     size = PyBytes_GET_SIZE(id_fields)
-    if size < 8:
-        return _reference_context_ids(id_fields)[parent]
     trace_size = _field_size(text)
     if trace_size > size - 8:
-        return _reference_context_ids(id_fields)[parent]
+        return _reference_context_id(id_fields, parent)
     parent_size = _field_size(text + 4 + trace_size)
-    if parent_size != size - 8 - trace_size or trace_size % 2 or parent_size % 2 or \
-            trace_size + parent_size > 2 * sizeof(ids):
-        return _reference_context_ids(id_fields)[parent]
-    # both fields read, as the reference reads both (either one not hex: its error)
-    if (_hex_bytes(text + 4, ids, trace_size // 2) |
-            _hex_bytes(text + 8 + trace_size, ids + trace_size // 2, parent_size // 2)) > 0xFF:
-        return _reference_context_ids(id_fields)[parent]
+    if parent_size != size - 8 - trace_size:
+        return _reference_context_id(id_fields, parent)
     if parent:
-        return PyBytes_FromStringAndSize(<char*>ids + trace_size // 2, parent_size // 2)
-    return PyBytes_FromStringAndSize(<char*>ids, trace_size // 2)
+        start, count = 8 + trace_size, parent_size
+    else:
+        start, count = 4, trace_size
+    if count % 2 or count > 2 * sizeof(ids) or _hex_bytes(text + start, ids, count // 2) > 0xFF:
+        return _reference_context_id(id_fields, parent)
+    return PyBytes_FromStringAndSize(<char*>ids, count // 2)
 
 
 def context_id(ctx, bint parent):

@@ -25,7 +25,7 @@ __all__ = [
     "TraceContext",
     "TraceContextError",
     "adhoc_trace_id",
-    "context_ids",
+    "context_id",
     "event_span_id",
     "identity",
     "parse_traceparent",
@@ -77,19 +77,22 @@ class TraceContext(Struct, frozen=True, gc=False):
 
     @property
     def trace_id(self) -> bytes:
-        return context_ids(self.id_fields)[0]
+        return context_id(self.id_fields, parent=False)
 
     @property
     def parent_span_id(self) -> bytes:
-        return context_ids(self.id_fields)[1]
+        return context_id(self.id_fields, parent=True)
 
 
-def context_ids(id_fields: bytes) -> tuple[bytes, bytes]:
-    """(trace id, parent span id) of a context's `id_fields`: the two hex fields `_fields`
-    wrote, read back. The reference of the kernel's `_context_id`."""
-    trace_end = 4 + int.from_bytes(id_fields[:4], "big")
-    parent_end = trace_end + 4 + int.from_bytes(id_fields[trace_end:trace_end + 4], "big")
-    return binascii.unhexlify(id_fields[4:trace_end]), binascii.unhexlify(id_fields[trace_end + 4:parent_end])
+def context_id(id_fields: bytes, parent: bool) -> bytes:
+    """The trace id, or with `parent` the parent span id, of a context's `id_fields`: the
+    first or second hex field `_fields` wrote, read back. The reference of the kernel's
+    `_context_id`."""
+    start, end = 4, 4 + int.from_bytes(id_fields[:4], "big")
+    if parent:
+        start = end + 4
+        end = start + int.from_bytes(id_fields[start - 4:start], "big")
+    return binascii.unhexlify(id_fields[start:end])
 
 
 def parse_traceparent(value: str) -> tuple[bytes, bytes, int]:

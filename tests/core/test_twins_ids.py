@@ -168,11 +168,12 @@ def test_a_contexts_ids_are_read_back_from_its_fields_alike(kernel, trace_id, pa
     # Fields no context of ids has (cut short, trailing bytes, lengths past the end, odd or
     # upper-case digits): the kernel hands them to the reference, which reads them or raises.
     upper = ids._fields(trace_id.hex().upper(), parent.hex())
-    for fields in (id_fields, upper, upper[:-1], upper + b"x", ids._fields(trace_id.hex() + "a", "")):
+    for fields in (id_fields, upper, upper[:-1], upper + b"x", ids._fields(trace_id.hex() + "a", ""),
+                   ids._fields(trace_id.hex(), "zz"), ids._fields("0" * 66, "")):
         odd = ids.TraceContext(fields)
         for parent_wanted in (False, True):
             assert outcome(kernel.context_id, odd, parent_wanted) == outcome(
-                lambda c, p: ids.context_ids(c.id_fields)[p], odd, parent_wanted), (fields, parent_wanted)
+                ids.context_id, fields, parent_wanted), (fields, parent_wanted)
 
 
 @settings(max_examples=400, deadline=None)

@@ -221,7 +221,7 @@ cdef void* _grown(void* block, size_t size) except NULL:
 
 
 cdef bint _convert_into(EncodedBatch batch, Buf* blob, Buf* s, _Placed* placed, object prepared, object linker,
-                        object options, tuple egress_ids, dict index) except -1:
+                        object options, object egress_ids, dict index) except -1:
     """`_finish(prepared, linker, options, True, egress_ids)` into the batch: the message's
     spans appended to `blob`, its issues to the batch's, its link and sample counted (what
     `tally_results` counts of its result). True when it opened a group (its resource new)."""

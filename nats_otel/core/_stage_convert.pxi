@@ -8,9 +8,9 @@ def finish(prepared, linker, options, encoded=False):
     return _finish(prepared, linker, options, encoded, None)
 
 
-cdef object _finish(object prepared, object linker, object options, bint encoded, tuple egress_ids):
+cdef object _finish(object prepared, object linker, object options, bint encoded, object egress_ids):
     # `egress_ids`: the span ids of its forwarding egresses, as the linker hashed them when it
-    # observed this message (`Linker._observe`), or None.
+    # observed this message (`Linker._observe`: the one id itself, a tuple of them, or None).
     # The kernel's own stages are called in C (cpdef); a linker of another type, as Python.
     if type(linker) is Linker:
         placement = (<Linker>linker)._locate(prepared)

@@ -252,11 +252,13 @@ cdef class Linker:
         """Record a message's hop evidence (idempotent: a redelivery changes nothing)."""
         self._observe(prepared, now)
 
-    cdef tuple _observe(self, object prepared, object now):
+    cdef object _observe(self, object prepared, object now):
         """`observe`, returning the span ids of the message's forwarding egresses in their
-        order (None when it has none): `map_encode` reuses them instead of hashing each again."""
+        order, which `map_encode` reuses instead of hashing each again: None when it has
+        none, the one id itself when it has one (nearly every message that forwards: a
+        tuple of one was 48 bytes held through the window), a tuple of them when more."""
         cdef LinkIndex index = self.index
-        cdef tuple egress_ids = None
+        egress_ids = None
         cdef Py_ssize_t position = 0
         arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
         msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
@@ -285,9 +287,14 @@ cdef class Linker:
                        _read(server, _ServerInfo, SRV.name, "name"), field(event, EG.name))
                 span_id = event_span_id(ctx, ident, position)
                 index._add(True, key, <tuple>_record4(_LinkEgress, field(event, EG.ts_ns), size, ident, span_id), now)
-                # Grown a tuple at a time: one allocation for the usual one egress (a list and
-                # its tuple would be two); a message forwards to a handful of servers at most.
-                egress_ids = (span_id,) if egress_ids is None else egress_ids + (span_id,)
+                # The first id itself; from the second, a tuple grown a tuple at a time (a
+                # message forwards to a handful of servers at most).
+                if egress_ids is None:
+                    egress_ids = span_id
+                elif type(egress_ids) is bytes:
+                    egress_ids = (egress_ids, span_id)
+                else:
+                    egress_ids = <tuple>egress_ids + (span_id,)
         if _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None:
             self.note_adhoc(ident, arrival)
         return egress_ids

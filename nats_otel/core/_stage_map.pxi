@@ -119,10 +119,18 @@ cdef int _trace_headers(object headers, PyObject** firsts) except -1:
     return 1
 
 
+cdef inline object _egress_id_at(object egress_ids, Py_ssize_t at):
+    """The span id at `at` of a message's forwarding egresses', as `Linker._observe` gives them
+    (the one id itself, a tuple of them, or None); None past the last."""
+    if type(egress_ids) is tuple:
+        return (<tuple>egress_ids)[at] if at < PyTuple_GET_SIZE(egress_ids) else None
+    return egress_ids if at == 0 else None
+
+
 cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
                       list issues, object egress_ids) except -1:
     # `egress_ids`: the span ids of the forwarding egresses, in order, as the linker's `_observe`
-    # hashed them for this message (None: hash them here).
+    # hashed them for this message (the one id itself, or a tuple of them; None: hash them here).
     # Exact types only: the fields below are read at their offsets. Anything else (headers
     # not a `TraceHeaders`) is mapped by the Python twin.
     if type(msg) is not _TraceMessage or type(ctx) is not _TraceContext or type(placement) is not _Placement:
@@ -218,9 +226,8 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
             # `event.forwards`, as the linker's `_observe` tells a forwarding egress: it hashed
             # this one's id already (`egress_ids`, in the same order).
             forwards = _truthy(field(event, EG.hop)) and _forwards(connection)
-            known = None
-            if forwards and egress_ids is not None and forwarded < len(<tuple>egress_ids):
-                known = (<tuple>egress_ids)[forwarded]
+            known = _egress_id_at(egress_ids, forwarded) if forwards else None
+            if known is not None:
                 forwarded += 1
             if type(known) is bytes and PyBytes_GET_SIZE(known) == 8:
                 span_id = PyBytes_AS_STRING(known)
@@ -388,7 +395,7 @@ cpdef object map_encode(object msg, object ctx, object placement, object options
     return (<tuple>encoded)[0], (<tuple>encoded)[1], (<tuple>encoded)[2], issues
 
 
-cdef object _encoded_spans(object msg, object ctx, object placement, object options, tuple egress_ids,
+cdef object _encoded_spans(object msg, object ctx, object placement, object options, object egress_ids,
                            list issues):
     """`map_encode` as the converter wants it: an `EncodedSpans`, its issues appended to
     `issues` (no tuple to unpack and no list of its own per message). `egress_ids`: the span
@@ -423,7 +430,7 @@ cdef object _encoded_spans(object msg, object ctx, object placement, object opti
 
 
 cdef object _spans_into(Buf* blob, Buf* s, object msg, object ctx, object placement, object options,
-                        tuple egress_ids, list issues, Py_ssize_t* count):
+                        object egress_ids, list issues, Py_ssize_t* count):
     """The message's spans appended to `blob` (`s`: the scratch of one span), their number
     into `count`; returns their resource. Written in C, or, for what the C writer hands over,
     by the reference (what the writer wrote and noted undone first). `_encoded_spans` and a

@@ -3,7 +3,7 @@
 
 msgspec calls a `__post_init__` hook per decoded struct (the server, every event, the
 request, the document), and the Python hooks were a visible share of
-decoding. `model`, `decode` and `ids` choose these hooks (`accel.primitives`) when their
+decoding. `model` and `decode` choose these hooks (`accel.primitives`) when their
 classes are made, so this module sits below them: it imports nothing of the core but
 `timestamps`, its own reference, which imports nothing (the text forms the C parser does
 not take go there). The kernel (`_kernel.pyx`) cimports `context_fields_c`, and for its own

@@ -331,10 +331,12 @@ cdef object _context_id(object ctx, bint parent):
     if type(ctx) is not _TraceContext:
         return ctx.parent_span_id if parent else ctx.trace_id
     id_fields = field(ctx, CTX.id_fields)
-    if type(id_fields) is not bytes or PyBytes_GET_SIZE(id_fields) < 8:
+    if type(id_fields) is not bytes:
+        return _reference_context_id(id_fields, parent)
+    size = PyBytes_GET_SIZE(id_fields)
+    if size < 8:
         return _reference_context_id(id_fields, parent)
     text = <const unsigned char*>PyBytes_AS_STRING(id_fields)
-    size = PyBytes_GET_SIZE(id_fields)
     trace_size = _field_size(text)
     if trace_size > size - 8:
         return _reference_context_id(id_fields, parent)

@@ -178,7 +178,7 @@ cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py
             if text is _NO:
                 return -1
             set_field(obj, entry.offset, text)
-        elif entry.kind == F_TIME:  # a string, as msgspec checks it (escapes too): not kept
+        elif entry.kind == F_TIME:  # a string, checked as msgspec checks one (its UTF-8): not kept
             if not ascii and _text(s, at + 1, value_end, ascii) is _NO:
                 return -1
         # A timestamp: the hook's derived nanoseconds; its text, as the hook leaves it, is the

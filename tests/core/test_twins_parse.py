@@ -136,6 +136,8 @@ DECLINED = [
     COMPACT.replace(b'"pub"', b'"p\xed\xa0\x80b"'),  # a surrogate in UTF-8
     _with(server__time="a\\u00e9"),  # an escape in the server's time, as anywhere: msgspec reads it
     _with(server__time="TIME").replace(b'"TIME"', b'"\\q"'),  # and refuses a broken one
+    _with(server__time="TIME").replace(b'"TIME"', b'"\xff"'),  # its UTF-8 checked: not UTF-8
+    _with(server__time="TIME").replace(b'"TIME"', b'"\xed\xa0\x80"'),  # a surrogate in UTF-8
     COMPACT.replace(b'"hops":1', b'"hops":01'),
     COMPACT.replace(b'"hops":1', b'"hops":1e0'),
 ]

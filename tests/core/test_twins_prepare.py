@@ -245,7 +245,6 @@ def test_the_decode_hooks_check_alike(primitives):
         seq: int = 0
         time: str | None = None
         ts_ns: int = -1
-        time_ns: int = -1
 
     def expected(ts: str, cid: int, seq: int, time: str | None, fields: tuple[str, ...]) -> object:
         record = Stamped(ts, cid, seq, time)

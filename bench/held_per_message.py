@@ -48,6 +48,11 @@ def _receive_headers() -> Any:
     return getattr(decode, "NO_RAW_HEADERS", None)
 
 
+# The kernel's per-message record's fields (`_stage_record.pxi`), read by name
+_RECORD_FIELDS = ("raw", "msg", "ident", "issues", "size", "id_fields", "trace_state", "adhoc_key", "arrival_key",
+                  "arrival_entry", "egress_ids")
+
+
 def by_type(held: list[Any]) -> tuple[Counter[str], Counter[str]]:
     """Bytes and objects of each type reachable from `held`, each object counted once."""
     seen: set[int] = set()
@@ -66,6 +71,8 @@ def by_type(held: list[Any]) -> tuple[Counter[str], Counter[str]]:
         fields = getattr(type(obj), "__struct_fields__", None)  # msgspec Structs: gc=False, no referents
         if fields:
             stack.extend(getattr(obj, field) for field in fields)
+        elif name == "MessageRecord":  # the kernel's record: not tracked by gc either
+            stack.extend(getattr(obj, field) for field in _RECORD_FIELDS)
     return sizes, counts
 
 

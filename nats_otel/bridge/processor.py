@@ -22,7 +22,7 @@ from nats_otel.bridge.observed_batches import ObservedBatches
 from nats_otel.bridge.settings import BridgeSettings
 from nats_otel.core import accel, engine
 from nats_otel.core.decode import DecodeLimits, RawTraceMessage
-from nats_otel.core.engine import Converter, encode_request, encode_results, observed
+from nats_otel.core.engine import Converter, encode_request, encode_results, observed, observed_entries
 from nats_otel.core.evidence import (
     HopEvidence,
     LinkLatencyEstimate,
@@ -38,7 +38,7 @@ from nats_otel.core.evidence import (
 )
 from nats_otel.core.mapping import DEFAULT_HEADER_ALLOWLIST, MappingOptions
 from nats_otel.core.network import NetworkSample
-from nats_otel.core.pipeline import Converted, Rejected, observed_entries
+from nats_otel.core.pipeline import Converted, Rejected
 from nats_otel.core.records import SpanRecord
 
 __all__ = ["BatchOutcome", "BytesExporter", "ConvertedBatch", "Exporter", "Processor", "log_core", "make_exporters"]

@@ -75,7 +75,7 @@ from nats_otel.core.network import network_sample as _reference_network_sample
 from nats_otel.core.otlp_wire import _UNCACHED_PREFIX as _uncached_prefix, _key_value as _reference_key_value
 from nats_otel.core.otlp_wire import _resource as _reference_resource, _span as _reference_span
 from nats_otel.core.pipeline import _BAD_TRACEPARENT as _BAD_TRACEPARENT_, _MAX_DEPTH as _ADHOC_DEPTH_
-from nats_otel.core.pipeline import Prepared as _Prepared, observed, prepare as _reference_prepare
+from nats_otel.core.pipeline import Prepared as _Prepared, prepare as _reference_prepare
 from nats_otel.core.results import Converted as _Converted, Rejected as _Rejected
 from nats_otel.core.results import encode_results as _reference_encode_results
 from nats_otel.core.results import tally_results as _reference_tally_results
@@ -91,7 +91,8 @@ from nats_otel.core.span_layout import layouts as _layouts
 
 __all__ = ["IMPLEMENTATION", "Converter", "LinkIndex", "Linker", "convert_batch", "encode_request", "encode_results",
            "encode_spans", "event_span_id", "finish", "handed_to_reference", "map_encode", "network_sample",
-           "observed", "parse_traceparent", "prepare", "server_span_id", "tally_results"]
+           "observed", "observed_entries", "parse_traceparent", "prepare", "server_span_id",
+           "tally_results"]
 
 IMPLEMENTATION = "compiled"
 
@@ -200,6 +201,7 @@ except _LayoutChanged as exc:
     raise ImportError(f"mapping.py makes spans the kernel does not write: {exc}") from exc
 
 include "_stage_ids.pxi"
+include "_stage_record.pxi"
 include "_json.pxi"
 include "_parse_specs.pxi"
 include "_parse_kept.pxi"

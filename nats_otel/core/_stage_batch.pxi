@@ -174,17 +174,18 @@ cdef EncodedBatch _convert_encoded(Converter converter, list raws, list entries,
             else:
                 entry = entries[at]
                 entries[at] = None  # the entry, and the message it decoded, freed once converted
-            result = (<tuple>entry)[1]
             placed = &batch._placed[at]
             batch._count = at + 1
             placed.next = -1
-            if type(result) is _Rejected:
+            if type(entry) is not MessageRecord:  # (raw, its `Rejected`, None)
+                result = (<tuple>entry)[1]
                 Py_INCREF(result)
                 placed.rejected = <PyObject*>result
                 batch.rejected.append(result)
                 continue
-            opened = _convert_into(batch, blob, s, placed, result, linker, options, (<tuple>entry)[2], groups_of)
-            entry = result = None
+            opened = _convert_into(batch, blob, s, placed, entry, linker, options,
+                                   (<MessageRecord>entry).egress_ids, groups_of)
+            entry = None
             group = placed.group
             if opened:
                 if group >= group_cap:
@@ -231,10 +232,13 @@ cdef bint _convert_into(EncodedBatch batch, Buf* blob, Buf* s, _Placed* placed, 
         placement = (<Linker>linker)._locate(prepared)
         link = (<Linker>linker).take_link()
     else:
-        placement, link = linker.locate(prepared)
-    msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
-    ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
-    prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
+        placement, link = linker.locate(_as_prepared(prepared))
+    if type(prepared) is MessageRecord:  # the kernel's own record: its own context
+        msg, ctx, prepared_issues = (<MessageRecord>prepared).msg, prepared, (<MessageRecord>prepared).issues
+    else:  # a `Prepared`
+        msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
+        ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
+        prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
     issues = batch.issues
     if _truthy(prepared_issues):
         issues.extend(prepared_issues)

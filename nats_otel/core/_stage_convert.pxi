@@ -16,18 +16,21 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
         placement = (<Linker>linker)._locate(prepared)
         link = (<Linker>linker).take_link()
     else:
-        placement, link = linker.locate(prepared)
-    msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
-    ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
+        placement, link = linker.locate(_as_prepared(prepared))
+    if type(prepared) is MessageRecord:  # the kernel's own record: its own context
+        msg, ctx, prepared_issues = (<MessageRecord>prepared).msg, prepared, (<MessageRecord>prepared).issues
+    else:  # a `Prepared`
+        msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
+        ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
+        prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
     cdef list spans = []
     encoding = None
-    prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
     if encoded:
         # The mapper appends its issues to the prepared ones: the list `Converted` keeps.
         issues = [*prepared_issues] if _truthy(prepared_issues) else []
         encoding = _encoded_spans(msg, ctx, placement, options, egress_ids, issues)
     else:
-        result = _map_message(msg, ctx, placement, options)
+        result = _map_message(msg, _as_context(ctx), placement, options)
         spans, map_issues = result.spans, result.issues
         issues = [*prepared_issues, *map_issues] if _truthy(prepared_issues) else map_issues
     sample = _conclude(msg, placement, link, ctx, issues)
@@ -68,7 +71,7 @@ cdef object _conclude(object msg, object placement, object link, object ctx, lis
                       + (f" ({candidates} candidates)" if candidates else ""))
     # The trace and the server span's id inputs, for the latency histograms' exemplars (as in
     # pipeline.finish).
-    id_fields = field(ctx, CTX.id_fields) if type(ctx) is _TraceContext else ctx.id_fields
+    id_fields = _id_fields_of(ctx)
     return network_sample(msg, egress_ns, trace_id, id_fields, ident)
 
 
@@ -82,8 +85,7 @@ cdef list _aligned(object raws, object observed):
     if len(entries) != len(messages):
         raise ValueError(f"{len(entries)} observed entries for {len(messages)} messages")
     for at in range(len(entries)):
-        entry = entries[at]
-        if type(entry) is not tuple or len(<tuple>entry) != 3 or (<tuple>entry)[0] is not messages[at]:
+        if _entry_raw(entries[at]) is not messages[at]:
             raise ValueError(f"observed entry {at} is not observe_held's entry of that message")
     return entries
 
@@ -95,8 +97,9 @@ cdef class Converter:
     cdef public object options
     cdef public object limits
     cdef public object linker
-    # id(raw) -> (raw, its decoded form, its forwarding egresses' span ids or None): see
-    # `pipeline.PythonConverter` (which keeps the first two)
+    # id(raw) -> its entry: its record (`_stage_record.pxi`: the raw, its decoded form, its
+    # forwarding egresses' span ids), or (raw, its `Rejected`, None): see
+    # `pipeline.PythonConverter` (which keeps (raw, its decoded form))
     cdef readonly dict _pending
     cdef Py_ssize_t _pending_capacity
 
@@ -118,7 +121,7 @@ cdef class Converter:
         for raw in raws:
             key = id(raw)
             entry = PyDict_GetItemWithError(pending, key)
-            if entry is NULL or (<tuple>entry)[0] is not raw:
+            if entry is NULL or _entry_raw(<object>entry) is not raw:
                 pending[key] = self._prepare_one(raw, now)
         self._bound()
 
@@ -131,7 +134,7 @@ cdef class Converter:
         cdef list entries = []
         for raw in raws:
             entry = pending.pop(id(raw), None) if pending else None  # observed before, kept
-            entries.append(entry if entry is not None and (<tuple>entry)[0] is raw else self._prepare_one(raw, now))
+            entries.append(entry if entry is not None and _entry_raw(entry) is raw else self._prepare_one(raw, now))
             if release is not None:
                 if type(raw) is _RawTraceMessage:  # a load and a store: no Python call a message
                     set_field(raw, RAW.payload, release)
@@ -144,7 +147,10 @@ cdef class Converter:
         by `observe_many`: for a caller that will not convert them as observed."""
         cdef dict pending = self._pending
         for entry in observed:
-            pending[id((<tuple?>entry)[0])] = entry
+            raw = _entry_raw(entry)
+            if raw is None:
+                raise TypeError(f"not an entry of observe_held: {type(entry).__name__}")
+            pending[id(raw)] = entry
         self._bound()
 
     cdef void _bound(self) except *:
@@ -176,11 +182,7 @@ cdef class Converter:
         entries = _aligned(raws, observed)
         index.expire(now)
         for at in range(len(entries)):
-            entry = entries[at]
-            result = (<tuple>entry)[1]
-            if type(result) is not _Rejected:
-                result = _finish(result, self.linker, self.options, as_bytes, (<tuple>entry)[2])
-            entries[at] = result
+            entries[at] = self._result_of(entries[at], as_bytes)
         return entries
 
     def convert_encoded(self, raws, now=0.0, observed=None):
@@ -191,33 +193,37 @@ cdef class Converter:
         self.linker.index.expire(now)
         return _convert_encoded(self, raws if type(raws) is list else list(raws), entries, now)
 
-    cdef tuple _entry_of(self, object raw, object now, object index):
+    cdef object _entry_of(self, object raw, object now, object index):
         """Its entry, observed or (never observed, or forgotten) prepared now."""
         entry = self._pending.pop(id(raw), None)
-        if entry is None or (<tuple>entry)[0] is not raw:
+        if entry is None or _entry_raw(entry) is not raw:
             # never observed (or forgotten): its evidence is new, the bounds apply again
             entry = self._prepare_one(raw, now)
             index.expire(now)
-        return <tuple>entry
+        return entry
 
     cdef object _convert_one(self, object raw, object now, bint encoded, object index):
-        entry = self._entry_of(raw, now, index)
-        result = (<tuple>entry)[1]
-        if type(result) is _Rejected:
-            return result
-        return _finish(result, self.linker, self.options, encoded, (<tuple>entry)[2])
+        return self._result_of(self._entry_of(raw, now, index), encoded)
 
-    cdef tuple _prepare_one(self, object raw, object now):
-        """(raw, its decoded form or why it has none, its forwarding egresses' span ids or None):
-        a `_pending` entry."""
+    cdef inline object _result_of(self, object entry, bint encoded):
+        """An entry's `Converted`, or its `Rejected`."""
+        if type(entry) is MessageRecord:
+            return _finish(entry, self.linker, self.options, encoded, (<MessageRecord>entry).egress_ids)
+        return (<tuple>entry)[1]
+
+    cdef object _prepare_one(self, object raw, object now):
+        """Its `_pending` entry: its record, its forwarding egresses' span ids in it; or (raw,
+        why it has no decoded form, None)."""
+        cdef MessageRecord record
         try:
-            prepared = prepare(raw, self.limits)
+            record = _prepare_record(raw, self.limits)
         except _DecodeError as exc:
             return (raw, _Rejected(exc.reason, exc.detail, raw.subject), None)
         if type(self.linker) is Linker:
-            return (raw, prepared, (<Linker>self.linker)._observe(prepared, now))
-        self.linker.observe(prepared, now)
-        return (raw, prepared, None)
+            record.egress_ids = (<Linker>self.linker)._observe(record, now)
+        else:
+            self.linker.observe(record.prepared(), now)
+        return record
 
 
 def convert_batch(raws, options=_DEFAULT_OPTIONS, limits=_DEFAULT_LIMITS, link=_DEFAULT_LINK, report_runs=None):
@@ -227,15 +233,17 @@ def convert_batch(raws, options=_DEFAULT_OPTIONS, limits=_DEFAULT_LIMITS, link=_
     if report_runs is not None:
         linker.index.sequences.ledger.use_runs(report_runs)
     cdef list prepared = []
+    cdef MessageRecord record
     for raw in raws:
         if isinstance(raw, _Rejected):
             prepared.append(raw)
             continue
         try:
-            p = prepare(raw, limits)
+            record = _prepare_record(raw, limits)
         except _DecodeError as exc:
             prepared.append(_Rejected(exc.reason, exc.detail, raw.subject))
             continue
-        linker.observe(p)
-        prepared.append(p)
-    return [p if isinstance(p, _Rejected) else _finish(p, linker, options, False, None) for p in prepared]
+        record.egress_ids = (<Linker>linker)._observe(record, 0.0)
+        prepared.append(record)
+    return [_finish(p, linker, options, False, (<MessageRecord>p).egress_ids) if type(p) is MessageRecord else p
+            for p in prepared]

@@ -51,7 +51,7 @@ cdef bytes _span_id(bytes prefix, bytes id_fields, bytes ident, bytes tail):
 
 cpdef object server_span_id(object ctx, object ident):
     """`ids.server_span_id`."""
-    id_fields = ctx.id_fields
+    id_fields = _id_fields_of(ctx)
     if type(ident) is not bytes or type(id_fields) is not bytes:
         return _reference_server_span_id(ctx, ident)
     return _span_id(_SERVER_PREFIX, id_fields, ident, b"")
@@ -59,9 +59,16 @@ cpdef object server_span_id(object ctx, object ident):
 
 cpdef object event_span_id(object ctx, object ident, object position):
     """`ids.event_span_id`."""
-    id_fields = ctx.id_fields
+    id_fields = _id_fields_of(ctx)
     if type(ident) is not bytes or type(id_fields) is not bytes or type(position) is not int \
             or not 0 <= position < 256:
+        return _reference_event_span_id(ctx, ident, position)
+    return _span_id(_EVENT_PREFIX, id_fields, ident, <bytes>_POSITIONS[position])
+
+
+cdef inline object _event_id(object id_fields, object ident, Py_ssize_t position, object ctx):
+    """`event_span_id(ctx, ident, position)`, given the context's `id_fields` read already."""
+    if type(ident) is not bytes or type(id_fields) is not bytes or not 0 <= position < 256:
         return _reference_event_span_id(ctx, ident, position)
     return _span_id(_EVENT_PREFIX, id_fields, ident, <bytes>_POSITIONS[position])
 
@@ -69,7 +76,7 @@ cpdef object event_span_id(object ctx, object ident, object position):
 cdef int server_span_id_into(unsigned char* out, object ctx, object ident) except -1:
     """`server_span_id` written at `out` (8 bytes); from the Python twin's bytes when odd
     inputs send it there."""
-    id_fields = ctx.id_fields if type(ctx) is not _TraceContext else field(ctx, CTX.id_fields)
+    id_fields = _id_fields_of(ctx)
     if type(ident) is not bytes or type(id_fields) is not bytes:
         return _copy_span_id(out, _reference_server_span_id(ctx, ident))
     _span_id_into(out, _SERVER_PREFIX, id_fields, ident, b"")
@@ -78,7 +85,7 @@ cdef int server_span_id_into(unsigned char* out, object ctx, object ident) excep
 
 cdef int event_span_id_into(unsigned char* out, object ctx, object ident, int position) except -1:
     """`event_span_id` written at `out` (8 bytes), as `server_span_id_into`."""
-    id_fields = ctx.id_fields if type(ctx) is not _TraceContext else field(ctx, CTX.id_fields)
+    id_fields = _id_fields_of(ctx)
     if type(ident) is not bytes or type(id_fields) is not bytes or not 0 <= position < 256:
         return _copy_span_id(out, _reference_event_span_id(ctx, ident, position))
     _span_id_into(out, _EVENT_PREFIX, id_fields, ident, <bytes>_POSITIONS[position])
@@ -274,27 +281,30 @@ cdef bytes _trace_id_of(bytes prefix, const char* first, size_t first_size, cons
 
 cpdef object adhoc_trace_id(object ctx, object origin):
     """`ids.adhoc_trace_id` (the Python twin for odd inputs)."""
-    id_fields = ctx.id_fields if type(ctx) is not _TraceContext else field(ctx, CTX.id_fields)
+    id_fields = _id_fields_of(ctx)
     if type(id_fields) is not bytes or type(origin) is not bytes:
         return _adhoc_trace_id(ctx, origin)
     return _trace_id_of(_ADHOC_TRACE_PREFIX, PyBytes_AS_STRING(id_fields), PyBytes_GET_SIZE(id_fields),
                         PyBytes_AS_STRING(origin), PyBytes_GET_SIZE(origin))
 
 
-cdef object _adhoc_context(object dest, object trace_state, object arrival_subject):
-    """`ids.trace_context` for a message without a traceparent: its ad-hoc context (correlated
-    by the subject it arrived on, else by its `Nats-Trace-Dest`, `dest`); None where the
-    Python twin decides (no key: its error; a key that is not a plain `str` with a UTF-8
-    form). `dest`, `trace_state`: those headers' first values, or None."""
+cdef inline object _adhoc_key(object dest, object arrival_subject):
+    """`ids.trace_context`'s ad-hoc key of a message without a traceparent: the subject it
+    arrived on, else its `Nats-Trace-Dest` (`dest`, that header's first value, or None);
+    None when it has none."""
+    if arrival_subject:
+        return arrival_subject
+    if not dest or dest == _TRACE_DISABLED:
+        return None
+    return dest
+
+
+cdef object _adhoc_fields(object key):
+    """The `id_fields` of the ad-hoc context correlated by `key` (`ids.trace_context`); None
+    where the Python twin decides (a key that is not a plain `str` with a UTF-8 form)."""
     cdef Py_ssize_t size = 0
     cdef const char* text
     cdef char length[4]
-    if arrival_subject:
-        key = arrival_subject
-    else:
-        key = dest
-        if not key or key == _TRACE_DISABLED:
-            return None
     if type(key) is not str:
         return None
     try:
@@ -305,7 +315,7 @@ cdef object _adhoc_context(object dest, object trace_state, object arrival_subje
         return None
     _length(length, size)  # `_fields(key)`: its length, then its bytes
     trace_id = _trace_id_of(_ADHOC_GROUP_PREFIX, length, 4, text, <size_t>size)
-    return _trace_context_of(context_fields_c(trace_id, b""), trace_state or "", True, key)
+    return context_fields_c(trace_id, b"")
 
 
 # --- the trace context (`ids.TraceContext`): made field by field, its ids read back -------
@@ -323,14 +333,14 @@ cdef object _trace_context_of(bytes id_fields, object trace_state, bint sampled,
 cdef object _context_id(object ctx, bint parent):
     """`ctx.parent_span_id` if `parent`, else `ctx.trace_id` (`ids.context_id`): read back
     from its hex field of the context's `id_fields` in C; the Python twin reads anything
-    else (not a `TraceContext` exactly; not two fields end to end, the one read of hex
-    digits of whole bytes)."""
+    else (neither a `TraceContext` exactly nor the kernel's record; not two fields end to
+    end, the one read of hex digits of whole bytes)."""
     cdef Py_ssize_t size, trace_size, parent_size, start, count
     cdef const unsigned char* text
     cdef unsigned char ids[32]
-    if type(ctx) is not _TraceContext:
+    if type(ctx) is not _TraceContext and type(ctx) is not MessageRecord:
         return ctx.parent_span_id if parent else ctx.trace_id
-    id_fields = field(ctx, CTX.id_fields)
+    id_fields = _id_fields_of(ctx)
     if type(id_fields) is not bytes:
         return _reference_context_id(id_fields, parent)
     size = PyBytes_GET_SIZE(id_fields)

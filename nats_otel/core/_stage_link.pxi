@@ -258,34 +258,43 @@ cdef class Linker:
         none, the one id itself when it has one (nearly every message that forwards: a
         tuple of one was 48 bytes held through the window), a tuple of them when more."""
         cdef LinkIndex index = self.index
+        cdef MessageRecord record
         egress_ids = None
         cdef Py_ssize_t position = 0
-        arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
-        msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
+        if type(prepared) is MessageRecord:  # the kernel's own: its fields in place
+            record = ctx = <MessageRecord>prepared  # its own context
+            msg, ident, size, id_fields = record.msg, record.ident, record.size, record.id_fields
+            arrival_key, arrival_entry, adhoc = record.arrival_key, record.arrival_entry, record.adhoc_key is not None
+        else:  # a `Prepared`
+            msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
+            ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
+            size = _read(prepared, _Prepared, PREPARED.size, "size")
+            ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
+            id_fields = _read(ctx, _TraceContext, CTX.id_fields, "id_fields")
+            adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
+            arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
+            arrival_key = arrival_entry = None
+            if arrival is not None:
+                arrival_key, arrival_entry = arrival
         server = _read(msg, _TraceMessage, MSG.server, "server")
         ingress = _read(msg, _TraceMessage, MSG.ingress, "ingress")
         # The fields at their offsets (five look-ups by name fewer per message).
-        ledger_observe(ledger_of(index.sequences), _read(prepared, _Prepared, PREPARED.ident, "ident"),
+        ledger_observe(ledger_of(index.sequences), ident,
                        _read(server, _ServerInfo, SRV.id, "id"), _read(msg, _TraceMessage, MSG.seq, "seq"),
                        _read(ingress, _Ingress, IN.ts_ns, "ts_ns"), now, _read(ingress, _Ingress, IN.account, "account"))
-        if arrival is not None:
-            key, entry = arrival
-            index._add(False, key, _entry(entry), now)
+        if arrival_key is not None:
+            index._add(False, arrival_key, _entry(arrival_entry), now)
         # `Prepared.egresses`, one egress at a time.
-        ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
-        ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
         for event in _read(msg, _TraceMessage, MSG.events, "events"):
             position += 1
             # `event.forwards`, without a call to the property (a Python frame per egress).
             if type(event) is _EgressEvent and _truthy(field(event, EG.hop)) and _forwards(field(event, EG.kind)):
-                size = _read(prepared, _Prepared, PREPARED.size, "size")
                 if size < 0:
                     size = _message_shape(_read(msg, _TraceMessage, MSG.msg_size, "msg_size"),
                                           _read(msg, _TraceMessage, MSG.headers, "headers"))
-                server = _read(msg, _TraceMessage, MSG.server, "server")
-                key = (_read(ctx, _TraceContext, CTX.id_fields, "id_fields"), field(event, EG.hop),
-                       _read(server, _ServerInfo, SRV.name, "name"), field(event, EG.name))
-                span_id = event_span_id(ctx, ident, position)
+                key = (id_fields, field(event, EG.hop), _read(server, _ServerInfo, SRV.name, "name"),
+                       field(event, EG.name))
+                span_id = _event_id(id_fields, ident, position, ctx)
                 index._add(True, key, <tuple>_record4(_LinkEgress, field(event, EG.ts_ns), size, ident, span_id), now)
                 # The first id itself; from the second, a tuple grown a tuple at a time (a
                 # message forwards to a handful of servers at most).
@@ -295,8 +304,8 @@ cdef class Linker:
                     egress_ids = (egress_ids, span_id)
                 else:
                     egress_ids = <tuple>egress_ids + (span_id,)
-        if _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None:
-            self.note_adhoc(ident, arrival)
+        if adhoc:
+            self.note_adhoc(ident, None if arrival_key is None else (arrival_key, arrival_entry))
         return egress_ids
 
     def note_adhoc(self, ident, arrival):
@@ -325,20 +334,26 @@ cdef class Linker:
     cdef object _locate(self, prepared):
         """`locate`'s placement, its link decision left for `take_link`: `_finish` calls it
         once a trace message, and a pair made and unpacked for each was one allocation."""
-        ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
-        ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
-        arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
         cdef bint adhoc
-        if arrival is None:  # the origin: under the producer's span (a root for ad-hoc traces)
-            adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
+        if type(prepared) is MessageRecord:  # the kernel's own: its fields in place, and its own context
+            ctx = prepared
+            ident, key, entry = ((<MessageRecord>ctx).ident, (<MessageRecord>ctx).arrival_key,
+                                 (<MessageRecord>ctx).arrival_entry)
+        else:  # a `Prepared`
+            ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
+            ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
+            arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
+            key = entry = None
+            if arrival is not None:
+                key, entry = arrival
+        adhoc = _adhoc_key_of(ctx) is not None
+        if key is None:  # the origin: under the producer's span (a root for ad-hoc traces)
             trace_id = adhoc_trace_id(ctx, ident) if adhoc else _context_id(ctx, False)
             placement = _record5(_Placement, ident, trace_id, _context_id(ctx, True), "", 0)
             self._link_found = None
             return placement
-        key, entry = arrival
         link = self.index._resolve(key, _entry(entry))
         result, egress = (<tuple>link)[0], (<tuple>link)[1]
-        adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
         if result == _MATCHED and egress is not None:
             trace_id = self._adhoc_trace(ctx, (<tuple>egress)[2]) if adhoc else _context_id(ctx, False)
             placement = _record5(_Placement, ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)

@@ -133,7 +133,15 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     # hashed them for this message (the one id itself, or a tuple of them; None: hash them here).
     # Exact types only: the fields below are read at their offsets. Anything else (headers
     # not a `TraceHeaders`) is mapped by the Python twin.
-    if type(msg) is not _TraceMessage or type(ctx) is not _TraceContext or type(placement) is not _Placement:
+    if type(msg) is not _TraceMessage or type(placement) is not _Placement:
+        return 0
+    # the context: the kernel's record of the message, or a `TraceContext`
+    cdef object trace_state
+    if type(ctx) is MessageRecord:
+        trace_state, adhoc_key = (<MessageRecord>ctx).trace_state, (<MessageRecord>ctx).adhoc_key
+    elif type(ctx) is _TraceContext:
+        trace_state, adhoc_key = field(ctx, CTX.trace_state), field(ctx, CTX.adhoc_key)
+    else:
         return 0
     cdef object ingress = field(msg, MSG.ingress)
     cdef object headers = field(msg, MSG.headers)
@@ -143,7 +151,6 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     cdef object trace_id = where[1]
     if type(headers) is not _TraceHeaders or type(ingress) is not _Ingress or not _trace_headers(headers, firsts):
         return 0
-    cdef object trace_state = field(ctx, CTX.trace_state)
     cdef object subject = field(ingress, IN.subject)
     cdef object account = field(ingress, IN.account)
     cdef object ingress_kind = field(ingress, IN.kind)
@@ -191,7 +198,6 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         return 0
     if _truthy(_first_or(firsts[H_DEST], None)) and _first_or(firsts[H_ONLY], "").lower() in _ON:
         put_const(s, SERVER, S_ONLY)
-    adhoc_key = field(ctx, CTX.adhoc_key)
     if adhoc_key is not None and not put_pair(s, SERVER, S_ADHOC, adhoc_key):
         return 0
     link = where[3]
@@ -361,7 +367,7 @@ cdef object _resource_by_fields(object server, object service_name, tuple tags):
 
 cdef object _map_encode_by_reference(object msg, object ctx, object placement, object options):
     _handed[H_MAP] += 1
-    return _reference_map_encode(msg, ctx, placement, options)
+    return _reference_map_encode(msg, _as_context(ctx), placement, options)
 
 
 # The two buffers `map_encode` writes a message's spans into, kept from call to call: two

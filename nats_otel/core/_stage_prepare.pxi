@@ -7,9 +7,9 @@
 # `prepare`, or `ids.trace_context` for an ad-hoc context), so every error and every unusual
 # message is decided by the reference (and counted: `handed_to_reference`).
 
-cdef object _prepare_by_reference(object raw, object limits):
+cdef MessageRecord _prepare_by_reference(object raw, object limits):
     _handed[H_PREPARE] += 1
-    return _reference_prepare(raw, limits)
+    return _record_from(_reference_prepare(raw, limits))
 
 
 # The limits `prepare` last read (held, so that its id is not reused by another object) and
@@ -47,8 +47,11 @@ cdef inline bint _payload_within(Py_ssize_t size) except -1:
 
 cpdef object prepare(object raw, object limits=_UNSET):
     """As `pipeline.prepare`; the pure-Python code decides whatever is not the common case."""
-    if limits is _UNSET:
-        limits = _DEFAULT_LIMITS
+    return _prepare_record(raw, _DEFAULT_LIMITS if limits is _UNSET else limits).prepared()
+
+
+cdef MessageRecord _prepare_record(object raw, object limits):
+    """`prepare`, into the kernel's record of the message (`_stage_record.pxi`)."""
     _read_limits(limits)
     if type(raw) is not _RawTraceMessage:
         return _prepare_by_reference(raw, limits)
@@ -137,10 +140,11 @@ cpdef object prepare(object raw, object limits=_UNSET):
     # (an ad-hoc context, or the error), and prepare's issue follows
     cdef tuple issues = ()
     cdef PyObject* traceparent_p
-    ctx = None
-    id_fields = None
     cdef unsigned char ids[24]
     cdef unsigned char flags_byte
+    cdef bint sampled = True
+    id_fields = None
+    trace_state = adhoc_key = None
     traceparent_p = firsts[H_TRACEPARENT]
     if traceparent_p is not NULL:
         # The context keeps the ids as its `id_fields` only: the servers' form is encoded
@@ -155,26 +159,30 @@ cpdef object prepare(object raw, object limits=_UNSET):
             except Exception:  # broken: ids.trace_context below decides (ad-hoc, or its error)
                 pass
         if id_fields is not None:
-            ctx = _trace_context_of(id_fields, _first_or(firsts[H_TRACESTATE], ""), flags & 1, None)
-    if ctx is None and traceparent_p is NULL:  # ad hoc (`Nats-Trace-Dest`), the usual kind in C
-        ctx = _adhoc_context(_first_or(firsts[H_DEST], None), _first_or(firsts[H_TRACESTATE], None), raw.subject)
-        if ctx is not None:
-            id_fields = field(ctx, CTX.id_fields)
-    if ctx is None:
+            trace_state, sampled = _first_or(firsts[H_TRACESTATE], ""), flags & 1
+    if id_fields is None and traceparent_p is NULL:  # ad hoc (`Nats-Trace-Dest`), the usual kind in C
+        adhoc_key = _adhoc_key(_first_or(firsts[H_DEST], None), raw.subject)
+        if adhoc_key is not None:
+            id_fields = _adhoc_fields(adhoc_key)
+            trace_state = _first_or(firsts[H_TRACESTATE], None) or ""
+        if id_fields is None:
+            adhoc_key = None
+    if id_fields is None:
         ctx = _trace_context(msg, raw.subject)
-        id_fields = ctx.id_fields
-        if ctx.adhoc_key is not None and traceparent_p is not NULL:
+        id_fields, trace_state, sampled, adhoc_key = ctx.id_fields, ctx.trace_state, ctx.sampled, ctx.adhoc_key
+        if adhoc_key is not None and traceparent_p is not NULL:
             issues = _BAD_TRACEPARENT
     ts_ns = field(ingress, IN.ts_ns)
     ident = _identity(field(server, SRV.id), ts_ns, field(ingress, IN.cid))
     # pipeline._arrival: only a message that came in from another server has one
-    arrival = None
+    arrival_key = arrival_entry = None
     if _forwards(field(ingress, IN.kind)):
         hop = _first_or(firsts[H_HOP], "")
         if _truthy(hop):
-            arrival = ((id_fields, hop, field(ingress, IN.name), field(server, SRV.name)),
-                       _record3(_Arrival, ts_ns, size, ident))
-    return _prepared(raw, msg, ctx, ident, arrival, issues, size)
+            arrival_key = (id_fields, hop, field(ingress, IN.name), field(server, SRV.name))
+            arrival_entry = _record3(_Arrival, ts_ns, size, ident)
+    return _record_of(raw, msg, ident, arrival_key, arrival_entry, issues, size, id_fields, trace_state, sampled,
+                      adhoc_key)
 
 
 # The trace's own headers that `prepare` and the mapper read, by their slot in a message's

@@ -33,6 +33,7 @@ __all__ = [
     "map_encode",
     "network_sample",
     "observed",
+    "observed_entries",
     "parse_traceparent",
     "prepare",
     "server_span_id",
@@ -67,6 +68,7 @@ if TYPE_CHECKING:  # one interface: type checkers see the reference
         map_encode,
         network_sample,
         observed,
+        observed_entries,
         parse_traceparent,
         prepare,
         server_span_id,
@@ -75,7 +77,8 @@ if TYPE_CHECKING:  # one interface: type checkers see the reference
 else:
     IMPLEMENTATION = _chosen.IMPLEMENTATION
     Converter, LinkIndex, Linker = _chosen.Converter, _chosen.LinkIndex, _chosen.Linker
-    prepare, finish, convert_batch, observed = _chosen.prepare, _chosen.finish, _chosen.convert_batch, _chosen.observed
+    prepare, finish, convert_batch = _chosen.prepare, _chosen.finish, _chosen.convert_batch
+    observed, observed_entries = _chosen.observed, _chosen.observed_entries
     map_encode, network_sample = _chosen.map_encode, _chosen.network_sample
     encode_request, encode_results, encode_spans = _chosen.encode_request, _chosen.encode_results, _chosen.encode_spans
     tally_results = _chosen.tally_results

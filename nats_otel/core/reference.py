@@ -15,13 +15,21 @@ from nats_otel.core.network import network_sample
 from nats_otel.core.otlp_wire import python_encode_request as encode_spans
 from nats_otel.core.pipeline import PythonConverter as Converter
 from nats_otel.core.pipeline import PythonLinker as Linker
-from nats_otel.core.pipeline import convert_batch, encode_results, finish, observed, prepare, tally_results
+from nats_otel.core.pipeline import (
+    convert_batch,
+    encode_results,
+    finish,
+    observed,
+    observed_entries,
+    prepare,
+    tally_results,
+)
 from nats_otel.core.span_bytes import python_encode_request as encode_request
 from nats_otel.core.span_bytes import python_map_encode as map_encode
 
 __all__ = ["IMPLEMENTATION", "Converter", "LinkIndex", "Linker", "convert_batch", "encode_request", "encode_results",
            "encode_spans", "event_span_id", "finish", "handed_to_reference", "map_encode", "network_sample",
-           "observed", "parse_traceparent", "prepare", "server_span_id", "tally_results"]
+           "observed", "observed_entries", "parse_traceparent", "prepare", "server_span_id", "tally_results"]
 
 IMPLEMENTATION = "python"
 

@@ -22,6 +22,11 @@ from tests.core.test_twins_linking import _index_state
 _NO_BACKEND = {"sources": [{"subjects": ["trace.a"]}], "output": "/dev/null", "export_otlp": False}
 
 
+
+def _raw_of(entry):
+    """The raw message a converter's entry is of: the reference's (raw, ...) tuple, the kernel's record."""
+    return entry[0] if type(entry) is tuple else entry.raw
+
 def _batches(raws: list[RawTraceMessage], size: int) -> list[list[RawTraceMessage]]:
     return [raws[at:at + size] for at in range(0, len(raws), size)]
 
@@ -78,7 +83,7 @@ def test_the_bound_hands_the_oldest_batches_to_the_converter(core, corpus_raws):
         held.put(converter.observe_held(batch, 0.0))
     assert held.messages == 16  # the two newest batches
     # The three oldest went back; the converter's own bound kept its newest 12 of them.
-    assert [entry[0] for entry in converter._pending.values()] == [*batches[1][4:], *batches[2]]
+    assert [_raw_of(entry) for entry in converter._pending.values()] == [*batches[1][4:], *batches[2]]
     assert held.take(batches[3]) is not None and held.take(batches[4]) is not None
     assert held.messages == 0
 
@@ -109,7 +114,7 @@ def test_a_batch_begun_again_by_its_first_message_hands_the_earlier_to_the_conve
     held.put(earlier)
     held.put(converter.observe_held(batch[:4], 0.0))
     assert held.messages == 4  # the earlier batch no longer counted here
-    assert [entry[0] for entry in converter._pending.values()] == batch  # but kept by the converter
+    assert [_raw_of(entry) for entry in converter._pending.values()] == batch  # but kept by the converter
     assert held.take(batch[:4]) is not None and held.messages == 0
 
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from nats_otel.core.decode import RawTraceMessage
 from nats_otel.core.engine import Converter
-from nats_otel.core.pipeline import Converted, Observed, Rejected
+from nats_otel.core.pipeline import Converted, Observed, Rejected, entry_raw
 
 __all__ = ["PAST_THE_BOUND", "RELEASED", "ObservedBatches"]
 
@@ -72,7 +72,7 @@ class ObservedBatches:
         # An entry holds its raw message, so no other live message has its id; but the same
         # message may begin two batches (the bridge makes each anew; a caller may not): the
         # earlier batch goes to the converter, so that the count stays exact.
-        key = id(entries[0][0])
+        key = id(entry_raw(entries[0]))
         earlier = self._batches.pop(key, None)
         if earlier is not None:
             self.messages -= len(earlier)
@@ -135,4 +135,4 @@ def _covers(entries: list[Observed], raws: Sequence[RawTraceMessage], at: int) -
     """The batch's first and last messages are `raws`' from `at` on (the converter checks the
     rest: `convert_many`'s `observed`)."""
     last = at + len(entries) - 1
-    return last < len(raws) and entries[0][0] is raws[at] and entries[-1][0] is raws[last]
+    return last < len(raws) and entry_raw(entries[0]) is raws[at] and entry_raw(entries[-1]) is raws[last]

@@ -225,10 +225,17 @@ def finish(prepared: Prepared, linker: Linker, options: MappingOptions, encoded:
 
 
 # An observed message's entry, as a converter keeps it between `observe` and `convert` (or
-# hands it to the caller: `observe_held`): the raw message first, then what the twin needs
-# (this twin: its decoded form; the kernel's: also its forwarding egresses' span ids).
-# Opaque to callers, who give it back to the converter that made it.
-Observed = tuple[Any, ...]
+# hands it to the caller: `observe_held`): this twin's is a tuple, the raw message first,
+# then its decoded form (or its `Rejected`); the kernel's is its own record of the message
+# (`_stage_record.pxi`: the raw message, the decoded form and its forwarding egresses' span
+# ids), or a tuple for a `Rejected`. Opaque to callers, who give it back to the converter
+# that made it, and read only which raw message it is of (`entry_raw`).
+Observed = Any
+
+
+def entry_raw(entry: Observed) -> RawTraceMessage:
+    """The raw message an entry of either twin's converter is of."""
+    return entry[0] if type(entry) is tuple else entry.raw
 
 
 class PythonConverter:

@@ -15,17 +15,12 @@ from nats_otel.bridge.observed_batches import PAST_THE_BOUND, RELEASED, Observed
 from nats_otel.bridge.processor import Processor
 from nats_otel.bridge.settings import load_settings
 from nats_otel.core.decode import RawTraceMessage
-from nats_otel.core.pipeline import Converted
+from nats_otel.core.pipeline import Converted, entry_raw
 from tests.core.test_twins_linking import _index_state
 
 # A processor's settings that export to no backend (its spans written to /dev/null).
 _NO_BACKEND = {"sources": [{"subjects": ["trace.a"]}], "output": "/dev/null", "export_otlp": False}
 
-
-
-def _raw_of(entry):
-    """The raw message a converter's entry is of: the reference's (raw, ...) tuple, the kernel's record."""
-    return entry[0] if type(entry) is tuple else entry.raw
 
 def _batches(raws: list[RawTraceMessage], size: int) -> list[list[RawTraceMessage]]:
     return [raws[at:at + size] for at in range(0, len(raws), size)]
@@ -53,7 +48,7 @@ def test_whole_batches_in_order_convert_as_the_converters_store_does(core, corpu
     results = []
     for part in converts:
         entries = held.take(part)
-        assert entries is not None and [e[0] for e in entries] == part
+        assert entries is not None and [entry_raw(e) for e in entries] == part
         results += converter.convert_many(part, 0.01, True, entries)
     assert held.messages == 0 and not converter._pending
     assert (results, _index_state(converter.linker.index)) == _by_the_store(core, batches, converts)
@@ -83,7 +78,7 @@ def test_the_bound_hands_the_oldest_batches_to_the_converter(core, corpus_raws):
         held.put(converter.observe_held(batch, 0.0))
     assert held.messages == 16  # the two newest batches
     # The three oldest went back; the converter's own bound kept its newest 12 of them.
-    assert [_raw_of(entry) for entry in converter._pending.values()] == [*batches[1][4:], *batches[2]]
+    assert [entry_raw(entry) for entry in converter._pending.values()] == [*batches[1][4:], *batches[2]]
     assert held.take(batches[3]) is not None and held.take(batches[4]) is not None
     assert held.messages == 0
 
@@ -114,7 +109,7 @@ def test_a_batch_begun_again_by_its_first_message_hands_the_earlier_to_the_conve
     held.put(earlier)
     held.put(converter.observe_held(batch[:4], 0.0))
     assert held.messages == 4  # the earlier batch no longer counted here
-    assert [_raw_of(entry) for entry in converter._pending.values()] == batch  # but kept by the converter
+    assert [entry_raw(entry) for entry in converter._pending.values()] == batch  # but kept by the converter
     assert held.take(batch[:4]) is not None and held.messages == 0
 
 

@@ -328,8 +328,7 @@ def test_held_entries_given_as_a_list_are_consumed(kernel, corpus_raws, twin):
     entries = tuple(converter.observe_held(raws, 0.0))
     assert converter.convert_many(raws, 0.01, True, entries) == expected
     # left as they were: the reference's (raw, ...) tuples, the kernel's records
-    raw_of = (lambda entry: entry[0]) if twin == "reference" else (lambda entry: entry.raw)
-    assert all(raw_of(entry) is raw for entry, raw in zip(entries, raws, strict=True))
+    assert all(pipeline.entry_raw(entry) is raw for entry, raw in zip(entries, raws, strict=True))
 
 
 class _RawCopy(RawTraceMessage):

@@ -183,7 +183,7 @@ cdef EncodedBatch _convert_encoded(Converter converter, list raws, list entries,
                 placed.rejected = <PyObject*>result
                 batch.rejected.append(result)
                 continue
-            opened = _convert_into(batch, blob, s, placed, entry, linker, options,
+            opened = _convert_into(batch, blob, s, placed, <MessageRecord>entry, linker, options,
                                    (<MessageRecord>entry).egress_ids, groups_of)
             entry = None
             group = placed.group
@@ -221,24 +221,19 @@ cdef void* _grown(void* block, size_t size) except NULL:
     return grown
 
 
-cdef bint _convert_into(EncodedBatch batch, Buf* blob, Buf* s, _Placed* placed, object prepared, object linker,
+cdef bint _convert_into(EncodedBatch batch, Buf* blob, Buf* s, _Placed* placed, MessageRecord record, object linker,
                         object options, object egress_ids, dict index) except -1:
-    """`_finish(prepared, linker, options, True, egress_ids)` into the batch: the message's
+    """`_finish(record, linker, options, True, egress_ids)` into the batch: the message's
     spans appended to `blob`, its issues to the batch's, its link and sample counted (what
     `tally_results` counts of its result). True when it opened a group (its resource new)."""
     cdef Py_ssize_t mark = blob.size, issues_from = len(batch.issues), groups = len(batch._resources)
     cdef PyObject* seen
     if type(linker) is Linker:
-        placement = (<Linker>linker)._locate(prepared)
+        placement = (<Linker>linker)._locate(record)
         link = (<Linker>linker).take_link()
     else:
-        placement, link = linker.locate(_as_prepared(prepared))
-    if type(prepared) is MessageRecord:  # the kernel's own record: its own context
-        msg, ctx, prepared_issues = (<MessageRecord>prepared).msg, prepared, (<MessageRecord>prepared).issues
-    else:  # a `Prepared`
-        msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
-        ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
-        prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
+        placement, link = linker.locate(record.prepared())
+    msg, ctx, prepared_issues = record.msg, record, record.issues  # the record is its own context
     issues = batch.issues
     if _truthy(prepared_issues):
         issues.extend(prepared_issues)

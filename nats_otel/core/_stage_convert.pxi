@@ -5,24 +5,20 @@
 
 def finish(prepared, linker, options, encoded=False):
     """As `pipeline.finish`: map an observed message where the linker places it."""
-    return _finish(prepared, linker, options, encoded, None)
+    return _finish(_record_from(prepared), linker, options, encoded, None)
 
 
-cdef object _finish(object prepared, object linker, object options, bint encoded, object egress_ids):
+cdef object _finish(MessageRecord record, object linker, object options, bint encoded, object egress_ids):
     # `egress_ids`: the span ids of its forwarding egresses, as the linker hashed them when it
     # observed this message (`Linker._observe`: the one id itself, a tuple of them, or None).
     # The kernel's own stages are called in C (cpdef); a linker of another type, as Python.
+    # The record is the message's context too (`ctx`).
     if type(linker) is Linker:
-        placement = (<Linker>linker)._locate(prepared)
+        placement = (<Linker>linker)._locate(record)
         link = (<Linker>linker).take_link()
     else:
-        placement, link = linker.locate(_as_prepared(prepared))
-    if type(prepared) is MessageRecord:  # the kernel's own record: its own context
-        msg, ctx, prepared_issues = (<MessageRecord>prepared).msg, prepared, (<MessageRecord>prepared).issues
-    else:  # a `Prepared`
-        msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
-        ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
-        prepared_issues = _read(prepared, _Prepared, PREPARED.issues, "issues")
+        placement, link = linker.locate(record.prepared())
+    msg, ctx, prepared_issues = record.msg, record, record.issues
     cdef list spans = []
     encoding = None
     if encoded:
@@ -30,7 +26,7 @@ cdef object _finish(object prepared, object linker, object options, bint encoded
         issues = [*prepared_issues] if _truthy(prepared_issues) else []
         encoding = _encoded_spans(msg, ctx, placement, options, egress_ids, issues)
     else:
-        result = _map_message(msg, _as_context(ctx), placement, options)
+        result = _map_message(msg, record.context(), placement, options)
         spans, map_issues = result.spans, result.issues
         issues = [*prepared_issues, *map_issues] if _truthy(prepared_issues) else map_issues
     sample = _conclude(msg, placement, link, ctx, issues)
@@ -208,7 +204,7 @@ cdef class Converter:
     cdef inline object _result_of(self, object entry, bint encoded):
         """An entry's `Converted`, or its `Rejected`."""
         if type(entry) is MessageRecord:
-            return _finish(entry, self.linker, self.options, encoded, (<MessageRecord>entry).egress_ids)
+            return _finish(<MessageRecord>entry, self.linker, self.options, encoded, (<MessageRecord>entry).egress_ids)
         return (<tuple>entry)[1]
 
     cdef object _prepare_one(self, object raw, object now):
@@ -245,5 +241,5 @@ def convert_batch(raws, options=_DEFAULT_OPTIONS, limits=_DEFAULT_LIMITS, link=_
             continue
         record.egress_ids = (<Linker>linker)._observe(record, 0.0)
         prepared.append(record)
-    return [_finish(p, linker, options, False, (<MessageRecord>p).egress_ids) if type(p) is MessageRecord else p
-            for p in prepared]
+    return [_finish(<MessageRecord>p, linker, options, False, (<MessageRecord>p).egress_ids)
+            if type(p) is MessageRecord else p for p in prepared]

@@ -250,40 +250,25 @@ cdef class Linker:
 
     cpdef observe(self, object prepared, object now=0.0):
         """Record a message's hop evidence (idempotent: a redelivery changes nothing)."""
-        self._observe(prepared, now)
+        self._observe(_record_from(prepared), now)
 
-    cdef object _observe(self, object prepared, object now):
+    cdef object _observe(self, MessageRecord record, object now):
         """`observe`, returning the span ids of the message's forwarding egresses in their
         order, which `map_encode` reuses instead of hashing each again: None when it has
         none, the one id itself when it has one (nearly every message that forwards: a
         tuple of one was 48 bytes held through the window), a tuple of them when more."""
         cdef LinkIndex index = self.index
-        cdef MessageRecord record
         egress_ids = None
         cdef Py_ssize_t position = 0
-        if type(prepared) is MessageRecord:  # the kernel's own: its fields in place
-            record = ctx = <MessageRecord>prepared  # its own context
-            msg, ident, size, id_fields = record.msg, record.ident, record.size, record.id_fields
-            arrival_key, arrival_entry, adhoc = record.arrival_key, record.arrival_entry, record.adhoc_key is not None
-        else:  # a `Prepared`
-            msg = _read(prepared, _Prepared, PREPARED.msg, "msg")
-            ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
-            size = _read(prepared, _Prepared, PREPARED.size, "size")
-            ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
-            id_fields = _read(ctx, _TraceContext, CTX.id_fields, "id_fields")
-            adhoc = _read(ctx, _TraceContext, CTX.adhoc_key, "adhoc_key") is not None
-            arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
-            arrival_key = arrival_entry = None
-            if arrival is not None:
-                arrival_key, arrival_entry = arrival
+        msg, ident, size, id_fields = record.msg, record.ident, record.size, record.id_fields
         server = _read(msg, _TraceMessage, MSG.server, "server")
         ingress = _read(msg, _TraceMessage, MSG.ingress, "ingress")
         # The fields at their offsets (five look-ups by name fewer per message).
         ledger_observe(ledger_of(index.sequences), ident,
                        _read(server, _ServerInfo, SRV.id, "id"), _read(msg, _TraceMessage, MSG.seq, "seq"),
                        _read(ingress, _Ingress, IN.ts_ns, "ts_ns"), now, _read(ingress, _Ingress, IN.account, "account"))
-        if arrival_key is not None:
-            index._add(False, arrival_key, _entry(arrival_entry), now)
+        if record.arrival_key is not None:
+            index._add(False, record.arrival_key, _entry(record.arrival_entry), now)
         # `Prepared.egresses`, one egress at a time.
         for event in _read(msg, _TraceMessage, MSG.events, "events"):
             position += 1
@@ -294,7 +279,7 @@ cdef class Linker:
                                           _read(msg, _TraceMessage, MSG.headers, "headers"))
                 key = (id_fields, field(event, EG.hop), _read(server, _ServerInfo, SRV.name, "name"),
                        field(event, EG.name))
-                span_id = _event_id(id_fields, ident, position, ctx)
+                span_id = _event_id(id_fields, ident, position, record)
                 index._add(True, key, <tuple>_record4(_LinkEgress, field(event, EG.ts_ns), size, ident, span_id), now)
                 # The first id itself; from the second, a tuple grown a tuple at a time (a
                 # message forwards to a handful of servers at most).
@@ -304,8 +289,8 @@ cdef class Linker:
                     egress_ids = (egress_ids, span_id)
                 else:
                     egress_ids = <tuple>egress_ids + (span_id,)
-        if adhoc:
-            self.note_adhoc(ident, None if arrival_key is None else (arrival_key, arrival_entry))
+        if record.adhoc_key is not None:
+            self.note_adhoc(ident, record.arrival)
         return egress_ids
 
     def note_adhoc(self, ident, arrival):
@@ -321,7 +306,7 @@ cdef class Linker:
 
     cpdef tuple locate(self, prepared):
         """`place`, with the link decision behind it (None at the origin)."""
-        placement = self._locate(prepared)
+        placement = self._locate(_record_from(prepared))
         link = self.take_link()
         return placement, link
 
@@ -331,38 +316,28 @@ cdef class Linker:
         self._link_found = None
         return link
 
-    cdef object _locate(self, prepared):
+    cdef object _locate(self, MessageRecord record):
         """`locate`'s placement, its link decision left for `take_link`: `_finish` calls it
-        once a trace message, and a pair made and unpacked for each was one allocation."""
-        cdef bint adhoc
-        if type(prepared) is MessageRecord:  # the kernel's own: its fields in place, and its own context
-            ctx = prepared
-            ident, key, entry = ((<MessageRecord>ctx).ident, (<MessageRecord>ctx).arrival_key,
-                                 (<MessageRecord>ctx).arrival_entry)
-        else:  # a `Prepared`
-            ctx = _read(prepared, _Prepared, PREPARED.ctx, "ctx")
-            ident = _read(prepared, _Prepared, PREPARED.ident, "ident")
-            arrival = _read(prepared, _Prepared, PREPARED.arrival, "arrival")
-            key = entry = None
-            if arrival is not None:
-                key, entry = arrival
-        adhoc = _adhoc_key_of(ctx) is not None
+        once a trace message, and a pair made and unpacked for each was one allocation.
+        The record is its own context (its `id_fields` and `adhoc_key`)."""
+        cdef bint adhoc = record.adhoc_key is not None
+        ident, key, entry = record.ident, record.arrival_key, record.arrival_entry
         if key is None:  # the origin: under the producer's span (a root for ad-hoc traces)
-            trace_id = adhoc_trace_id(ctx, ident) if adhoc else _context_id(ctx, False)
-            placement = _record5(_Placement, ident, trace_id, _context_id(ctx, True), "", 0)
+            trace_id = adhoc_trace_id(record, ident) if adhoc else _context_id(record, False)
+            placement = _record5(_Placement, ident, trace_id, _context_id(record, True), "", 0)
             self._link_found = None
             return placement
         link = self.index._resolve(key, _entry(entry))
         result, egress = (<tuple>link)[0], (<tuple>link)[1]
         if result == _MATCHED and egress is not None:
-            trace_id = self._adhoc_trace(ctx, (<tuple>egress)[2]) if adhoc else _context_id(ctx, False)
+            trace_id = self._adhoc_trace(record, (<tuple>egress)[2]) if adhoc else _context_id(record, False)
             placement = _record5(_Placement, ident, trace_id, (<tuple>egress)[3], _MATCHED, 0)
             self._link_found = link
             return placement
         # Never under another message's egress: see `pipeline.Linker.locate`.
-        trace_id = adhoc_trace_id(ctx, ident) if adhoc else _context_id(ctx, False)
+        trace_id = adhoc_trace_id(record, ident) if adhoc else _context_id(record, False)
         candidates = (<tuple>link)[2] if result == _AMBIGUOUS else 0
-        placement = _record5(_Placement, ident, trace_id, _context_id(ctx, True), result, candidates)
+        placement = _record5(_Placement, ident, trace_id, _context_id(record, True), result, candidates)
         self._link_found = link  # set last: nothing runs between here and the caller's `take_link`
         return placement
 

@@ -8,9 +8,11 @@
 #
 # A record is read as a `Prepared` is (`msg`, `ident`, `issues`, `size`, `arrival`, `ctx`,
 # `egresses()`) and as its context is (`id_fields`, `trace_state`, `sampled`, `adhoc_key`):
-# `ids`' pure functions, which read only a context's `id_fields`, take it as it is. What
-# leaves the kernel as a `Prepared` (`prepare`, the pure linker, the reference's mapper) is
-# made from it when asked (`prepared()`, `context()`).
+# `ids`' pure functions, which read only a context's `id_fields`, take it as it is. Inside
+# the kernel every decoded message is a record: a `Prepared` given to it (`finish`,
+# `Linker.observe`, `locate`) is made one at the door (`_record_from`), and what leaves it
+# as a `Prepared` or a `TraceContext` (`prepare`, a linker of another type, the reference's
+# mapper) is made from it when asked (`prepared()`, `context()`).
 
 
 @cython.final
@@ -75,7 +77,11 @@ cdef MessageRecord _record_of(object raw, object msg, object ident, object arriv
 
 
 cdef MessageRecord _record_from(object prepared):
-    """The record of a `Prepared` (one the reference made: an unusual message)."""
+    """The record of a `Prepared` (one the reference made, or one given to the kernel's
+    `finish`, `Linker.observe` or `locate`: inside the kernel every message is a record);
+    a record as it is."""
+    if type(prepared) is MessageRecord:
+        return <MessageRecord>prepared
     ctx = prepared.ctx
     arrival = prepared.arrival
     key = entry = None
@@ -87,29 +93,18 @@ cdef MessageRecord _record_from(object prepared):
                       ctx.id_fields, ctx.trace_state, ctx.sampled, ctx.adhoc_key)
 
 
-cdef inline object _as_prepared(object decoded):
-    """A `Prepared` for Python code that reads one (a record made into one; a `Prepared` as it is)."""
-    return (<MessageRecord>decoded).prepared() if type(decoded) is MessageRecord else decoded
-
-
 cdef inline object _as_context(object ctx):
     """A `TraceContext` for Python code that reads one (a record's made from its fields)."""
     return (<MessageRecord>ctx).context() if type(ctx) is MessageRecord else ctx
 
 
-# A context's fields, read from a record or a `TraceContext` at their places, from anything
+# A context's `id_fields`, read from a record or a `TraceContext` at its place, from anything
 # else by name.
 
 cdef inline object _id_fields_of(object ctx):
     if type(ctx) is MessageRecord:
         return (<MessageRecord>ctx).id_fields
     return field(ctx, CTX.id_fields) if type(ctx) is _TraceContext else ctx.id_fields
-
-
-cdef inline object _adhoc_key_of(object ctx):
-    if type(ctx) is MessageRecord:
-        return (<MessageRecord>ctx).adhoc_key
-    return field(ctx, CTX.adhoc_key) if type(ctx) is _TraceContext else ctx.adhoc_key
 
 
 # --- the converter's entries: a record, or (raw, `Rejected`, None) for a message that gave none

@@ -233,7 +233,7 @@ cdef bint _convert_into(EncodedBatch batch, Buf* blob, Buf* s, _Placed* placed, 
         link = (<Linker>linker).take_link()
     else:
         placement, link = linker.locate(record.prepared())
-    msg, ctx, prepared_issues = record.msg, record, record.issues  # the record is its own context
+    msg, ctx, prepared_issues = record, record, record.issues  # the record is the message and the context
     issues = batch.issues
     if _truthy(prepared_issues):
         issues.extend(prepared_issues)

@@ -18,7 +18,7 @@ cdef object _finish(MessageRecord record, object linker, object options, bint en
         link = (<Linker>linker).take_link()
     else:
         placement, link = linker.locate(record.prepared())
-    msg, ctx, prepared_issues = record.msg, record, record.issues
+    msg, ctx, prepared_issues = record, record, record.issues  # the record is the message and the context
     cdef list spans = []
     encoding = None
     if encoded:
@@ -26,7 +26,7 @@ cdef object _finish(MessageRecord record, object linker, object options, bint en
         issues = [*prepared_issues] if _truthy(prepared_issues) else []
         encoding = _encoded_spans(msg, ctx, placement, options, egress_ids, issues)
     else:
-        result = _map_message(msg, record.context(), placement, options)
+        result = _map_message(record.message(), record.context(), placement, options)
         spans, map_issues = result.spans, result.issues
         issues = [*prepared_issues, *map_issues] if _truthy(prepared_issues) else map_issues
     sample = _conclude(msg, placement, link, ctx, issues)
@@ -62,8 +62,9 @@ cdef object _conclude(object msg, object placement, object link, object ctx, lis
         ident, trace_id = placement.ident, placement.trace_id
         placement_link, candidates = placement.link, placement.candidates
     if _truthy(placement_link) and placement_link != _MATCHED:
+        message = _as_message(msg)  # `upstream_hop` reads its headers as a `TraceMessage`'s
         issues.append(f"hop_{placement_link}: no single upstream egress for hop "
-                      f"{_upstream_hop(msg)} from {msg.ingress.name}"
+                      f"{_upstream_hop(message)} from {message.ingress.name}"
                       + (f" ({candidates} candidates)" if candidates else ""))
     # The trace and the server span's id inputs, for the latency histograms' exemplars (as in
     # pipeline.finish).

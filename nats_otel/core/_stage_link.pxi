@@ -260,23 +260,20 @@ cdef class Linker:
         cdef LinkIndex index = self.index
         egress_ids = None
         cdef Py_ssize_t position = 0
-        msg, ident, size, id_fields = record.msg, record.ident, record.size, record.id_fields
-        server = _read(msg, _TraceMessage, MSG.server, "server")
-        ingress = _read(msg, _TraceMessage, MSG.ingress, "ingress")
+        ident, size, id_fields = record.ident, record.size, record.id_fields
+        server, ingress = record.server, record.ingress
         # The fields at their offsets (five look-ups by name fewer per message).
-        ledger_observe(ledger_of(index.sequences), ident,
-                       _read(server, _ServerInfo, SRV.id, "id"), _read(msg, _TraceMessage, MSG.seq, "seq"),
+        ledger_observe(ledger_of(index.sequences), ident, _read(server, _ServerInfo, SRV.id, "id"), record.seq,
                        _read(ingress, _Ingress, IN.ts_ns, "ts_ns"), now, _read(ingress, _Ingress, IN.account, "account"))
         if record.arrival_key is not None:
             index._add(False, record.arrival_key, _entry(record.arrival_entry), now)
         # `Prepared.egresses`, one egress at a time.
-        for event in _read(msg, _TraceMessage, MSG.events, "events"):
+        for event in record.events:
             position += 1
             # `event.forwards`, without a call to the property (a Python frame per egress).
             if type(event) is _EgressEvent and _truthy(field(event, EG.hop)) and _forwards(field(event, EG.kind)):
                 if size < 0:
-                    size = _message_shape(_read(msg, _TraceMessage, MSG.msg_size, "msg_size"),
-                                          _read(msg, _TraceMessage, MSG.headers, "headers"))
+                    size = _message_shape(record.msg_size, record.headers)
                 key = (id_fields, field(event, EG.hop), _read(server, _ServerInfo, SRV.name, "name"),
                        field(event, EG.name))
                 span_id = _event_id(id_fields, ident, position, record)

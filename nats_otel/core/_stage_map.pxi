@@ -133,18 +133,27 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     # hashed them for this message (the one id itself, or a tuple of them; None: hash them here).
     # Exact types only: the fields below are read at their offsets. Anything else (headers
     # not a `TraceHeaders`) is mapped by the Python twin.
-    if type(msg) is not _TraceMessage or type(placement) is not _Placement:
+    if type(placement) is not _Placement:
         return 0
-    # the context: the kernel's record of the message, or a `TraceContext`
-    cdef object trace_state
+    # The message and the context: the kernel's record of the message (both), or a
+    # `TraceMessage` and a `TraceContext`
+    cdef object ingress, headers, events, unknown, msg_size, hops, trace_state
+    cdef MessageRecord record
+    if type(msg) is MessageRecord:
+        record = <MessageRecord>msg
+        ingress, headers, events, unknown = record.ingress, record.headers, record.events, record.unknown_events
+        msg_size, hops = record.msg_size, record.hops
+    elif type(msg) is _TraceMessage:
+        ingress, headers, events = field(msg, MSG.ingress), field(msg, MSG.headers), field(msg, MSG.events)
+        unknown, msg_size, hops = field(msg, MSG.unknown_events), field(msg, MSG.msg_size), field(msg, MSG.hops)
+    else:
+        return 0
     if type(ctx) is MessageRecord:
         trace_state, adhoc_key = (<MessageRecord>ctx).trace_state, (<MessageRecord>ctx).adhoc_key
     elif type(ctx) is _TraceContext:
         trace_state, adhoc_key = field(ctx, CTX.trace_state), field(ctx, CTX.adhoc_key)
     else:
         return 0
-    cdef object ingress = field(msg, MSG.ingress)
-    cdef object headers = field(msg, MSG.headers)
     cdef PyObject* firsts[TRACE_HEADERS]  # the trace's headers' first values (`_trace_headers`)
     cdef tuple where = <tuple>placement  # (ident, trace_id, parent_span_id, link, candidates)
     cdef object ident = where[0]
@@ -161,8 +170,6 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     cdef const char* span_id
     cdef Py_ssize_t forwarded = 0  # forwarding egresses met so far: the next one's id is egress_ids[forwarded]
     cdef bint forwards
-    cdef object events = field(msg, MSG.events)
-    cdef object unknown = field(msg, MSG.unknown_events)
     cdef uint64_t start, end, ts
     cdef int position = 0, i
     if type(trace_id) is not bytes or type(ident) is not bytes or type(trace_state) is not str \
@@ -187,10 +194,10 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         return 0
     for i in range(3):
         put_const(s, SERVER, i)
-    if not (put_pair(s, SERVER, S_SUBJECT, subject) and put_pair(s, SERVER, S_SIZE, field(msg, MSG.msg_size))
+    if not (put_pair(s, SERVER, S_SUBJECT, subject) and put_pair(s, SERVER, S_SIZE, msg_size)
             and put_pair(s, SERVER, S_ACCOUNT, account) and put_pair(s, SERVER, S_KIND, _label(ingress_kind))
             and put_pair(s, SERVER, S_CID, field(ingress, IN.cid)) and put_pair(s, SERVER, S_NAME, field(ingress, IN.name))
-            and put_pair(s, SERVER, S_HOPS, field(msg, MSG.hops))):
+            and put_pair(s, SERVER, S_HOPS, hops)):
         return 0
     if ingress_kind == CLIENT and not put_client_id(s, SERVER, S_CLIENT_ID, field(ingress, IN.cid)):
         return 0
@@ -367,7 +374,7 @@ cdef object _resource_by_fields(object server, object service_name, tuple tags):
 
 cdef object _map_encode_by_reference(object msg, object ctx, object placement, object options):
     _handed[H_MAP] += 1
-    return _reference_map_encode(msg, _as_context(ctx), placement, options)
+    return _reference_map_encode(_as_message(msg), _as_context(ctx), placement, options)
 
 
 # The two buffers `map_encode` writes a message's spans into, kept from call to call: two
@@ -444,8 +451,9 @@ cdef object _spans_into(Buf* blob, Buf* s, object msg, object ctx, object placem
     cdef Py_ssize_t mark = blob.size, noted = len(issues)
     s.size = 0
     count[0] = map_encode_c(blob, s, msg, ctx, placement, options, issues, egress_ids)
-    if count[0]:
-        return _resource_of(field(msg, MSG.server), _service_name_of(options))
+    if count[0]:  # the writer took it: a record, or exactly a `TraceMessage`
+        server = (<MessageRecord>msg).server if type(msg) is MessageRecord else field(msg, MSG.server)
+        return _resource_of(server, _service_name_of(options))
     blob.size = mark
     del issues[noted:]
     resource, data, spans, more = _map_encode_by_reference(msg, ctx, placement, options)

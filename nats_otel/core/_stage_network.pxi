@@ -17,17 +17,19 @@ cdef inline int _failure(object error) except -1:
 cdef object _network_by_reference(object msg, object upstream_egress_ns, object trace_id, object id_fields,
                                   object ident):
     _handed[H_NETWORK] += 1
-    return _reference_network_sample(msg, upstream_egress_ns, trace_id, id_fields, ident)
+    return _reference_network_sample(_as_message(msg), upstream_egress_ns, trace_id, id_fields, ident)
 
 
 cpdef object network_sample(object msg, object upstream_egress_ns, object trace_id=b"", object id_fields=b"",
                             object ident=b""):
-    """As `network.network_sample`; the reference decides whatever is not decode's records."""
-    if type(msg) is not _TraceMessage:
+    """As `network.network_sample`; the reference decides whatever is not decode's records
+    (`msg`: a `TraceMessage`, or the kernel's record of one)."""
+    if type(msg) is MessageRecord:
+        ingress, server, events = (<MessageRecord>msg).ingress, (<MessageRecord>msg).server, (<MessageRecord>msg).events
+    elif type(msg) is _TraceMessage:
+        ingress, server, events = field(msg, MSG.ingress), field(msg, MSG.server), field(msg, MSG.events)
+    else:
         return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
-    ingress = field(msg, MSG.ingress)
-    server = field(msg, MSG.server)
-    events = field(msg, MSG.events)
     if (type(ingress) is not _Ingress or type(server) is not _ServerInfo or type(events) is not tuple
             or (upstream_egress_ns is not None and type(upstream_egress_ns) is not int)):
         return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)

@@ -135,7 +135,9 @@ cdef MessageRecord _prepare_record(object raw, object limits):
     if own is not None:  # a header of the message's own (`shape_digest`, in C)
         size = shape_digest(size, own)
     ingress = events[0]
-    msg = _trace_message(server, message_headers, msg_size, hops, ingress, _tail(events), seq)
+    cdef MessageRecord record = _new_record(raw)
+    record.server, record.headers, record.msg_size, record.hops = server, message_headers, msg_size, hops
+    record.ingress, record.events, record.unknown_events, record.seq = ingress, _tail(events), (), seq
     # ids.trace_context, when the traceparent is valid; otherwise the reference decides
     # (an ad-hoc context, or the error), and prepare's issue follows
     cdef tuple issues = ()
@@ -168,7 +170,7 @@ cdef MessageRecord _prepare_record(object raw, object limits):
         if id_fields is None:
             adhoc_key = None
     if id_fields is None:
-        ctx = _trace_context(msg, raw.subject)
+        ctx = _trace_context(record.message(), raw.subject)
         id_fields, trace_state, sampled, adhoc_key = ctx.id_fields, ctx.trace_state, ctx.sampled, ctx.adhoc_key
         if adhoc_key is not None and traceparent_p is not NULL:
             issues = _BAD_TRACEPARENT
@@ -181,8 +183,10 @@ cdef MessageRecord _prepare_record(object raw, object limits):
         if _truthy(hop):
             arrival_key = (id_fields, hop, field(ingress, IN.name), field(server, SRV.name))
             arrival_entry = _record3(_Arrival, ts_ns, size, ident)
-    return _record_of(raw, msg, ident, arrival_key, arrival_entry, issues, size, id_fields, trace_state, sampled,
-                      adhoc_key)
+    record.ident, record.issues, record.size = ident, issues, size
+    record.id_fields, record.trace_state, record.sampled, record.adhoc_key = id_fields, trace_state, sampled, adhoc_key
+    record.arrival_key, record.arrival_entry = arrival_key, arrival_entry
+    return record
 
 
 # The trace's own headers that `prepare` and the mapper read, by their slot in a message's
@@ -224,8 +228,9 @@ cdef inline object _first_or(PyObject* first, object default):
 
 
 cdef object _trace_message(object server, object headers, object msg_size, object hops, object ingress,
-                           tuple events, object seq):
-    # `TraceMessage(server, headers, msg_size, hops, ingress, events, (), seq)`, field by field
+                           object events, object unknown_events, object seq):
+    # `TraceMessage(server, headers, msg_size, hops, ingress, events, unknown_events, seq)`,
+    # field by field
     msg = _struct_new(_TraceMessage)
     set_field(msg, MSG.server, server)
     set_field(msg, MSG.headers, headers)
@@ -233,7 +238,7 @@ cdef object _trace_message(object server, object headers, object msg_size, objec
     set_field(msg, MSG.hops, hops)
     set_field(msg, MSG.ingress, ingress)
     set_field(msg, MSG.events, events)
-    set_field(msg, MSG.unknown_events, ())
+    set_field(msg, MSG.unknown_events, unknown_events)
     set_field(msg, MSG.seq, seq)
     return msg
 

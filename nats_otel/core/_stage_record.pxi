@@ -1,29 +1,42 @@
 # The kernel's own record of one observed trace message (issue 48, item 1; docs/architecture.md,
-# "Next"): what a `pipeline.Prepared` and its `ids.TraceContext` hold, the message's arrival
-# unpacked and its forwarding egresses' span ids, in one object. `prepare` makes it,
-# `Linker._observe` and `_locate` read it, and the converter holds it as the message's entry
-# through the link window (`observe_held`): three objects a message were one `Prepared`,
-# one `TraceContext` and the entry's tuple, and a tuple for an arrival (docs/performance.md,
+# "Next"): what a `pipeline.Prepared`, its `model.TraceMessage` and its `ids.TraceContext`
+# hold, the message's arrival unpacked and its forwarding egresses' span ids, in one
+# object. `prepare` makes it, `Linker._observe` and `_locate`, the mapper and the network
+# sample read it, and the converter holds it as the message's entry through the link window
+# (`observe_held`): four objects a message were one `Prepared`, one `TraceMessage`, one
+# `TraceContext` and the entry's tuple, and a tuple for an arrival (docs/performance.md,
 # session 53).
 #
 # A record is read as a `Prepared` is (`msg`, `ident`, `issues`, `size`, `arrival`, `ctx`,
-# `egresses()`) and as its context is (`id_fields`, `trace_state`, `sampled`, `adhoc_key`):
-# `ids`' pure functions, which read only a context's `id_fields`, take it as it is. Inside
+# `egresses()`), as its message's fields are (`server`, `headers`, `ingress`, `events`...)
+# and as its context is (`id_fields`, `trace_state`, `sampled`, `adhoc_key`): the kernel's
+# mapper and network sample take it as the message and as the context, and `ids`' pure
+# functions, which read only a context's `id_fields`, take it as it is. Inside
 # the kernel every decoded message is a record: a `Prepared` given to it (`finish`,
 # `Linker.observe`, `locate`) is made one at the door (`_record_from`), and what leaves it
-# as a `Prepared` or a `TraceContext` (`prepare`, a linker of another type, the reference's
-# mapper) is made from it when asked (`prepared()`, `context()`).
+# as a `Prepared`, a `TraceMessage` or a `TraceContext` (`prepare`, a linker of another
+# type, the reference's mapper) is made from it when asked (`prepared()`, `message()`,
+# `context()`).
 
 
 @cython.final
 @cython.no_gc  # it refers to no container that could refer back to it
 @cython.freelist(64)
 cdef class MessageRecord:
-    """One observed trace message as the kernel holds it: a `Prepared` with its context's
-    fields in place of the context, its arrival as two fields, and its entry's span ids."""
+    """One observed trace message as the kernel holds it: a `Prepared` with its message's
+    and its context's fields in place of the message and the context, its arrival as two
+    fields, and its entry's span ids."""
 
     cdef readonly object raw        # the `RawTraceMessage` it was decoded from
-    cdef readonly object msg        # its `TraceMessage`
+    # Its message's fields (`model.TraceMessage`)
+    cdef readonly object server
+    cdef readonly object headers
+    cdef readonly object msg_size
+    cdef readonly object hops
+    cdef readonly object ingress
+    cdef readonly object events
+    cdef readonly object unknown_events
+    cdef readonly object seq
     cdef readonly object ident      # `ids.identity`
     cdef readonly tuple issues
     cdef readonly object size       # `shapes.message_shape`
@@ -46,9 +59,19 @@ cdef class MessageRecord:
         return None if self.arrival_key is None else (self.arrival_key, self.arrival_entry)
 
     @property
+    def msg(self):
+        """Its `TraceMessage` (made when asked)."""
+        return self.message()
+
+    @property
     def ctx(self):
         """Its `TraceContext` (made when asked)."""
         return self.context()
+
+    cpdef object message(self):
+        """Its `TraceMessage`, made from its fields."""
+        return _trace_message(self.server, self.headers, self.msg_size, self.hops, self.ingress, self.events,
+                              self.unknown_events, self.seq)
 
     cpdef object context(self):
         """Its `TraceContext`, made from its fields."""
@@ -56,7 +79,7 @@ cdef class MessageRecord:
 
     cpdef object prepared(self):
         """Its `Prepared`, made from its fields (what leaves the kernel as the pure code reads it)."""
-        return _prepared(self.raw, self.msg, self.context(), self.ident, self.arrival, self.issues, self.size)
+        return _prepared(self.raw, self.message(), self.context(), self.ident, self.arrival, self.issues, self.size)
 
     def egresses(self):
         """`Prepared.egresses`."""
@@ -66,14 +89,30 @@ cdef class MessageRecord:
         return f"MessageRecord({self.prepared()!r})"
 
 
-cdef MessageRecord _record_of(object raw, object msg, object ident, object arrival_key, object arrival_entry,
-                              tuple issues, object size, object id_fields, object trace_state, bint sampled,
-                              object adhoc_key):
-    cdef MessageRecord record = MessageRecord.__new__(MessageRecord)  # tp_new: no Python call
-    record.raw, record.msg, record.ident, record.issues, record.size = raw, msg, ident, issues, size
-    record.id_fields, record.trace_state, record.sampled, record.adhoc_key = id_fields, trace_state, sampled, adhoc_key
-    record.arrival_key, record.arrival_entry = arrival_key, arrival_entry
+cdef inline MessageRecord _new_record(object raw):
+    """An empty record of `raw` (tp_new: no Python call); its maker sets the rest."""
+    cdef MessageRecord record = MessageRecord.__new__(MessageRecord)
+    record.raw = raw
     return record
+
+
+cdef void _take_message(MessageRecord record, object msg) except *:
+    """`msg`'s fields (a `TraceMessage`) into `record`."""
+    if type(msg) is _TraceMessage:
+        record.server, record.headers = field(msg, MSG.server), field(msg, MSG.headers)
+        record.msg_size, record.hops = field(msg, MSG.msg_size), field(msg, MSG.hops)
+        record.ingress, record.events = field(msg, MSG.ingress), field(msg, MSG.events)
+        record.unknown_events, record.seq = field(msg, MSG.unknown_events), field(msg, MSG.seq)
+    else:
+        record.server, record.headers, record.msg_size, record.hops = msg.server, msg.headers, msg.msg_size, msg.hops
+        record.ingress, record.events, record.unknown_events, record.seq = (msg.ingress, msg.events,
+                                                                             msg.unknown_events, msg.seq)
+
+
+cdef void _take_context(MessageRecord record, object ctx) except *:
+    """`ctx`'s fields (a `TraceContext`) into `record`."""
+    record.id_fields, record.trace_state, record.sampled, record.adhoc_key = (ctx.id_fields, ctx.trace_state,
+                                                                              ctx.sampled, ctx.adhoc_key)
 
 
 cdef MessageRecord _record_from(object prepared):
@@ -82,15 +121,22 @@ cdef MessageRecord _record_from(object prepared):
     a record as it is."""
     if type(prepared) is MessageRecord:
         return <MessageRecord>prepared
-    ctx = prepared.ctx
+    ctx = prepared.ctx  # read first, as the reference's `finish` does: not a `Prepared`, the same error
+    cdef MessageRecord record = _new_record(prepared.raw)
+    _take_message(record, prepared.msg)
+    _take_context(record, ctx)
     arrival = prepared.arrival
-    key = entry = None
     if arrival is not None:
-        key, entry = arrival
+        record.arrival_key, record.arrival_entry = arrival
     issues = prepared.issues
-    return _record_of(prepared.raw, prepared.msg, prepared.ident, key, entry,
-                      issues if type(issues) is tuple else tuple(issues), prepared.size,
-                      ctx.id_fields, ctx.trace_state, ctx.sampled, ctx.adhoc_key)
+    record.issues = issues if type(issues) is tuple else tuple(issues)
+    record.ident, record.size = prepared.ident, prepared.size
+    return record
+
+
+cdef inline object _as_message(object msg):
+    """A `TraceMessage` for Python code that reads one (a record's made from its fields)."""
+    return (<MessageRecord>msg).message() if type(msg) is MessageRecord else msg
 
 
 cdef inline object _as_context(object ctx):
@@ -121,8 +167,7 @@ cdef inline object _entry_raw(object entry):
 def with_egress_ids(MessageRecord record, egress_ids):
     """A copy of `record` holding other forwarding span ids: for the twins' tests (the
     mapper writes the ids it is given)."""
-    copy = _record_of(record.raw, record.msg, record.ident, record.arrival_key, record.arrival_entry, record.issues,
-                      record.size, record.id_fields, record.trace_state, record.sampled, record.adhoc_key)
+    copy = _record_from(record.prepared())
     copy.egress_ids = egress_ids
     return copy
 

@@ -28,6 +28,7 @@ from msgspec import Meta, Struct
 from nats_otel.core.ids import TraceContext, event_span_id
 from nats_otel.core.linking import Arrival, Egress
 from nats_otel.core.model import Egress as EgressEvent
+from nats_otel.core.pipeline import Prepared
 
 __all__ = ["EVIDENCE_FORMAT", "EvidenceError", "HopEvidence", "LinkLatencyEstimate", "PeerBatch", "StreamState",
            "Streams",
@@ -139,10 +140,20 @@ class EvidenceError(ValueError):
         self.reason, self.detail = reason, detail
 
 
+def _message_and_context(decoded: Any) -> tuple[Any, Any]:
+    """A decoded report's message and trace context: a `pipeline.Prepared`'s, or the
+    compiled kernel's record of the report (`observed_entries`), which is read as both (it
+    has their fields: `_stage_record.pxi`), so that neither is made for it."""
+    if type(decoded) is Prepared:
+        return decoded.msg, decoded.ctx
+    return decoded, decoded
+
+
 def evidence_of(prepared: Any, stream: int = -1, breaks: int = 0) -> HopEvidence:
-    """The evidence of a decoded report (`pipeline.Prepared`), received on the sender's
-    `stream` (an index into its batch's `streams`) after `breaks` losses."""
-    msg = prepared.msg
+    """The evidence of a decoded report (`pipeline.Prepared`, or the kernel's record of
+    it), received on the sender's `stream` (an index into its batch's `streams`) after
+    `breaks` losses."""
+    msg, ctx = _message_and_context(prepared)
     arrival = None
     if prepared.arrival is not None:
         (_, hop, upstream, _), entry = prepared.arrival
@@ -152,7 +163,7 @@ def evidence_of(prepared: Any, stream: int = -1, breaks: int = 0) -> HopEvidence
                      if type(event) is EgressEvent and event.forwards)
     return HopEvidence(prepared.ident, msg.server.id, msg.server.name, msg.ingress.account, msg.seq,
                        msg.ingress.ts_ns,
-                       prepared.ctx.id_fields, prepared.ctx.adhoc_key is not None, arrival, egresses, stream, breaks)
+                       ctx.id_fields, ctx.adhoc_key is not None, arrival, egresses, stream, breaks)
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -254,7 +265,8 @@ def encode_numbers(prepared: Iterable[Any], latencies: Sequence[tuple[str, str, 
     """The event numbers of decoded reports (`pipeline.Prepared`) for the sibling workers,
     whose traces are others but whose ledgers need every report (`observe_numbers`): a
     few bytes a report, where their whole evidence is ~260."""
-    reports = tuple((p.msg.server.id, p.msg.seq, p.msg.ingress.ts_ns) for p in prepared)
+    messages = (_message_and_context(p)[0] for p in prepared)
+    reports = tuple((msg.server.id, msg.seq, msg.ingress.ts_ns) for msg in messages)
     return _ENCODER.encode(_Numbers(reports, tuple(LinkLatencyEstimate(*known) for known in latencies[:1024])))
 
 

@@ -1,6 +1,7 @@
 """The kernel's own record of an observed message (`_stage_record.pxi`: `MessageRecord`, the
 kernel's converter's entry) against the reference's `Prepared`: read as a `Prepared` is
-(message, context, identity, arrival, issues, size, egresses) and made into one, it is the
+(message, context, identity, arrival, issues, size, egresses), as its message and its
+context are (their fields), and made into them, it is the
 reference's of the same message, on the corpus and on the messages whose context is not a
 plain traceparent (ad hoc, broken, correlated); a `Prepared` given to the kernel (`finish`,
 `Linker.observe`, `locate`) is made a record at the door and converts as the record the
@@ -52,6 +53,11 @@ def test_a_record_reads_and_makes_the_references_prepared(kernel, corpus_raws):
         assert entry.prepared() == expected and entry.context() == expected.ctx == entry.ctx
         assert (entry.msg, entry.ident, entry.arrival, entry.issues, entry.size) == (
             expected.msg, expected.ident, expected.arrival, expected.issues, expected.size)
+        msg = expected.msg
+        assert (entry.server, entry.headers, entry.msg_size, entry.hops, entry.ingress, entry.events,
+                entry.unknown_events, entry.seq) == (msg.server, msg.headers, msg.msg_size, msg.hops, msg.ingress,
+                                                     msg.events, msg.unknown_events, msg.seq)
+        assert entry.message() == msg
         ctx = expected.ctx
         assert (entry.id_fields, entry.trace_state, entry.sampled, entry.adhoc_key) == (
             ctx.id_fields, ctx.trace_state, ctx.sampled, ctx.adhoc_key)

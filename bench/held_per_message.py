@@ -49,8 +49,9 @@ def _receive_headers() -> Any:
 
 
 # The kernel's per-message record's fields (`_stage_record.pxi`), read by name
-_RECORD_FIELDS = ("raw", "server", "headers", "msg_size", "hops", "ingress", "events", "unknown_events", "seq", "ident",
-                  "issues", "size", "id_fields", "trace_state", "adhoc_key", "arrival_key", "arrival_entry", "egress_ids")
+_RECORD_FIELDS = ("raw", "server", "headers", "msg_size", "hops", "ingress", "events", "unknown_events", "seq",
+                  "ident", "issues", "size", "id_fields", "trace_state", "adhoc_key", "arrival_key", "arrival_entry",
+                  "egress_ids")
 
 
 def by_type(held: list[Any]) -> tuple[Counter[str], Counter[str]]:

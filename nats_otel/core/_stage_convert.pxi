@@ -12,7 +12,6 @@ cdef object _finish(MessageRecord record, object linker, object options, bint en
     # `egress_ids`: the span ids of its forwarding egresses, as the linker hashed them when it
     # observed this message (`Linker._observe`: the one id itself, a tuple of them, or None).
     # The kernel's own stages are called in C (cpdef); a linker of another type, as Python.
-    # The record is the message's context too (`ctx`).
     if type(linker) is Linker:
         placement = (<Linker>linker)._locate(record)
         link = (<Linker>linker).take_link()

@@ -262,9 +262,10 @@ cdef class Linker:
         cdef Py_ssize_t position = 0
         ident, size, id_fields = record.ident, record.size, record.id_fields
         server, ingress = record.server, record.ingress
-        # The fields at their offsets (five look-ups by name fewer per message).
+        # The fields at their offsets (look-ups by name fewer per message).
         ledger_observe(ledger_of(index.sequences), ident, _read(server, _ServerInfo, SRV.id, "id"), record.seq,
-                       _read(ingress, _Ingress, IN.ts_ns, "ts_ns"), now, _read(ingress, _Ingress, IN.account, "account"))
+                       _read(ingress, _Ingress, IN.ts_ns, "ts_ns"), now,
+                       _read(ingress, _Ingress, IN.account, "account"))
         if record.arrival_key is not None:
             index._add(False, record.arrival_key, _entry(record.arrival_entry), now)
         # `Prepared.egresses`, one egress at a time.

@@ -408,7 +408,11 @@ async def test_without_direct_dispatch_the_callback_path_delivers(url: str, monk
         async with RawPublisher(url) as pub:
             pub.publish("trace.fallback", b"p", header_block([("Content-Encoding", "gzip")]))
             await pub.flush()
-        await wait_until(lambda: intake.qsize() == 1, 10, "the message")
+        # Seen once in a fresh-clone CI (session 53): the source's connection closed for good
+        # before the message came, why not logged. If it comes again, the failure says why.
+        await wait_until(lambda: intake.qsize() == 1, 10, "the message",
+                         detail=lambda: f"connection {source.link.kind}: {source.link.reason}; "
+                                        f"last error {source.nc.last_error!r}")
         (delivery,) = taken(intake)
         assert (delivery.raw.payload, delivery.raw.headers) == (b"p", {"Content-Encoding": ["gzip"]})
         assert metrics.value(RECEIVED, {"source": "default"}) == 1

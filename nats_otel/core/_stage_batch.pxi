@@ -233,12 +233,13 @@ cdef bint _convert_into(EncodedBatch batch, Buf* blob, Buf* s, _Placed* placed, 
         link = (<Linker>linker).take_link()
     else:
         placement, link = linker.locate(record.prepared())
-    msg, ctx, prepared_issues = record, record, record.issues  # the record is the message and the context
+    prepared_issues = record.issues
     issues = batch.issues
     if _truthy(prepared_issues):
         issues.extend(prepared_issues)
-    resource = _spans_into(blob, s, msg, ctx, placement, options, egress_ids, issues, &placed.span_count)
-    network = _conclude(msg, placement, link, ctx, issues)
+    # the record is the message and its context
+    resource = _spans_into(blob, s, record, record, placement, options, egress_ids, issues, &placed.span_count)
+    network = _conclude(record, placement, link, issues)
     placement_link = _placement_link(placement)
     Py_INCREF(placement_link)
     placed.link = <PyObject*>placement_link

@@ -17,18 +17,18 @@ cdef object _finish(MessageRecord record, object linker, object options, bint en
         link = (<Linker>linker).take_link()
     else:
         placement, link = linker.locate(record.prepared())
-    msg, ctx, prepared_issues = record, record, record.issues  # the record is the message and the context
+    prepared_issues = record.issues
     cdef list spans = []
     encoding = None
     if encoded:
         # The mapper appends its issues to the prepared ones: the list `Converted` keeps.
         issues = [*prepared_issues] if _truthy(prepared_issues) else []
-        encoding = _encoded_spans(msg, ctx, placement, options, egress_ids, issues)
+        encoding = _encoded_spans(record, record, placement, options, egress_ids, issues)  # the message and the context
     else:
         result = _map_message(record.message(), record.context(), placement, options)
         spans, map_issues = result.spans, result.issues
         issues = [*prepared_issues, *map_issues] if _truthy(prepared_issues) else map_issues
-    sample = _conclude(msg, placement, link, ctx, issues)
+    sample = _conclude(record, placement, link, issues)
     converted = _struct_new(_Converted)  # `Converted(spans, issues, link, sample, encoding)`
     set_field(converted, CONVERTED.spans, spans)
     set_field(converted, CONVERTED.issues, issues)
@@ -43,7 +43,7 @@ cdef inline object _placement_link(object placement):
     return (<tuple>placement)[3] if type(placement) is _Placement else placement.link
 
 
-cdef object _conclude(object msg, object placement, object link, object ctx, list issues):
+cdef object _conclude(MessageRecord record, object placement, object link, list issues):
     """What `_finish` (and a batch's conversion, `_convert_into`) does once the message is
     mapped, as `pipeline.finish`: a hop not linked noted in `issues`; the network sample."""
     egress_ns = None
@@ -61,14 +61,13 @@ cdef object _conclude(object msg, object placement, object link, object ctx, lis
         ident, trace_id = placement.ident, placement.trace_id
         placement_link, candidates = placement.link, placement.candidates
     if _truthy(placement_link) and placement_link != _MATCHED:
-        message = _as_message(msg)  # `upstream_hop` reads its headers as a `TraceMessage`'s
+        message = record.message()  # `upstream_hop` reads its headers as a `TraceMessage`'s
         issues.append(f"hop_{placement_link}: no single upstream egress for hop "
                       f"{_upstream_hop(message)} from {message.ingress.name}"
                       + (f" ({candidates} candidates)" if candidates else ""))
     # The trace and the server span's id inputs, for the latency histograms' exemplars (as in
     # pipeline.finish).
-    id_fields = _id_fields_of(ctx)
-    return network_sample(msg, egress_ns, trace_id, id_fields, ident)
+    return network_sample(record, egress_ns, trace_id, record.id_fields, ident)
 
 
 cdef list _aligned(object raws, object observed):

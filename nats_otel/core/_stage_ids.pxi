@@ -59,11 +59,9 @@ cpdef object server_span_id(object ctx, object ident):
 
 cpdef object event_span_id(object ctx, object ident, object position):
     """`ids.event_span_id`."""
-    id_fields = _id_fields_of(ctx)
-    if type(ident) is not bytes or type(id_fields) is not bytes or type(position) is not int \
-            or not 0 <= position < 256:
+    if type(position) is not int or not 0 <= position < 256:
         return _reference_event_span_id(ctx, ident, position)
-    return _span_id(_EVENT_PREFIX, id_fields, ident, <bytes>_POSITIONS[position])
+    return _event_id(_id_fields_of(ctx), ident, position, ctx)
 
 
 cdef inline object _event_id(object id_fields, object ident, Py_ssize_t position, object ctx):

@@ -259,18 +259,17 @@ cdef class Linker:
         tuple of one was 48 bytes held through the window), a tuple of them when more."""
         cdef LinkIndex index = self.index
         egress_ids = None
-        cdef Py_ssize_t position = 0
+        cdef Py_ssize_t position
         ident, size, id_fields = record.ident, record.size, record.id_fields
-        server, ingress = record.server, record.ingress
-        # The fields at their offsets (look-ups by name fewer per message).
+        server, ingress = record.server, _shape_at(record, 0)
+        # The fields at their offsets (look-ups by name fewer per message); the times the slots'.
         ledger_observe(ledger_of(index.sequences), ident, _read(server, _ServerInfo, SRV.id, "id"), record.seq,
-                       _read(ingress, _Ingress, IN.ts_ns, "ts_ns"), now,
-                       _read(ingress, _Ingress, IN.account, "account"))
+                       _time_of(record, 0), now, _read(ingress, _Ingress, IN.account, "account"))
         if record.arrival_key is not None:
             index._add(False, record.arrival_key, _entry(record.arrival_entry), now)
         # `Prepared.egresses`, one egress at a time.
-        for event in record.events:
-            position += 1
+        for position in range(1, record.event_count):
+            event = _shape_at(record, position)
             # `event.forwards`, without a call to the property (a Python frame per egress).
             if type(event) is _EgressEvent and _truthy(field(event, EG.hop)) and _forwards(field(event, EG.kind)):
                 if size < 0:
@@ -278,7 +277,8 @@ cdef class Linker:
                 key = (id_fields, field(event, EG.hop), _read(server, _ServerInfo, SRV.name, "name"),
                        field(event, EG.name))
                 span_id = _event_id(id_fields, ident, position, record)
-                index._add(True, key, <tuple>_record4(_LinkEgress, field(event, EG.ts_ns), size, ident, span_id), now)
+                index._add(True, key, <tuple>_record4(_LinkEgress, _time_of(record, position), size, ident, span_id),
+                           now)
                 # The first id itself; from the second, a tuple grown a tuple at a time (a
                 # message forwards to a handful of servers at most).
                 if egress_ids is None:

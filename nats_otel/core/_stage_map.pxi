@@ -136,18 +136,20 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     if type(placement) is not _Placement:
         return 0
     # The message and the context: the kernel's record of the message (both), or a
-    # `TraceMessage` and a `TraceContext`
-    cdef object ingress, headers, events, unknown, msg_size, hops, trace_state
+    # `TraceMessage` (made a record here: its events read at their slots) and a `TraceContext`
+    cdef object ingress, headers, unknown, msg_size, hops, trace_state
     cdef MessageRecord record
     if type(msg) is MessageRecord:
         record = <MessageRecord>msg
-        ingress, headers, events, unknown = record.ingress, record.headers, record.events, record.unknown_events
-        msg_size, hops = record.msg_size, record.hops
     elif type(msg) is _TraceMessage:
-        ingress, headers, events = field(msg, MSG.ingress), field(msg, MSG.headers), field(msg, MSG.events)
-        unknown, msg_size, hops = field(msg, MSG.unknown_events), field(msg, MSG.msg_size), field(msg, MSG.hops)
+        record = _new_record(None)
+        _take_message(record, msg)
     else:
         return 0
+    if record.odd_events:  # a hand-made message's events: the Python twin's
+        return 0
+    ingress, headers, unknown = _shape_at(record, 0), record.headers, record.unknown_events
+    msg_size, hops = record.msg_size, record.hops
     if type(ctx) is MessageRecord:
         trace_state, adhoc_key = (<MessageRecord>ctx).trace_state, (<MessageRecord>ctx).adhoc_key
     elif type(ctx) is _TraceContext:
@@ -177,12 +179,12 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         return 0
     parent = where[2]
     server_span_id_into(server_id, ctx, ident)
-    start = field(ingress, TS_NS)
+    start = record.event_slots[0].ts_ns
     end = start
-    for event in events:
-        if not _known_event(event):
+    for position in range(1, record.event_count):
+        if not _known_event(_shape_at(record, position)):
             return 0
-        ts = field(event, TS_NS)
+        ts = record.event_slots[position].ts_ns
         if ts > end:
             end = ts
     hop = ""
@@ -226,9 +228,9 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         return 0
     close_span(blob, s)
     # one child span per event
-    for event in events:
-        position += 1
-        ts = field(event, TS_NS)
+    for position in range(1, record.event_count):
+        event = _shape_at(record, position)
+        ts = record.event_slots[position].ts_ns
         if ts < start:
             ts = start
         kind = type(event)
@@ -305,7 +307,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
         else:
             return 0
         close_span(blob, s)
-    return 1 + position
+    return record.event_count  # its spans: the server's and one an event
 
 
 cdef dict _resources = {}  # mapping.server_resource's key -> its resource

@@ -24,13 +24,16 @@ cpdef object network_sample(object msg, object upstream_egress_ns, object trace_
                             object ident=b""):
     """As `network.network_sample`; the reference decides whatever is not decode's records
     (`msg`: a `TraceMessage`, or the kernel's record of one)."""
+    cdef MessageRecord record
     if type(msg) is MessageRecord:
-        ingress, server, events = (<MessageRecord>msg).ingress, (<MessageRecord>msg).server, (<MessageRecord>msg).events
-    elif type(msg) is _TraceMessage:
-        ingress, server, events = field(msg, MSG.ingress), field(msg, MSG.server), field(msg, MSG.events)
+        record = <MessageRecord>msg
+    elif type(msg) is _TraceMessage and type(field(msg, MSG.events)) is tuple:
+        record = _new_record(None)  # its events read at their slots
+        _take_message(record, msg)
     else:
         return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
-    if (type(ingress) is not _Ingress or type(server) is not _ServerInfo or type(events) is not tuple
+    ingress, server = _shape_at(record, 0), record.server
+    if (record.odd_events or type(ingress) is not _Ingress or type(server) is not _ServerInfo
             or (upstream_egress_ns is not None and type(upstream_egress_ns) is not int)):
         return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
     cdef int failed = _failure(field(ingress, IN.error))
@@ -38,11 +41,10 @@ cpdef object network_sample(object msg, object upstream_egress_ns, object trace_
         return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
     cdef tuple failed_hops = ()
     cdef int event_failed
-    ingress_ts = field(ingress, TS_NS)
-    if type(ingress_ts) is not int:
-        return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
-    end = ingress_ts  # TraceMessage.end_ns: the latest event time
-    for event in <tuple>events:
+    cdef Py_ssize_t position
+    cdef uint64_t ingress_ts = record.event_slots[0].ts_ns, end = ingress_ts  # end: TraceMessage.end_ns
+    for position in range(1, record.event_count):
+        event = _shape_at(record, position)
         kind = type(event)
         if kind is _EgressEvent:
             event_failed = _failure(field(event, EG.error))
@@ -59,19 +61,16 @@ cpdef object network_sample(object msg, object upstream_egress_ns, object trace_
             # Egress.forwards
             if kind is _EgressEvent and field(event, EG.hop) and _forwards(field(event, EG.kind)):
                 failed_hops += ((field(event, EG.name), _label(field(event, EG.kind))),)
-        ts = field(event, TS_NS)
-        if type(ts) is not int:  # only ints here: the reference raises in its own order
-            return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
-        if ts > end:
-            end = ts
+        if record.event_slots[position].ts_ns > end:
+            end = record.event_slots[position].ts_ns
     server_name = field(server, SRV.name)
     hop = None
     if upstream_egress_ns is not None:
         hop = _record4(_HopSample, field(ingress, IN.name), server_name, _label(field(ingress, IN.kind)),
-                       ingress_ts - upstream_egress_ns)
+                       PyLong_FromUnsignedLongLong(ingress_ts) - upstream_egress_ns)
     # The sample's ten fields laid out for `_record_n` (no tuple of them made and freed).
     cdef object account = field(ingress, IN.account), subject = field(ingress, IN.subject)
-    cdef object in_server = end - ingress_ts, failed_flag = True if failed else False
+    cdef object in_server = PyLong_FromUnsignedLongLong(end - ingress_ts), failed_flag = True if failed else False
     cdef PyObject* items[10]
     items[0], items[1], items[2], items[3], items[4] = (<PyObject*>server_name, <PyObject*>account, <PyObject*>subject,
                                                         <PyObject*>in_server, <PyObject*>failed_flag)

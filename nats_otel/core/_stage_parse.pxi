@@ -21,12 +21,14 @@
 
 from cpython.long cimport PyLong_FromLongLong
 from cpython.list cimport PyList_Append
+from cpython.mem cimport PyMem_Realloc
 
 from libc.stdint cimport int64_t
 
 from nats_otel.core._primitives cimport rfc3339_bytes_c, timestamp_ns_c
 
 cdef Py_ssize_t _declined = 0
+cdef uint64_t _event_ts = 0  # the time of the event `_parse_record` read last (its slot's, not its shape's)
 
 
 def declined_by_parser():
@@ -37,10 +39,25 @@ def declined_by_parser():
 
 def own_parse(data, Py_ssize_t max_events=10_000):
     """The parse alone, for the tests: (server, events, headers, msgsize, hops, seq), or None
-    where it declines."""
+    where it declines; the events as the model's records (a record's slots made into them)."""
     if not _parse_document(data, max_events):
         return None
-    return _PARSED.take()
+    cdef MessageRecord record = _new_record(None)
+    _PARSED.hand_events(record)
+    events = [record.ingress]
+    events.extend(record.events)
+    server, _, headers, msg_size, hops, seq = _PARSED.take()
+    return server, events, headers, msg_size, hops, seq
+
+
+def event_shapes(data, Py_ssize_t max_events=10_000):
+    """The parse's event slots, for the tests: [(shape, ts_ns)], or None where it declines."""
+    if not _parse_document(data, max_events):
+        return None
+    _PARSED.take()
+    shapes = [(<object>_PARSED.slots[i].shape, _PARSED.slots[i].ts_ns) for i in range(_PARSED.event_count)]
+    _PARSED.drop_events()
+    return shapes
 
 
 @cython.final
@@ -49,18 +66,56 @@ cdef class _ParsedDocument:
     lets it go. One is filled for every parse (`_PARSED`): a tuple of its five parts and
     one of the request's two, made and unpacked for each trace message, were two allocations.
     The server block's `seq` is the report's (`TraceMessage.seq`), read into it as the block
-    is parsed."""
-    cdef object server, events, headers, msg_size, hops, seq
+    is parsed. The events are slots (`EventSlot`: a shape and a time), handed to the
+    message's record (`hand_events`); their room is kept from parse to parse (at most
+    `max_events` slots, 16 bytes each)."""
+    cdef object server, headers, msg_size, hops, seq
+    cdef EventSlot* slots
+    cdef Py_ssize_t event_count, event_room
+
+    def __dealloc__(self):
+        self.drop_events()
+        PyMem_Free(self.slots)
 
     cdef tuple take(self):
-        """(server, events, headers, msgsize, hops, seq), and nothing held here any more."""
-        parts = (self.server, self.events, self.headers, self.msg_size, self.hops, self.seq)
+        """(server, None, headers, msgsize, hops, seq), and nothing held here any more but
+        the event slots."""
+        parts = (self.server, None, self.headers, self.msg_size, self.hops, self.seq)
         self.clear()
         return parts
 
     cdef inline void clear(self):
         """Let the parts go once read (`prepare` reads them at their slots, then clears)."""
-        self.server = self.events = self.headers = self.msg_size = self.hops = self.seq = None
+        self.server = self.headers = self.msg_size = self.hops = self.seq = None
+
+    cdef int push(self, object shape, uint64_t ts_ns) except -1:
+        """One event's slot after the others (its shape held here until handed on)."""
+        cdef EventSlot* grown
+        if self.event_count == self.event_room:
+            grown = <EventSlot*>PyMem_Realloc(self.slots, (self.event_room * 2 + 8) * sizeof(EventSlot))
+            if grown is NULL:
+                raise MemoryError()
+            self.slots, self.event_room = grown, self.event_room * 2 + 8
+        Py_INCREF(shape)
+        self.slots[self.event_count].shape = <PyObject*>shape
+        self.slots[self.event_count].ts_ns = ts_ns
+        self.event_count += 1
+        return 0
+
+    cdef void drop_events(self) noexcept:
+        """Let the event slots' shapes go (a parse that declined, or one begun)."""
+        cdef Py_ssize_t i
+        for i in range(self.event_count):
+            Py_XDECREF(self.slots[i].shape)
+        self.event_count = 0
+
+    cdef int hand_events(self, MessageRecord record) except -1:
+        """The event slots into `record` (empty): their shapes are the record's now."""
+        cdef EventSlot* slots = _event_room(record, self.event_count)
+        memcpy(slots, self.slots, self.event_count * sizeof(EventSlot))
+        record.event_count = self.event_count
+        self.event_count = 0
+        return 0
 
 
 cdef _ParsedDocument _PARSED = _ParsedDocument()
@@ -99,7 +154,10 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
                 at += kept.size  # at the next member's key
                 prefix = NULL  # kept already
     if obj is None:
-        obj = _struct_copy(<object>spec.template)
+        # An event's record is made at the first member read into it: its `ts` is its slot's
+        # (`_event_ts`), and one whose members after it are kept is the kept record itself
+        if spec.keep != KEEP_REST:
+            obj = _struct_copy(<object>spec.template)
         if at < n and s[at] == 125:  # }
             at = -(at + 1) - 1
     while at >= 0:
@@ -132,6 +190,8 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
             if shared and entry.offset >= 0:  # a field of the record itself: not the kept one's
                 obj = _struct_copy(obj)
                 shared = False
+            elif obj is None and entry.kind != F_TS:
+                obj = _struct_copy(<object>spec.template)
             at = _member(entry, obj, s, n, at)
         if at < 0:
             return _NO
@@ -141,26 +201,33 @@ cdef object _parse_record(TypeSpec* spec, const unsigned char* s, Py_ssize_t n, 
             rest = _pair(&RESTS, s, at, n)
             if rest is not NULL:
                 kept = _taken(&RESTS, rest, <const void*>spec, s, at, n, seen)
-                if kept is not NULL:  # its fields into this record, and the object ends with its bytes
+                if kept is not NULL:  # the object ends with its bytes
                     seen |= kept.seen
                     end[0] = at + kept.size
-                    _copy_kept(spec, obj, <object>kept.record, kept.seen)
                     if (seen & spec.required) != spec.required:
                         return _NO
+                    if obj is None:  # nothing read but the time: the kept record is this event's shape
+                        return <object>kept.record
+                    _copy_kept(spec, obj, <object>kept.record, kept.seen)  # its fields into this record
                     return obj
     if at == -1 or (seen & spec.required) != spec.required:
         return _NO
     end[0] = -at - 1
+    if obj is None:  # an event of its time alone: the template's fields
+        obj = <object>spec.template
     if prefix is not NULL and cut > start:
         _keep(&PREFIXES, prefix, <const void*>spec, s + start, cut - start, cut_record, cut_seen)
-    if rest is not NULL:
+    # Kept only when nothing but the time came before (the servers' order): then the record
+    # holds the kept members' fields and the template's, and can be shared as it is
+    if rest is not NULL and (rest_seen & ~spec.varying) == 0:
         _keep(&RESTS, rest, <const void*>spec, s + rest_at, end[0] - rest_at, obj, seen & ~rest_seen)
     return obj
 
 
 cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py_ssize_t n, Py_ssize_t at) except? -2:
-    # One member's value at `at` into its field of `obj` (and what it derives); the index
+    # One member's value at `at` into its field of `obj` (a `ts` into `_event_ts`); the index
     # after the value, or -1 (declined).
+    global _event_ts
     cdef Py_ssize_t value_end
     cdef long long number
     cdef int64_t ns
@@ -181,16 +248,16 @@ cdef Py_ssize_t _member(FieldSpec* entry, object obj, const unsigned char* s, Py
         elif entry.kind == F_TIME:  # a string, checked as msgspec checks one (its UTF-8): not kept
             if not ascii and _text(s, at + 1, value_end, ascii) is _NO:
                 return -1
-        # A timestamp: the hook's derived nanoseconds; its text, as the hook leaves it, is the
-        # template's (`ts` "": not kept). Its error is msgspec's.
+        # A timestamp: the hook's nanoseconds, into the event's slot (`_event_ts`); its text,
+        # as the hook leaves it, is the template's (`ts` "": not kept). Its error is msgspec's.
         elif ascii and rfc3339_bytes_c(s + at + 1, value_end - at - 1, &ns):
-            set_field(obj, entry.derived, PyLong_FromLongLong(ns))
+            _event_ts = <uint64_t>ns  # within 1970 to 2200
         else:  # another form: the hook's own function decides, from the text
             text = _text(s, at + 1, value_end, ascii)
             if text is _NO:
                 return -1
             try:
-                set_field(obj, entry.derived, timestamp_ns_c(text))
+                _event_ts = PyLong_AsUnsignedLongLong(timestamp_ns_c(text))  # checked: a uint64
             except Exception:  # whatever it raises, msgspec's decode raises it again
                 return -1
         return value_end + 1
@@ -354,23 +421,25 @@ cdef object _event(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize
     return _parse_record(spec, s, n, at, end)
 
 
-cdef object _events(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end, Py_ssize_t max_events):
-    # The ingress first and only there, at least one event, at most `max_events`: what
-    # `prepare` takes (anything else is the reference's, through msgspec)
-    cdef list out = []
+cdef bint _events(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end,
+                  Py_ssize_t max_events) except -1:
+    # Into `_PARSED`'s slots (its shape and its time each): the ingress first and only
+    # there, at least one event, at most `max_events`: what `prepare` takes (anything else is
+    # the reference's, through msgspec)
     if at >= n or s[at] != 91:
-        return _NO
+        return False
     at = _ws(s, at + 1, n)
     while at >= 0:
         event = _event(s, n, at, &at)
-        if event is _NO or (type(event) is _Ingress) != (len(out) == 0) or len(out) == max_events:
-            return _NO
-        PyList_Append(out, event)
+        if (event is _NO or (type(event) is _Ingress) != (_PARSED.event_count == 0)
+                or _PARSED.event_count == max_events):
+            return False
+        _PARSED.push(event, _event_ts)
         at = _next(s, at, n, 93)
     if at == -1:
-        return _NO
+        return False
     end[0] = -at - 1
-    return out
+    return True
 
 
 cdef object _request(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t* end, long long* msg_size):
@@ -415,13 +484,23 @@ cdef object _request(const unsigned char* s, Py_ssize_t n, Py_ssize_t at, Py_ssi
 
 
 cdef bint _parse_document(object data, Py_ssize_t max_events) except -1:
-    # `decode._Document` as `prepare` reads it, into `_PARSED`: False where it declines
+    # `decode._Document` as `prepare` reads it, into `_PARSED`: False where it declines (its
+    # event slots let go)
+    _PARSED.drop_events()
+    if _parse_into(data, max_events):
+        return True
+    _PARSED.clear()
+    _PARSED.drop_events()
+    return False
+
+
+cdef bint _parse_into(object data, Py_ssize_t max_events) except -1:
     cdef const unsigned char* s
     cdef Py_ssize_t n, at, size
     cdef Py_ssize_t name[2]
     cdef long long hops = 0, msg_size = 0
     cdef int seen = 0
-    server = events = headers = None
+    server = headers = None
     if type(data) is not bytes:
         return False
     _PARSED.seq = 0  # the report's number as msgspec's default, until the server's block gives it
@@ -447,8 +526,7 @@ cdef bint _parse_document(object data, Py_ssize_t max_events) except -1:
             if seen & 2:
                 return False
             seen |= 2
-            events = _events(s, n, at, &at, max_events)
-            if events is _NO:
+            if not _events(s, n, at, &at, max_events):
                 return False
         elif size == 7 and memcmp(s + name[0], b"request", 7) == 0:
             if seen & 4:
@@ -470,6 +548,6 @@ cdef bint _parse_document(object data, Py_ssize_t max_events) except -1:
     if at == -1 or (seen & 3) != 3 or _ws(s, -at - 1, n) != n:  # both required; nothing after
         return False
     # Without a `request` member: no headers, size 0 (msgspec's defaults).
-    _PARSED.server, _PARSED.events, _PARSED.headers = server, events, (_NO_HEADERS if headers is None else headers)
+    _PARSED.server, _PARSED.headers = server, (_NO_HEADERS if headers is None else headers)
     _PARSED.msg_size, _PARSED.hops = PyLong_FromLongLong(msg_size), PyLong_FromLongLong(hops)
     return True

@@ -81,10 +81,12 @@ cdef MessageRecord _prepare_record(object raw, object limits):
     # (decode._decode_fast), and what msgspec refuses goes to the reference.
     global _declined
     cdef Py_ssize_t i
+    cdef MessageRecord record = _new_record(raw)
     if _parse_document(data, _max_events):
-        server, events, message_headers = _PARSED.server, _PARSED.events, _PARSED.headers
+        server, message_headers = _PARSED.server, _PARSED.headers
         msg_size, hops, seq = _PARSED.msg_size, _PARSED.hops, _PARSED.seq
         _PARSED.clear()
+        _PARSED.hand_events(record)
     else:
         _declined += 1
         try:
@@ -108,6 +110,7 @@ cdef MessageRecord _prepare_record(object raw, object limits):
         message_headers = _trace_headers_of(<dict>field(request, REQ.header))  # msgspec's dict of lists
         msg_size = field(request, REQ.msgsize)
         hops = field(doc, DOC.hops)
+        _take_events(record, events[0], events, 1)  # each its own shape
     # The first values of the trace's headers (`_note_first`) and shapes.message_shape, in
     # one pass over the headers
     cdef PyObject* firsts[TRACE_HEADERS]
@@ -134,10 +137,9 @@ cdef MessageRecord _prepare_record(object raw, object limits):
     size = msg_size - server_headers if server_headers else msg_size
     if own is not None:  # a header of the message's own (`shape_digest`, in C)
         size = shape_digest(size, own)
-    ingress = events[0]
-    cdef MessageRecord record = _new_record(raw)
+    ingress = _shape_at(record, 0)  # the model's `Ingress` (its fields but its time: the slot's)
     record.server, record.headers, record.msg_size, record.hops = server, message_headers, msg_size, hops
-    record.ingress, record.events, record.unknown_events, record.seq = ingress, _tail(events), (), seq
+    record.unknown_events, record.seq = (), seq
     # ids.trace_context, when the traceparent is valid; otherwise the reference decides
     # (an ad-hoc context, or the error), and prepare's issue follows
     cdef tuple issues = ()
@@ -174,7 +176,7 @@ cdef MessageRecord _prepare_record(object raw, object limits):
         id_fields, trace_state, sampled, adhoc_key = ctx.id_fields, ctx.trace_state, ctx.sampled, ctx.adhoc_key
         if adhoc_key is not None and traceparent_p is not NULL:
             issues = _BAD_TRACEPARENT
-    ts_ns = field(ingress, IN.ts_ns)
+    cdef uint64_t ts_ns = record.event_slots[0].ts_ns
     ident = _identity(field(server, SRV.id), ts_ns, field(ingress, IN.cid))
     # pipeline._arrival: only a message that came in from another server has one
     arrival_key = arrival_entry = None
@@ -182,7 +184,7 @@ cdef MessageRecord _prepare_record(object raw, object limits):
         hop = _first_or(firsts[H_HOP], "")
         if _truthy(hop):
             arrival_key = (id_fields, hop, field(ingress, IN.name), field(server, SRV.name))
-            arrival_entry = _record3(_Arrival, ts_ns, size, ident)
+            arrival_entry = _record3(_Arrival, PyLong_FromUnsignedLongLong(ts_ns), size, ident)
     record.ident, record.issues, record.size = ident, issues, size
     record.id_fields, record.trace_state, record.sampled, record.adhoc_key = id_fields, trace_state, sampled, adhoc_key
     record.arrival_key, record.arrival_entry = arrival_key, arrival_entry
@@ -318,18 +320,6 @@ cdef str _lower(str key):
     return lowered
 
 
-cdef tuple _tail(list events):
-    # tuple(events[1:]) without the intermediate list
-    cdef Py_ssize_t n = PyList_GET_SIZE(events), i
-    cdef tuple out = PyTuple_New(n - 1)
-    cdef object item
-    for i in range(1, n):
-        item = <object>PyList_GET_ITEM(events, i)
-        Py_INCREF(item)
-        PyTuple_SET_ITEM(out, i - 1, item)
-    return out
-
-
 # "00" to "99": two digits a division (a nanosecond time has 19)
 cdef const char* _DIGIT_PAIRS = (b"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
                                  b"40414243444546474849505152535455565758596061626364656667686970717273747576777879"
@@ -360,25 +350,24 @@ cdef Py_ssize_t _decimal(unsigned long long value, char* out):
     return 20 - at
 
 
-cdef bytes _identity(object server_id, object ts_ns, object cid):
+cdef bytes _identity(object server_id, unsigned long long ts_value, object cid):
     # ids.identity: _fields(server id, str(ts_ns), str(cid)) in one buffer; odd values
-    # (not a str, lone surrogates, numbers outside a uint64) go to the reference's `ids._fields`
+    # (not a str, lone surrogates, a cid outside a uint64) go to the reference's `ids._fields`
     cdef Py_ssize_t id_size = 0, ts_size, cid_size, at
     cdef const char* id_text
     cdef char ts_digits[20]
     cdef char cid_digits[20]
-    cdef unsigned long long ts_value, cid_value
+    cdef unsigned long long cid_value
     cdef char* p
-    if type(server_id) is not str or type(ts_ns) is not int or type(cid) is not int:
-        return _reference_fields(server_id, str(ts_ns), str(cid))
+    if type(server_id) is not str or type(cid) is not int:
+        return _reference_fields(server_id, str(ts_value), str(cid))
     try:
-        ts_value = PyLong_AsUnsignedLongLong(ts_ns)
         cid_value = PyLong_AsUnsignedLongLong(cid)
         id_text = PyUnicode_AsUTF8AndSize(server_id, &id_size)
     except (OverflowError, UnicodeEncodeError):  # negative or over a uint64; lone surrogates
-        return _reference_fields(server_id, str(ts_ns), str(cid))
+        return _reference_fields(server_id, str(ts_value), str(cid))
     if (<unsigned long long>id_size) >> 32:  # its length must fit 4 bytes
-        return _reference_fields(server_id, str(ts_ns), str(cid))
+        return _reference_fields(server_id, str(ts_value), str(cid))
     ts_size = _decimal(ts_value, ts_digits)
     cid_size = _decimal(cid_value, cid_digits)
     out = PyBytes_FromStringAndSize(NULL, 12 + id_size + ts_size + cid_size)

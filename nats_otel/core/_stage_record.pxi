@@ -17,6 +17,56 @@
 # as a `Prepared`, a `TraceMessage` or a `TraceContext` (`prepare`, a linker of another
 # type, the reference's mapper) is made from it when asked (`prepared()`, `message()`,
 # `context()`).
+#
+# Its events are not a model record each (issue 48, item 1: "a Struct per event"): each is
+# a slot of two fields, its time and its **shape** - the model event with every field of
+# the event but its time, which the parse shares between every message whose event has the
+# same members after its `ts` (a connection's kind, id, name, account, subject: the kept
+# rest, `_parse_kept.pxi`). So an event costs its message 16 bytes in the record, where
+# it was a msgspec `Struct` and its time's `int` (~120 bytes, two blocks) and the events' tuple
+# (docs/performance.md, session 54). The kernel reads a slot's time, never its shape's
+# `ts_ns`; a model event is made of the two only when Python asks (`ingress`, `events`,
+# `message()`). A hand-made message whose events are not all the model's, each with a uint64
+# time, is odd (`odd_events`): each event is its own shape, its time read from it by name
+# (`_time_of`), and the mapper and the network sample hand it to the reference.
+
+from cpython.long cimport PyLong_FromUnsignedLongLong
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.ref cimport Py_XDECREF
+from libc.stdint cimport uint64_t
+
+
+cdef struct EventSlot:
+    PyObject* shape     # (owned) the event's model record, its time aside (its `ts_ns` not read)
+    uint64_t ts_ns      # the event's time: what the servers' `ts` names
+
+
+cdef enum:
+    INLINE_EVENTS = 4   # the slots a record holds in itself: an ingress and three events (more: PyMem)
+
+cdef object _U64_END = 2**64
+
+
+cdef inline bint _model_event(object event):
+    """Of one of the model's event types exactly (its fields at their offsets)."""
+    kind = type(event)
+    return (kind is _Ingress or kind is _EgressEvent or kind is _SubjectMapping or kind is _StreamExport
+            or kind is _ServiceImport or kind is _JetStreamEvent)
+
+
+cdef object _event_of(MessageRecord record, Py_ssize_t i):
+    """The model event of slot `i`: its shape, or a copy of it with the slot's time (an odd
+    record's shapes are its events)."""
+    shape = <object>record.event_slots[i].shape
+    cdef uint64_t ts_ns = record.event_slots[i].ts_ns
+    if record.odd_events:
+        return shape
+    held = field(shape, TS_NS)
+    if type(held) is int and PyLong_AsUnsignedLongLong(held) == ts_ns:
+        return shape
+    event = _struct_copy(shape)
+    set_field(event, TS_NS, PyLong_FromUnsignedLongLong(ts_ns))
+    return event
 
 
 @cython.final
@@ -33,8 +83,14 @@ cdef class MessageRecord:
     cdef readonly object headers
     cdef readonly object msg_size
     cdef readonly object hops
-    cdef readonly object ingress
-    cdef readonly object events
+    # The ingress and the events after it: `event_count` slots at `event_slots` (at
+    # `_inline_events`, or PyMem's when more), read at their slots (`ingress`, `events`: made when asked)
+    cdef EventSlot* event_slots
+    cdef Py_ssize_t event_count
+    cdef EventSlot _inline_events[INLINE_EVENTS]
+    # Its events are not all the model's with a uint64 time (a hand-made message): their
+    # shapes are the events, the slots' times not set
+    cdef readonly bint odd_events
     cdef readonly object unknown_events
     cdef readonly object seq
     cdef readonly object ident      # `ids.identity`
@@ -52,6 +108,25 @@ cdef class MessageRecord:
     # Its forwarding egresses' span ids as `Linker._observe` hashed them (None, the one id
     # itself, or a tuple of them), for the mapper to reuse
     cdef readonly object egress_ids
+
+    def __dealloc__(self):
+        _release_events(self)
+
+    @property
+    def ingress(self):
+        """`TraceMessage.ingress` (made when asked)."""
+        return _event_of(self, 0) if self.event_count else None
+
+    @property
+    def events(self):
+        """`TraceMessage.events` (made when asked)."""
+        cdef Py_ssize_t i, n = self.event_count - 1 if self.event_count else 0
+        out = PyTuple_New(n)
+        for i in range(n):
+            event = _event_of(self, i + 1)
+            Py_INCREF(event)
+            PyTuple_SET_ITEM(out, i, event)
+        return out
 
     @property
     def arrival(self):
@@ -93,7 +168,63 @@ cdef inline MessageRecord _new_record(object raw):
     """An empty record of `raw` (tp_new: no Python call); its maker sets the rest."""
     cdef MessageRecord record = MessageRecord.__new__(MessageRecord)
     record.raw = raw
+    record.event_slots = record._inline_events
     return record
+
+
+# --- a record's event slots
+
+cdef void _release_events(MessageRecord record) noexcept:
+    """Let its shapes go, and its slots' memory when not its own (its deallocation)."""
+    cdef Py_ssize_t i
+    for i in range(record.event_count):
+        Py_XDECREF(record.event_slots[i].shape)
+    record.event_count = 0
+    if record.event_slots is not NULL and record.event_slots != record._inline_events:
+        PyMem_Free(record.event_slots)
+    record.event_slots = record._inline_events
+
+
+cdef EventSlot* _event_room(MessageRecord record, Py_ssize_t count) except NULL:
+    """Room for `count` slots in an empty record (its own, or PyMem's when more)."""
+    if count > INLINE_EVENTS:
+        record.event_slots = <EventSlot*>PyMem_Malloc(count * sizeof(EventSlot))
+        if record.event_slots is NULL:
+            record.event_slots = record._inline_events
+            raise MemoryError()
+    return record.event_slots
+
+
+cdef void _take_events(MessageRecord record, object ingress, object events, Py_ssize_t first) except *:
+    """`ingress` and `events[first:]` (model events, each its own shape, or a hand-made
+    message's: odd) into the empty `record`'s slots."""
+    cdef Py_ssize_t i, n = len(events) - first
+    cdef EventSlot* slots = _event_room(record, 1 + n)
+    cdef uint64_t ts_ns
+    for i in range(1 + n):
+        event = ingress if i == 0 else events[first + i - 1]
+        ts_ns = 0
+        if not record.odd_events:
+            ts = field(event, TS_NS) if _model_event(event) else None
+            if type(ts) is int and 0 <= ts < _U64_END:  # as decode makes it (the hook checks)
+                ts_ns = PyLong_AsUnsignedLongLong(ts)
+            else:
+                record.odd_events = True
+        Py_INCREF(event)
+        slots[i].shape, slots[i].ts_ns = <PyObject*>event, ts_ns
+        record.event_count = i + 1
+
+
+cdef inline object _shape_at(MessageRecord record, Py_ssize_t i):
+    """The shape of slot `i` (borrowed: the record holds it)."""
+    return <object>record.event_slots[i].shape
+
+
+cdef object _time_of(MessageRecord record, Py_ssize_t i):
+    """The time of slot `i` as an `int` (an odd record's event's own `ts_ns`, read by name)."""
+    if record.odd_events:
+        return (<object>record.event_slots[i].shape).ts_ns
+    return PyLong_FromUnsignedLongLong(record.event_slots[i].ts_ns)
 
 
 cdef void _take_message(MessageRecord record, object msg) except *:
@@ -101,12 +232,12 @@ cdef void _take_message(MessageRecord record, object msg) except *:
     if type(msg) is _TraceMessage:
         record.server, record.headers = field(msg, MSG.server), field(msg, MSG.headers)
         record.msg_size, record.hops = field(msg, MSG.msg_size), field(msg, MSG.hops)
-        record.ingress, record.events = field(msg, MSG.ingress), field(msg, MSG.events)
+        _take_events(record, field(msg, MSG.ingress), field(msg, MSG.events), 0)
         record.unknown_events, record.seq = field(msg, MSG.unknown_events), field(msg, MSG.seq)
     else:
         record.server, record.headers, record.msg_size, record.hops = msg.server, msg.headers, msg.msg_size, msg.hops
-        record.ingress, record.events, record.unknown_events, record.seq = (msg.ingress, msg.events,
-                                                                             msg.unknown_events, msg.seq)
+        _take_events(record, msg.ingress, msg.events, 0)
+        record.unknown_events, record.seq = msg.unknown_events, msg.seq
 
 
 cdef void _take_context(MessageRecord record, object ctx) except *:

@@ -49,7 +49,7 @@ def _receive_headers() -> Any:
 
 
 # The kernel's per-message record's fields (`_stage_record.pxi`), read by name
-_RECORD_FIELDS = ("raw", "server", "headers", "msg_size", "hops", "ingress", "events", "unknown_events", "seq",
+_RECORD_FIELDS = ("raw", "server", "headers", "msg_size", "hops", "unknown_events", "seq",
                   "ident", "issues", "size", "id_fields", "trace_state", "adhoc_key", "arrival_key", "arrival_entry",
                   "egress_ids")
 
@@ -74,6 +74,8 @@ def by_type(held: list[Any]) -> tuple[Counter[str], Counter[str]]:
             stack.extend(getattr(obj, field) for field in fields)
         elif name == "MessageRecord":  # the kernel's record: not tracked by gc either
             stack.extend(getattr(obj, field) for field in _RECORD_FIELDS)
+            # its events' shapes, as it holds them (`ingress` and `events` would make new records)
+            stack.extend(obj.shapes() if hasattr(obj, "shapes") else (obj.ingress, *obj.events))
     return sizes, counts
 
 

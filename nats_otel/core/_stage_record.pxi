@@ -128,6 +128,11 @@ cdef class MessageRecord:
             PyTuple_SET_ITEM(out, i, event)
         return out
 
+    def shapes(self):
+        """Its events' shapes, the ingress's first: the objects it holds for them (for the
+        tests and the held-memory bench; `ingress` and `events` are made when asked)."""
+        return tuple([_shape_at(self, i) for i in range(self.event_count)])
+
     @property
     def arrival(self):
         """`Prepared.arrival`: (its link key, its `Arrival`), or None at the origin."""

@@ -7,8 +7,10 @@
 # name, account, the subject) repeat for every message of one connection and subject: the
 # **rest** of its object. The parse keeps, for the last ones seen, those bytes and the
 # record they gave; an object with the same bytes there takes the kept record's fields
-# (a server's: a copy of it, its parse going on after them; an event's: its fields copied
-# in, the object ending with them). Equal bytes parse to equal fields: what is taken is
+# (a server's: the kept record itself, or a copy of it when a member of its own follows;
+# an event's: the kept record itself as its shape, its time in its slot, when nothing but
+# its `ts` came before the bytes - the record of one that had other members there is not
+# kept -, else its fields copied in; the object ending with them). Equal bytes parse to equal fields: what is taken is
 # what the parse would have built, and what is around the bytes is read as always (a key
 # given again there still declines: the kept members count as seen).
 #

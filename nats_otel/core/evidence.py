@@ -161,8 +161,8 @@ def evidence_of(prepared: Any, stream: int = -1, breaks: int = 0) -> HopEvidence
     egresses = tuple(_Hop(event.hop, event.name, event.ts_ns, prepared.size, position)
                      for position, event in enumerate(msg.events, start=1)
                      if type(event) is EgressEvent and event.forwards)
-    return HopEvidence(prepared.ident, msg.server.id, msg.server.name, msg.ingress.account, msg.seq,
-                       msg.ingress.ts_ns,
+    ingress = msg.ingress  # read once: the kernel's record makes it when asked
+    return HopEvidence(prepared.ident, msg.server.id, msg.server.name, ingress.account, msg.seq, ingress.ts_ns,
                        ctx.id_fields, ctx.adhoc_key is not None, arrival, egresses, stream, breaks)
 
 

@@ -14,8 +14,8 @@ import json
 from msgspec.structs import force_setattr
 
 from nats_otel.core import network, pipeline
-from nats_otel.core.mapping import MappingOptions
 from nats_otel.core.decode import RawTraceMessage
+from nats_otel.core.mapping import MappingOptions
 from nats_otel.core.model import Egress, Ingress, ServerInfo, TraceMessage
 from tests.core import factories as f
 from tests.core.test_twins_parse import msgspec_view, same_or_declined

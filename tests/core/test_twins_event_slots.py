@@ -75,7 +75,7 @@ def test_a_kept_shape_holds_only_what_follows_the_time(kernel):
 
 
 def test_a_message_of_more_events_than_the_record_holds_in_itself(kernel):
-    # Fourteen events (the record holds four in itself, more in memory of its own), from a
+    # Fourteen events (the record holds three in itself, more in memory of its own), from a
     # parse and from msgspec (an escape makes the parse decline).
     egresses = [f.egress(t=200 + i, kind=1 if i % 2 else 0, name=f"peer-{i}", hop=f"{i}") for i in range(13)]
     plain = _doc(f.ingress(), *egresses)

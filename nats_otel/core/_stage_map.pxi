@@ -141,7 +141,7 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     cdef MessageRecord record
     if type(msg) is MessageRecord:
         record = <MessageRecord>msg
-    elif type(msg) is _TraceMessage:
+    elif type(msg) is _TraceMessage and type(field(msg, MSG.events)) is tuple:
         record = _new_record(None)
         _take_message(record, msg)
     else:

@@ -206,6 +206,8 @@ cdef EventSlot* _event_room(MessageRecord record, Py_ssize_t count) except NULL:
 cdef void _take_events(MessageRecord record, object ingress, object events, Py_ssize_t first) except *:
     """`ingress` and `events[first:]` (model events, each its own shape, or a hand-made
     message's: odd) into the empty `record`'s slots."""
+    if type(events) is not tuple and type(events) is not list:  # a hand-made message's: as iterating it raises
+        events = tuple(events)
     cdef Py_ssize_t i, n = len(events) - first
     cdef EventSlot* slots = _event_room(record, 1 + n)
     cdef uint64_t ts_ns

@@ -16,12 +16,6 @@ cdef enum:
 cdef tuple _ON = ("1", "true", "on")
 
 
-cdef inline bint _known_event(object event):
-    kind = type(event)
-    return (kind is _EgressEvent or kind is _SubjectMapping or kind is _StreamExport or kind is _ServiceImport
-            or kind is _JetStreamEvent)
-
-
 cdef object _label(object kind):
     label = _KIND_LABELS.get(kind)
     return label if label is not None else f"kind-{kind}"
@@ -136,17 +130,10 @@ cdef int map_encode_c(Buf* blob, Buf* s, object msg, object ctx, object placemen
     if type(placement) is not _Placement:
         return 0
     # The message and the context: the kernel's record of the message (both), or a
-    # `TraceMessage` (made a record here: its events read at their slots) and a `TraceContext`
+    # `TraceMessage` (made a record: `_message_record`) and a `TraceContext`
     cdef object ingress, headers, unknown, msg_size, hops, trace_state
-    cdef MessageRecord record
-    if type(msg) is MessageRecord:
-        record = <MessageRecord>msg
-    elif type(msg) is _TraceMessage and type(field(msg, MSG.events)) is tuple:
-        record = _new_record(None)
-        _take_message(record, msg)
-    else:
-        return 0
-    if record.odd_events:  # a hand-made message's events: the Python twin's
+    cdef MessageRecord record = _message_record(msg)
+    if record is None:  # anything else: the Python twin's
         return 0
     ingress, headers, unknown = _shape_at(record, 0), record.headers, record.unknown_events
     msg_size, hops = record.msg_size, record.hops

@@ -24,16 +24,11 @@ cpdef object network_sample(object msg, object upstream_egress_ns, object trace_
                             object ident=b""):
     """As `network.network_sample`; the reference decides whatever is not decode's records
     (`msg`: a `TraceMessage`, or the kernel's record of one)."""
-    cdef MessageRecord record
-    if type(msg) is MessageRecord:
-        record = <MessageRecord>msg
-    elif type(msg) is _TraceMessage and type(field(msg, MSG.events)) is tuple:
-        record = _new_record(None)  # its events read at their slots
-        _take_message(record, msg)
-    else:
+    cdef MessageRecord record = _message_record(msg)
+    if record is None:
         return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
     ingress, server = _shape_at(record, 0), record.server
-    if (record.odd_events or type(ingress) is not _Ingress or type(server) is not _ServerInfo
+    if (type(ingress) is not _Ingress or type(server) is not _ServerInfo
             or (upstream_egress_ns is not None and type(upstream_egress_ns) is not int)):
         return _network_by_reference(msg, upstream_egress_ns, trace_id, id_fields, ident)
     cdef int failed = _failure(field(ingress, IN.error))

@@ -50,11 +50,16 @@ cdef enum:
 cdef object _U64_END = 2**64
 
 
-cdef inline bint _model_event(object event):
-    """Of one of the model's event types exactly (its fields at their offsets)."""
+cdef inline bint _known_event(object event):
+    """Of one of the model's types of event after the ingress exactly (its fields at their offsets)."""
     kind = type(event)
-    return (kind is _Ingress or kind is _EgressEvent or kind is _SubjectMapping or kind is _StreamExport
-            or kind is _ServiceImport or kind is _JetStreamEvent)
+    return (kind is _EgressEvent or kind is _SubjectMapping or kind is _StreamExport or kind is _ServiceImport
+            or kind is _JetStreamEvent)
+
+
+cdef inline bint _model_event(object event):
+    """Of one of the model's event types exactly, the ingress's too."""
+    return type(event) is _Ingress or _known_event(event)
 
 
 cdef object _event_of(MessageRecord record, Py_ssize_t i):
@@ -259,8 +264,10 @@ cdef void _take_context(MessageRecord record, object ctx) except *:
 cdef MessageRecord _record_from(object prepared):
     """The record of a `Prepared` (one the reference made, or one given to the kernel's
     `finish`, `Linker.observe` or `locate`: inside the kernel every message is a record);
-    a record as it is."""
+    a record as it is (one made empty from Python, with no events to read, refused)."""
     if type(prepared) is MessageRecord:
+        if (<MessageRecord>prepared).event_count == 0:
+            raise TypeError("an empty MessageRecord (the kernel makes them: prepare, Converter.observe_held)")
         return <MessageRecord>prepared
     ctx = prepared.ctx  # read first, as the reference's `finish` does: not a `Prepared`, the same error
     cdef MessageRecord record = _new_record(prepared.raw)
@@ -273,6 +280,22 @@ cdef MessageRecord _record_from(object prepared):
     record.issues = issues if type(issues) is tuple else tuple(issues)
     record.ident, record.size = prepared.ident, prepared.size
     return record
+
+
+cdef MessageRecord _message_record(object msg):
+    """The record the mapper and the network sample read a message from: the kernel's
+    record as it is, a `TraceMessage` whose events are a tuple made one (its events read at
+    their slots); None, for the reference, for anything else, for a hand-made message's
+    odd events, and for a record made empty from Python (no slot to read)."""
+    cdef MessageRecord record
+    if type(msg) is MessageRecord:
+        record = <MessageRecord>msg
+    elif type(msg) is _TraceMessage and type(field(msg, MSG.events)) is tuple:
+        record = _new_record(None)
+        _take_message(record, msg)
+    else:
+        return None
+    return None if record.event_count == 0 or record.odd_events else record
 
 
 cdef inline object _as_message(object msg):

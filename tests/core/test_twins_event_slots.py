@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from msgspec.structs import force_setattr
 
 from nats_otel.core import network, pipeline
@@ -131,3 +132,18 @@ def _finished(finish, linker, prepared):
     linker.observe(prepared)
     result = finish(prepared, linker, MappingOptions(), True)
     return result.encoded.data, result.link, result.issues
+
+
+def test_a_record_made_empty_from_python_is_refused_not_read(kernel):
+    """A `MessageRecord()` made from Python has no event slot to read: the linker's and the
+    convert stage's door refuses it, the mapper and the network sample hand it to the
+    reference, which raises as for a message without an ingress (no slot read: it crashed)."""
+    record = kernel.MessageRecord()
+    for door in (lambda: kernel.Linker().observe(record), lambda: kernel.Linker().locate(record),
+                 lambda: kernel.finish(record, kernel.Linker(), MappingOptions(), True)):
+        with pytest.raises(TypeError, match="empty MessageRecord"):
+            door()
+    with pytest.raises(AttributeError):
+        kernel.network_sample(record, None)
+    with pytest.raises(AttributeError):
+        kernel.map_encode(record, record, None, MappingOptions())

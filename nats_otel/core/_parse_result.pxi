@@ -15,7 +15,7 @@ def own_parse(data, Py_ssize_t max_events=10_000):
     _PARSED.hand_events(record)
     events = [record.ingress]
     events.extend(record.events)
-    server, _, headers, msg_size, hops, seq = _PARSED.take()
+    server, headers, msg_size, hops, seq = _PARSED.take()
     return server, events, headers, msg_size, hops, seq
 
 
@@ -23,7 +23,7 @@ def event_shapes(data, Py_ssize_t max_events=10_000):
     """The parse's event slots, for the tests: [(shape, ts_ns)], or None where it declines."""
     if not _parse_document(data, max_events):
         return None
-    _PARSED.take()
+    _PARSED.clear()
     shapes = [(<object>_PARSED.slots[i].shape, _PARSED.slots[i].ts_ns) for i in range(_PARSED.event_count)]
     _PARSED.drop_events()
     return shapes
@@ -47,9 +47,9 @@ cdef class _ParsedDocument:
         PyMem_Free(self.slots)
 
     cdef tuple take(self):
-        """(server, None, headers, msgsize, hops, seq), and nothing held here any more but
-        the event slots."""
-        parts = (self.server, None, self.headers, self.msg_size, self.hops, self.seq)
+        """(server, headers, msgsize, hops, seq), and nothing held here any more but the
+        event slots."""
+        parts = (self.server, self.headers, self.msg_size, self.hops, self.seq)
         self.clear()
         return parts
 
